@@ -1,0 +1,1 @@
+"""The `gradspec` command line: a thin typer shell over the library."""

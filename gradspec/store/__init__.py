@@ -1,0 +1,32 @@
+"""Stores on disk: the only package that imports zarr."""
+
+from gradspec.store._gradients import META_FIELDS, GradientStore
+from gradspec.store._layout import ParamLayout, ParamSpec, match_names
+from gradspec.store._writer import BackgroundWriter, WriterError
+
+__all__ = [
+    "BackgroundWriter",
+    "GradientStore",
+    "META_FIELDS",
+    "ParamLayout",
+    "ParamSpec",
+    "WriterError",
+    "match_names",
+]
+
+
+def open_store(path, mode: str = "r"):
+    """Open any gradspec store, gradient or spectrum, by what its attributes say it is."""
+    from gradspec.store._zarr import KIND_KEY, open_checked
+
+    kind = open_checked(path, None, mode).attrs.asdict()[KIND_KEY]
+    if kind == "gradients":
+        return GradientStore.open(path, mode)
+    if kind == "spectrum":
+        from gradspec.store._spectrum import SpectrumStore
+
+        return SpectrumStore.open(path)
+    raise ValueError(f"{str(path)!r} is a gradspec store of unknown kind {kind!r}; upgrade gradspec")
+
+
+__all__ += ["open_store"]

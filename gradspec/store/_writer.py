@@ -1,0 +1,164 @@
+"""The background writer: training hands rows over a bounded queue; a thread writes them.
+
+Rows are buffered until a chunk's worth of rows is ready, so each chunk is
+written once. A *commit* flushes the buffer, runs an optional callback (the
+trainer saves its checkpoint there, so that the checkpoint never gets ahead
+of the bytes on disk) and then advances the store's committed row count.
+An error on the writer thread (a full disk, say) is raised in the training
+thread at its next call, naming how many rows are safely committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from gradspec.store._gradients import GradientStore
+
+logger = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class WriterError(OSError):
+    """The background writer failed; committed rows are intact."""
+
+
+class BackgroundWriter:
+    """Write rows to a :class:`GradientStore` on a background thread.
+
+    Args:
+        store: a store open for writing; rows go after its committed rows.
+        max_queue: rows (or commits) that may wait in the queue; the trainer
+            blocks only when it is full. Bounds memory to ``max_queue`` rows.
+        background: ``False`` writes synchronously in the caller (for tests
+            and for measuring what the thread saves).
+
+    Example:
+        >>> w = BackgroundWriter(store)  # doctest: +SKIP
+        >>> w.put(rows, meta); w.commit(); w.close()  # doctest: +SKIP
+    """
+
+    def __init__(self, store: GradientStore, *, max_queue: int = 64, background: bool = True) -> None:
+        self.store = store
+        self._next = store.n_rows  # next row index to write
+        self._buffer: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
+        self._buffered = 0
+        self._error: BaseException | None = None
+        self._background = background
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, max_queue))
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._run, name="gradspec-writer", daemon=True)
+            self._thread.start()
+
+    # ----------------------------------------------------------- caller side
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            err = self._error
+            raise WriterError(
+                f"writing to {self.store.path!r} failed ({type(err).__name__}: {err}); "
+                f"{self.store.n_rows} rows are committed and safe — fix the cause and rerun with --resume"
+            ) from err
+
+    def _submit(self, item: Any) -> None:
+        self._raise_if_failed()
+        if self._background:
+            while True:
+                try:
+                    self._queue.put(item, timeout=0.5)
+                    return
+                except queue.Full:
+                    self._raise_if_failed()
+        else:
+            self._handle(item)
+
+    def put(self, rows: np.ndarray, meta: dict[str, Any]) -> None:
+        """Queue rows (float32, (b, p)) with their metadata (arrays of length b)."""
+        self._submit(("rows", rows, meta))
+
+    def commit(self, callback: Callable[[int], None] | None = None, *, wait: bool = False) -> None:
+        """Flush queued rows, run ``callback(n_committed)``, then advance the committed count."""
+        done = threading.Event()
+        self._submit(("commit", callback, done))
+        if wait:
+            self.wait(done)
+
+    def wait(self, event: threading.Event | None = None) -> None:
+        if event is None:
+            event = threading.Event()
+            self._submit(("commit", None, event))
+        while not event.wait(0.2):
+            self._raise_if_failed()
+            if self._thread is not None and not self._thread.is_alive():
+                break
+        self._raise_if_failed()
+
+    def close(self, callback: Callable[[int], None] | None = None) -> None:
+        """Commit everything (running ``callback``), stop the thread, re-raise any error."""
+        self.commit(callback, wait=True)
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join()
+        self._raise_if_failed()
+
+    @property
+    def rows_written(self) -> int:
+        """Rows handed to the store so far (committed or buffered)."""
+        return self._next + self._buffered
+
+    # ----------------------------------------------------------- writer side
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            if self._error is not None:
+                if item[0] == "commit":
+                    item[2].set()
+                continue
+            try:
+                self._handle(item)
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller
+                logger.debug("writer failed", exc_info=True)
+                self._error = exc
+                if item[0] == "commit":
+                    item[2].set()
+
+    def _handle(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "rows":
+            _, rows, meta = item
+            rows = np.asarray(rows, dtype=np.float32)
+            if rows.ndim == 1:
+                rows = rows[None]
+            self._buffer.append((rows, {k: np.asarray(v).reshape(-1) for k, v in meta.items()}))
+            self._buffered += rows.shape[0]
+            rpc = self.store.chunks[0]
+            # Flush once the buffer reaches the end of a row chunk.
+            if (self._next + self._buffered) // rpc > self._next // rpc:
+                self._flush()
+        else:
+            _, callback, done = item
+            try:
+                self._flush()
+                if callback is not None:
+                    callback(self._next)
+                self.store.commit(self._next)
+            finally:
+                done.set()
+
+    def _flush(self) -> None:
+        if not self._buffer:
+            return
+        rows = np.concatenate([r for r, _ in self._buffer], axis=0)
+        meta = {k: np.concatenate([m[k] for _, m in self._buffer]) for k in self._buffer[0][1]}
+        self.store.write_rows(self._next, rows, meta)
+        self._next += rows.shape[0]
+        self._buffer.clear()
+        self._buffered = 0

@@ -1,0 +1,114 @@
+"""Opening gradspec Zarr groups with checks, shared by every store kind.
+
+Every gradspec store is a Zarr v3 group whose attributes carry
+``gradspec.kind`` ("gradients" or "spectrum") and ``gradspec.format`` (an
+integer bumped on incompatible changes). On local disk, zarr's LocalStore
+writes each object to a temporary file and renames it into place, so a chunk
+or a metadata document is either the old or the new version, never torn; a
+process killed mid-write leaves at most a stray ``*.partial`` file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+KIND_KEY = "gradspec.kind"
+FORMAT_KEY = "gradspec.format"
+FORMAT = 1
+
+
+def is_url(path: str | os.PathLike) -> bool:
+    return "://" in str(path)
+
+
+def open_checked(path: str | os.PathLike, kind: str | None, mode: str = "r") -> zarr.Group:
+    """Open the gradspec group at ``path`` and check that it is of ``kind`` (any when None).
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: ``path`` is not a gradspec store, or a store of another kind.
+    """
+    if mode not in ("r", "r+", "a"):
+        raise ValueError(f"mode must be 'r' (read-only) or 'r+' (append), not {mode!r}")
+    if not is_url(path):
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"no {kind or 'gradspec'} store at {str(path)!r}: check the path")
+        if not (p / "zarr.json").is_file():
+            raise ValueError(
+                f"{str(path)!r} is not a gradspec store (no zarr.json); "
+                f"pass the directory that `gradspec {'pca' if kind == 'spectrum' else 'collect'}` wrote"
+            )
+    try:
+        group = zarr.open_group(store=str(path), mode="r" if mode == "r" else "r+")
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError) as exc:
+        raise ValueError(f"{str(path)!r} is not a gradspec store (not a Zarr v3 group)") from exc
+    attrs = group.attrs.asdict()
+    found = attrs.get(KIND_KEY)
+    if found is None:
+        raise ValueError(f"{str(path)!r} is a Zarr group but not a gradspec store (no {KIND_KEY})")
+    if kind is not None and found != kind:
+        raise ValueError(f"{str(path)!r} is a {found} store, not a {kind} store")
+    if int(attrs.get(FORMAT_KEY, 0)) > FORMAT:
+        raise ValueError(f"{str(path)!r} was written by a newer gradspec; upgrade gradspec to read it")
+    return group
+
+
+def create_group(path: str | os.PathLike, kind: str, attrs: dict[str, Any], overwrite: bool) -> zarr.Group:
+    """Create a gradspec group; refuse to overwrite unless asked."""
+    if not is_url(path):
+        p = Path(path)
+        if p.exists() and any(p.iterdir()) and not overwrite:
+            raise FileExistsError(
+                f"{str(path)!r} already exists; choose another path, pass --overwrite, "
+                "or --resume to continue a run"
+            )
+    group = zarr.open_group(store=str(path), mode="w" if overwrite else "w-")
+    group.attrs.update({KIND_KEY: kind, FORMAT_KEY: FORMAT, **attrs})
+    return group
+
+
+def size_on_disk(path: str | os.PathLike) -> int | None:
+    """Bytes under a local store directory (None for remote stores)."""
+    if is_url(path):
+        return None
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(root, f))
+    return total
+
+
+# bfloat16 has no numpy dtype: it is stored as its raw 16 bits (uint16).
+
+
+def to_disk_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 rows -> the on-disk representation of ``dtype``."""
+    if dtype == "float32":
+        return np.ascontiguousarray(x, dtype=np.float32)
+    if dtype == "float16":
+        return x.astype(np.float16)
+    if dtype == "bfloat16":
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16)
+        return t.view(torch.int16).numpy().view(np.uint16)
+    raise ValueError(f"unknown gradient dtype {dtype!r}; choose float32, float16 or bfloat16")
+
+
+def from_disk_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    """On-disk rows -> float32."""
+    if dtype == "bfloat16":
+        return (x.astype(np.uint32) << 16).view(np.float32)
+    return x.astype(np.float32, copy=False)
+
+
+def disk_numpy_dtype(dtype: str) -> str:
+    return {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}[dtype]

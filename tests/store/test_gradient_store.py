@@ -1,0 +1,154 @@
+"""The gradient store: round trips, selections, metadata, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gradspec.store import META_FIELDS, BackgroundWriter, GradientStore, ParamLayout, open_store
+
+
+def meta(b: int, start: int = 0) -> dict[str, np.ndarray]:
+    m = {k: np.arange(start, start + b) for k in META_FIELDS}
+    m["loss"] = np.linspace(0, 1, b)
+    return m
+
+
+def layout(p: int = 300) -> ParamLayout:
+    return ParamLayout.from_shapes([("w", (p // 3, 2)), ("b", (p - 2 * (p // 3),))])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    sizes=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    rows_per_chunk=st.integers(1, 8),
+    cols_per_chunk=st.integers(7, 400),
+    commit_each=st.booleans(),
+    background=st.booleans(),
+)
+def test_round_trip_any_chunking(tmp_path_factory, sizes, rows_per_chunk, cols_per_chunk, commit_each, background):
+    """Whatever the chunking and the batching of writes, what is read is what was written."""
+    path = tmp_path_factory.mktemp("s") / "g.zarr"
+    lay = layout(300)
+    store = GradientStore.create(path, layout=lay, rows_per_chunk=rows_per_chunk, cols_per_chunk=cols_per_chunk)
+    rng = np.random.default_rng(len(sizes))
+    data = rng.standard_normal((sum(sizes), lay.p)).astype(np.float32)
+    w = BackgroundWriter(store, background=background, max_queue=3)
+    start = 0
+    for b in sizes:
+        w.put(data[start : start + b], meta(b, start))
+        start += b
+        if commit_each:
+            w.commit()
+    w.close()
+    s = GradientStore.open(path)
+    assert s.shape == data.shape
+    np.testing.assert_array_equal(s.read(), data)
+    # column blocks over a strided row selection, with prefetch
+    sel = slice(1, None, 2)
+    got = np.concatenate([blk for _, blk in s.iter_col_blocks(rows=sel, prefetch=2)], axis=1)
+    np.testing.assert_array_equal(got, data[sel])
+    got = np.concatenate([blk for _, blk in s.iter_row_blocks(block_rows=3)], axis=0)
+    np.testing.assert_array_equal(got, data)
+    np.testing.assert_array_equal(s.row_meta()["step"], np.arange(data.shape[0]))
+
+
+@pytest.mark.parametrize("dtype,atol", [("float32", 0), ("float16", 1e-3), ("bfloat16", 8e-3)])
+def test_dtypes(tmp_path, dtype, atol):
+    lay = layout(120)
+    data = np.random.default_rng(1).uniform(-1, 1, (5, lay.p)).astype(np.float32)
+    s = GradientStore.create(tmp_path / "g.zarr", layout=lay, dtype=dtype)
+    s.append(data, meta(5))
+    r = GradientStore.open(tmp_path / "g.zarr")
+    assert r.dtype == dtype
+    got = r.read()
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, data, atol=atol, rtol=0)
+    if dtype == "bfloat16":  # stored as the raw 16 bits: exactly torch's rounding
+        import torch
+
+        np.testing.assert_array_equal(got, torch.from_numpy(data).bfloat16().float().numpy())
+    np.testing.assert_allclose(r.to_dask().compute(), got)
+
+
+def test_parameter_subset_is_column_ranges(tmp_path):
+    lay = ParamLayout.from_shapes([("a.query.weight", (4, 5)), ("a.key.weight", (4, 5)), ("a.value.weight", (3,))])
+    data = np.arange(3 * lay.p, dtype=np.float32).reshape(3, lay.p)
+    s = GradientStore.create(tmp_path / "g.zarr", layout=lay, cols_per_chunk=7)
+    s.append(data, meta(3))
+    ranges = s.layout.column_ranges(["*.query.weight", "*.value.weight"])
+    assert ranges == [(0, 20), (40, 43)]
+    got = np.concatenate([b for _, b in s.iter_col_blocks(col_ranges=ranges)], axis=1)
+    np.testing.assert_array_equal(got, np.concatenate([data[:, 0:20], data[:, 40:43]], axis=1))
+    got = np.concatenate([b for _, b in s.iter_row_blocks(col_ranges=ranges, block_rows=2)])
+    np.testing.assert_array_equal(got, np.concatenate([data[:, 0:20], data[:, 40:43]], axis=1))
+    with pytest.raises(ValueError, match="no parameter matches"):
+        s.layout.column_ranges("*.nothing")
+
+
+def test_uncommitted_rows_are_invisible(tmp_path):
+    lay = layout(60)
+    s = GradientStore.create(tmp_path / "g.zarr", layout=lay, rows_per_chunk=4)
+    s.append(np.ones((3, lay.p), np.float32), meta(3))
+    s.write_rows(3, np.full((5, lay.p), 7, np.float32), meta(5, 3))  # written, not committed
+    r = GradientStore.open(tmp_path / "g.zarr")
+    assert r.n_rows == 3
+    np.testing.assert_array_equal(r.read(), 1)
+    with pytest.raises(ValueError, match="committed rows"):
+        r.read(rows=[0, 5])
+    # resume: the uncommitted rows are overwritten
+    w = GradientStore.open(tmp_path / "g.zarr", mode="r+")
+    w.append(np.full((2, lay.p), 2, np.float32), meta(2, 3))
+    np.testing.assert_array_equal(GradientStore.open(tmp_path / "g.zarr").read()[3:], 2)
+
+
+def test_open_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no gradients store"):
+        GradientStore.open(tmp_path / "missing.zarr")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ValueError, match="not a gradspec store"):
+        GradientStore.open(tmp_path / "plain")
+    zarr.open_group(str(tmp_path / "other.zarr"), mode="w").attrs["x"] = 1
+    with pytest.raises(ValueError, match="not a gradspec store"):
+        open_store(tmp_path / "other.zarr")
+    g = zarr.open_group(str(tmp_path / "spec.zarr"), mode="w")
+    g.attrs.update({"gradspec.kind": "spectrum", "gradspec.format": 1})
+    with pytest.raises(ValueError, match="is a spectrum store, not a gradients store"):
+        GradientStore.open(tmp_path / "spec.zarr")
+    s = GradientStore.create(tmp_path / "g.zarr", layout=layout(30))
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        GradientStore.create(tmp_path / "g.zarr", layout=layout(30))
+    with pytest.raises(ValueError, match="shape"):
+        s.append(np.zeros((2, 31), np.float32), meta(2))
+    with pytest.raises(ValueError, match="read-only"):
+        GradientStore.open(tmp_path / "g.zarr").append(np.zeros((1, 30), np.float32), meta(1))
+
+
+def test_writer_reports_failure_and_keeps_committed_rows(tmp_path):
+    """A write that fails (as on a full disk) surfaces in the caller; committed rows stay."""
+    lay = layout(60)
+    s = GradientStore.create(tmp_path / "g.zarr", layout=lay, rows_per_chunk=2)
+    w = BackgroundWriter(s)
+    w.put(np.ones((2, lay.p), np.float32), meta(2))
+    w.commit(wait=True)
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    s.write_rows = broken  # the next flush fails like a full disk
+    w.put(np.ones((2, lay.p), np.float32), meta(2))
+    with pytest.raises(OSError, match="No space left on device.*2 rows are committed"):
+        w.close()
+    assert GradientStore.open(tmp_path / "g.zarr").n_rows == 2
+
+
+def test_summary_while_writing(tmp_path):
+    lay = layout(60)
+    s = GradientStore.create(tmp_path / "g.zarr", layout=lay, config={"task": "t"})
+    s.append(np.ones((4, lay.p), np.float32), meta(4))
+    info = open_store(tmp_path / "g.zarr").summary()
+    assert info["status"] == "writing" and info["shape"] == [4, 60]
+    assert info["rows"]["steps"] == [0, 3] and info["size_on_disk"] > 4 * 60 * 4
