@@ -1,0 +1,61 @@
+"""Where a DP training step can be changed: the hooks of the private optimizers.
+
+The DP-SGD step of ``gradspec.collect`` calls these in order::
+
+    g_i  <- precondition(g_i)                  per-example, before clipping  (AdaDPS)
+    s    <- before_noise(sum_i clip(g_i))      the clipped sum               (fixed-subspace retraining)
+    b    <- noise(std)                         the DP noise vector           (noise in a subspace only)
+    g    <- after_noise((s + b) / B)           the privatised gradient       (PDP-SGD projection)
+    d    <- direction(g)                       the update direction          (noisy AdaGrad)
+    theta <- optimizer step on d
+
+The identity hooks below are DP-SGD. Hooks that use more privacy (a noisy
+preconditioner, say) record it through ``record_privacy``. Hooks with state
+implement ``state_dict``/``load_state_dict`` so runs resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class StepHooks:
+    """DP-SGD: every hook is the identity."""
+
+    name = "dp-sgd"
+
+    def setup(self, run: Any) -> None:
+        """Called once with the run (model, layout, task, device) before training."""
+
+    def on_step_start(self, step: int, run: Any) -> None:
+        """Called before each step (e.g. to recompute a public subspace every s steps)."""
+
+    def precondition(self, grads: Tensor) -> Tensor:
+        return grads
+
+    def before_noise(self, total: Tensor) -> Tensor:
+        return total
+
+    def noise(self, p: int, std: float, generator: torch.Generator, device: torch.device) -> Tensor:
+        from gradspec.privacy import gaussian_noise
+
+        return gaussian_noise((p,), std, generator=generator, device=device)
+
+    def after_noise(self, grad: Tensor) -> Tensor:
+        return grad
+
+    def direction(self, grad: Tensor) -> Tensor:
+        return grad
+
+    def record_privacy(self, accountant: Any, step: int) -> None:
+        """Record privacy spent by the hooks themselves (not the gradient noise)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{self.name} has no state, but the checkpoint holds {sorted(state)}")
