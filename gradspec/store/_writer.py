@@ -46,7 +46,8 @@ class BackgroundWriter:
 
     def __init__(self, store: GradientStore, *, max_queue: int = 64, background: bool = True) -> None:
         self.store = store
-        self._next = store.n_rows  # next row index to write
+        self._next = store.n_rows  # next row index to write (writer side)
+        self._handed = store.n_rows  # rows handed over by the caller (caller side)
         self._buffer: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
         self._buffered = 0
         self._error: BaseException | None = None
@@ -80,7 +81,9 @@ class BackgroundWriter:
 
     def put(self, rows: np.ndarray, meta: dict[str, Any]) -> None:
         """Queue rows (float32, (b, p)) with their metadata (arrays of length b)."""
+        n = 1 if np.ndim(rows) == 1 else len(rows)
         self._submit(("rows", rows, meta))
+        self._handed += n
 
     def commit(self, callback: Callable[[int], None] | None = None, *, wait: bool = False) -> None:
         """Flush queued rows, run ``callback(n_committed)``, then advance the committed count."""
@@ -109,8 +112,8 @@ class BackgroundWriter:
 
     @property
     def rows_written(self) -> int:
-        """Rows handed to the store so far (committed or buffered)."""
-        return self._next + self._buffered
+        """Rows handed to the writer so far (queued, buffered, written or committed)."""
+        return self._handed
 
     # ----------------------------------------------------------- writer side
     def _run(self) -> None:

@@ -29,7 +29,7 @@ def read_all(path):
 
 
 def metrics_without_time(path):
-    return [{k: v for k, v in json.loads(line).items() if k != "time"} for line in open(path)]
+    return [{k: v for k, v in json.loads(line).items() if k != "time"} for line in path.read_text().splitlines()]
 
 
 @pytest.mark.parametrize("mode", ["batch", "per-example"])
@@ -108,7 +108,7 @@ def test_epsilon_matches_the_accountant(tmp_path):
     assert res.epsilon == pytest.approx(
         compute_epsilon(noise_multiplier=1.3, sample_rate=16 / 64, steps=10, delta=res.delta), rel=1e-9
     )
-    logged = [json.loads(x) for x in open(res.metrics)]
+    logged = [json.loads(x) for x in res.metrics.read_text().splitlines()]
     eps = [r["epsilon"] for r in logged if "epsilon" in r]
     assert eps == sorted(eps) and eps[-1] == pytest.approx(res.epsilon)
     assert any("eval_accuracy" in r for r in logged)

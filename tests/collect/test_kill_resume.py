@@ -15,8 +15,8 @@ import numpy as np
 from gradspec.collect import collect
 from gradspec.store import GradientStore
 
-from .test_collect import cfg, metrics_without_time
 from ._tiny import tiny_task
+from .test_collect import cfg, metrics_without_time
 
 HERE = Path(__file__).parent
 
