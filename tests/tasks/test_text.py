@@ -1,0 +1,196 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradspec.store._layout import match_names
+from gradspec.tasks import HEAD_PATTERNS, QV_PATTERNS, make_task, tiny_bert
+from gradspec.tasks import text as text_mod
+from gradspec.tasks.text import dataset_to_tensordata, load_text_model, tokenize_texts
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return make_task("text", n_train=4, n_eval=2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_task("text", model="tiny-bert", n_train=24, n_eval=8, seed=0)
+
+
+def test_qv_patterns_select_the_12_minilm_query_value_weights(minilm):
+    names = [n for n, _ in minilm.model.named_parameters()]
+    expected = [
+        f"bert.encoder.layer.{i}.attention.self.{m}.weight"
+        for i in range(6)
+        for m in ("query", "value")
+    ]
+    assert match_names(names, QV_PATTERNS) == expected
+    assert minilm.params == QV_PATTERNS
+    assert minilm.model.config._attn_implementation == "eager"
+
+
+def test_minilm_head_is_frozen_and_seeded(minilm):
+    trainable = {n for n, p in minilm.model.named_parameters() if p.requires_grad}
+    assert trainable == set(match_names(list(trainable), QV_PATTERNS)) and len(trainable) == 12
+    head = minilm.model.classifier.weight
+    assert not head.requires_grad and head.abs().sum() > 0
+    again = load_text_model("minilm", seed=0)[0].classifier.weight
+    other = load_text_model("minilm", seed=1)[0].classifier.weight
+    torch.testing.assert_close(head, again, rtol=0, atol=0)
+    assert not torch.allclose(head, other)
+
+
+def test_tiny_bert_is_seeded_and_small():
+    a, tok = tiny_bert(seed=3)
+    b, _ = tiny_bert(seed=3)
+    c, _ = tiny_bert(seed=4)
+    assert (a.config.hidden_size, a.config.num_hidden_layers, a.config.num_attention_heads) == (
+        32,
+        2,
+        2,
+    )
+    assert a.config.vocab_size == tok.vocab_size
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert not torch.equal(a.classifier.weight, c.classifier.weight)
+
+
+def test_train_head_adds_the_classifier(tiny):
+    task = make_task("text", model="tiny-bert", n_train=4, n_eval=2, train_head=True)
+    trainable = {n for n, p in task.model.named_parameters() if p.requires_grad}
+    assert {"classifier.weight", "classifier.bias", "bert.pooler.dense.weight"} <= trainable
+    assert len(match_names(list(trainable), QV_PATTERNS)) == 4
+    frozen = {n for n, p in tiny.model.named_parameters() if p.requires_grad}
+    assert "classifier.weight" not in frozen and len(frozen) == 4
+
+
+def test_explicit_params_override(tiny):
+    task = make_task("text", model="tiny-bert", n_train=4, n_eval=2, params=["*.key.weight"])
+    assert [n for n, p in task.model.named_parameters() if p.requires_grad] == [
+        f"bert.encoder.layer.{i}.attention.self.key.weight" for i in range(2)
+    ]
+    with pytest.raises(ValueError, match="no parameter matches"):
+        make_task("text", model="tiny-bert", n_train=4, n_eval=2, params=["nothing"])
+
+
+def test_synthetic_data_layout(tiny):
+    t = tiny.train.tensors
+    assert set(t) == {"input_ids", "attention_mask", "token_type_ids", "labels"}
+    assert len(tiny.train) == 24 and len(tiny.eval) == 8
+    assert t["input_ids"].shape[1] == int(t["attention_mask"].sum(1).max()) <= 64  # longest
+    assert t["labels"].sum() == 12  # balanced
+    assert tiny.config["num_labels"] == 2 and tiny.config["vocabulary_size"] == 115
+    fixed = make_task(
+        "text", model="tiny-bert", n_train=4, n_eval=2, padding="max_length", max_length=40
+    )
+    assert fixed.train.tensors["input_ids"].shape == (4, 40)
+
+
+def test_defaults_are_2000_and_500(monkeypatch):
+    seen = []
+    real = text_mod.generate_sentiment
+
+    def spy(n, *, seed, stream):
+        seen.append(n)
+        return real(4, seed=seed, stream=stream)
+
+    monkeypatch.setattr(text_mod, "generate_sentiment", spy)
+    task = make_task("text", model="tiny-bert")
+    assert seen == [2000, 500] and task.config["n_train"] == 4  # the effective size
+
+
+def test_padding_does_not_change_logits(tiny):
+    """The 4-D additive mask hides padding: a padded example scores like the unpadded one."""
+    batch = tiny.train.batch(range(8))
+    lengths = batch["attention_mask"].sum(1)
+    assert lengths.min() < lengths.max()
+    model = tiny.model.eval()
+    with torch.no_grad():
+        padded = tiny.forward(model, batch)
+        for i in range(8):
+            one = {
+                k: v[i : i + 1, : int(lengths[i])] if v.ndim == 2 else v[i : i + 1]
+                for k, v in batch.items()
+            }
+            torch.testing.assert_close(tiny.forward(model, one)[0], padded[i], rtol=1e-5, atol=1e-5)
+
+
+def test_hf_dataset_columns_to_tensordata():
+    datasets = pytest.importorskip("datasets")
+    _, tok = tiny_bert()
+    ds = datasets.Dataset.from_dict(
+        {
+            "idx": [0, 1, 2],
+            "sentence": ["a fine film", "dull.", "not bad at all, really"],
+            "label": [1, 0, 1],
+        }
+    )
+    data = dataset_to_tensordata(ds, tok, max_length=6)
+    assert data.tensors["input_ids"].shape == (3, 6)  # truncated to max_length
+    assert data.tensors["labels"].tolist() == [1, 0, 1]
+    assert data.tensors["input_ids"][1, 0] == tok.cls_token_id
+    other = datasets.Dataset.from_dict({"review": ["x", "y"], "stars": [4, 2]})
+    assert len(dataset_to_tensordata(other, tok, label_column="stars")) == 2
+    with pytest.raises(ValueError, match="column 'label' not in the dataset"):
+        dataset_to_tensordata(other, tok)
+    with pytest.raises(ValueError, match="no text column"):
+        dataset_to_tensordata(datasets.Dataset.from_dict({"a": ["x"], "label": [0]}), tok)
+    with pytest.raises(ValueError, match="labels must be >= 0"):
+        tokenize_texts(tok, ["x"], [-1])
+
+
+def test_hf_dataset_task_path(monkeypatch):
+    """``dataset="sst2"`` goes through ``datasets.load_dataset("glue", "sst2")``."""
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features(
+        {"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}
+    )
+
+    def split(n):
+        return datasets.Dataset.from_dict(
+            {
+                "sentence": [f"review number {i}" for i in range(n)],
+                "label": [i % 2 for i in range(n)],
+            },
+            features=features,
+        )
+
+    calls = []
+
+    def fake_load(path, name=None):
+        calls.append((path, name))
+        return datasets.DatasetDict({"train": split(10), "validation": split(6), "test": split(3)})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    task = make_task("text", model="tiny-bert", dataset="sst2", n_train=4, seed=2)
+    assert calls == [("glue", "sst2")]
+    assert (len(task.train), len(task.eval), task.config["num_labels"]) == (4, 6, 2)
+    assert task.config["n_train"] == 4 and "vocabulary_size" not in task.config
+    with pytest.raises(ValueError, match="no split 'dev'"):
+        make_task("text", model="tiny-bert", dataset="sst2", eval_split="dev")
+
+
+def test_patterns_cover_distilbert_and_roberta():
+    transformers = pytest.importorskip("transformers")
+    small = dict(vocab_size=50, max_position_embeddings=40, num_labels=2)
+    distil = transformers.DistilBertForSequenceClassification(
+        transformers.DistilBertConfig(dim=16, hidden_dim=32, n_layers=2, n_heads=2, **small)
+    )
+    roberta = transformers.RobertaForSequenceClassification(
+        transformers.RobertaConfig(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            **small,
+        )
+    )
+    for model, q in ((distil, "q_lin"), (roberta, "self.query")):
+        names = [n for n, _ in model.named_parameters()]
+        qv = match_names(names, QV_PATTERNS)
+        assert len(qv) == 4 and all(n.endswith(".weight") for n in qv)
+        assert sum(q in n for n in qv) == 2
+        head = match_names(names, HEAD_PATTERNS)
+        assert head and all("classifier" in n for n in head)
