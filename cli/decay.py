@@ -1,0 +1,177 @@
+"""`gradspec decay` and `gradspec plot`: spectrum decay, G_k, bounds and figures.
+
+Heavy imports (numpy, zarr, matplotlib) happen inside the commands so that
+``gradspec --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from cli._common import user_errors
+
+
+def _parse_range(text: str | None, what: str) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"{what} {text!r} is not A:B with integers (e.g. 1:1000)") from None
+    return a, b
+
+
+def _formats(fmt: list[str] | None) -> tuple[str, ...]:
+    formats = tuple(fmt or ("png", "pdf"))
+    bad = set(formats) - {"png", "pdf", "svg"}
+    if bad:
+        raise ValueError(f"unknown format(s) {sorted(bad)}; choose png, pdf or svg")
+    return formats
+
+
+def _bandwidth(text: str) -> str | float:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+@user_errors
+def decay_command(
+    spectrum: Path = typer.Argument(..., help="Spectrum store written by `gradspec pca`."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for report.json and the figures."),
+    gradients: Path | None = typer.Option(
+        None, "--gradients", help="Gradient store for G_k (default: the spectrum's source store)."
+    ),
+    heldout_rows: str | None = typer.Option(
+        None, "--heldout-rows", help="Rows A:B of the gradient store held out from the spectrum."
+    ),
+    spectrum_only: bool = typer.Option(
+        False, "--spectrum-only", help="Analyse σ only; read no gradients."
+    ),
+    n: int | None = typer.Option(
+        None, "--n", help="Training-set size n (bounds of Theorems 3.3/3.5)."
+    ),
+    epsilon: float | None = typer.Option(None, "--epsilon", help="Privacy ε (bounds)."),
+    delta: float | None = typer.Option(None, "--delta", help="Privacy δ (bounds)."),
+    diameter: float | None = typer.Option(None, "--diameter", help="D ≥ ‖x⁽⁰⁾ − x*‖ (bounds)."),
+    dim: int | None = typer.Option(None, "--dim", help="Dimension d of the bound (default: p)."),
+    tail: str = typer.Option(
+        "hold", "--tail", help="G_k beyond the measured ranks: hold, fit or zero."
+    ),
+    k_max: int | None = typer.Option(
+        None, "--k-max", help="Largest rank for G_k (default: all stored)."
+    ),
+    every_rank: bool = typer.Option(False, "--every-rank", help="G_k at every rank, not 0,1,2,4,…"),
+    fit_range: str | None = typer.Option(
+        None, "--fit-range", help="Ranks A:B of the spectrum fit."
+    ),
+    ci: str = typer.Option("analytic", "--ci", help="Confidence intervals: analytic or bootstrap."),
+    bandwidth: str = typer.Option(
+        "scott", "--bandwidth", help="KDE bandwidth: scott, silverman or h."
+    ),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write the figures."),
+    fmt: list[str] | None = typer.Option(
+        None, "--format", help="Figure formats (default png and pdf)."
+    ),
+    progress: bool = typer.Option(False, "--progress/--no-progress", help="Log progress."),
+) -> None:
+    """Fit the spectrum's decay, measure G_k, evaluate the bounds; write report.json (+ figures)."""
+    from gradspec.spectrum import DecayConfig
+    from gradspec.spectrum._driver import decay_analysis
+
+    given = [x is not None for x in (n, epsilon, delta, diameter)]
+    if any(given) and not all(given):
+        raise ValueError("the bounds need all of --n, --epsilon, --delta and --diameter")
+    config = DecayConfig(
+        k_max=k_max,
+        every_rank=every_rank,
+        fit_range=_parse_range(fit_range, "--fit-range"),
+        ci=ci,
+        bandwidth=_bandwidth(bandwidth),
+        n=n,
+        epsilon=epsilon,
+        delta=delta,
+        diameter=diameter,
+        dim=dim,
+        tail=tail,
+    )
+    from gradspec._enums import parse_choice
+    from gradspec.spectrum import CIMethod, TailRule
+
+    parse_choice(TailRule, tail, "--tail")
+    parse_choice(CIMethod, ci, "--ci")
+    analysis = decay_analysis(
+        spectrum=spectrum,
+        gradients=gradients,
+        heldout_rows=heldout_rows,
+        use_gradients=not spectrum_only,
+        config=config,
+        progress=progress,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    report = analysis.to_dict()
+    (out / "report.json").write_text(
+        json.dumps(report, indent=1, ensure_ascii=False, allow_nan=False)
+    )
+    if plots:
+        from gradspec.plot import report_figures
+
+        report_figures(analysis, out, formats=_formats(fmt))
+    for key, line in report["summary"].items():
+        typer.echo(f"{key}: {line}")
+    typer.echo(f"wrote {out / 'report.json'}")
+
+
+def _load_view(path: Path):
+    """A report.json, a directory holding one, or a spectrum store → a ReportView."""
+    from gradspec.plot import ReportView
+
+    report = path / "report.json" if path.is_dir() else path
+    if report.is_file():
+        return ReportView.from_report(json.loads(report.read_text()))
+    from gradspec.spectrum import analyze_spectrum
+    from gradspec.store._spectrum import SpectrumStore
+
+    spec = SpectrumStore.open(path)
+    if spec.status != "complete":
+        raise ValueError(f"{str(path)!r} is not complete (status {spec.status!r})")
+    frob2 = spec.attrs.get("gradspec.frob2")
+    a = analyze_spectrum(sigma=spec.sigma, total_energy=float(frob2) if frob2 is not None else None)
+    return ReportView.from_analysis(a)
+
+
+@user_errors
+def plot_command(
+    inputs: list[Path] = typer.Argument(
+        ..., help="Spectrum stores, decay output directories or report.json files."
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for the figures."),
+    label: list[str] | None = typer.Option(
+        None, "--label", "-l", help="Legend label per input (repeat; default: the input's name)."
+    ),
+    fmt: list[str] | None = typer.Option(None, "--format", help="png and/or pdf (default both)."),
+) -> None:
+    """Figures of one analysis, or overlays of several runs (one input: all its figures)."""
+    labels = list(label or [])
+    if labels and len(labels) != len(inputs):
+        raise ValueError(
+            f"got {len(labels)} --label for {len(inputs)} inputs; give one per input or none"
+        )
+    formats = _formats(fmt)
+    names = labels or [p.name if p.name != "report.json" else p.parent.name for p in inputs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"labels must differ, got {names}; pass --label for each input")
+    from gradspec.plot import overlay_figures, report_figures
+
+    views = {name: _load_view(p) for name, p in zip(names, inputs, strict=True)}
+    if len(views) == 1:
+        figs = report_figures(next(iter(views.values())), out, formats=formats)
+    else:
+        figs = overlay_figures(views, out, formats=formats)
+        figs = {f"overlay_{k}": v for k, v in figs.items()}
+    for name in figs:
+        typer.echo(str(out / f"{name}.{formats[0]}"))

@@ -1,0 +1,25 @@
+"""Matplotlib figures of spectrum analyses (object API; no pyplot state, any backend)."""
+
+from gradspec.plot._figures import (
+    plot_density,
+    plot_explained_variance,
+    plot_lipschitz,
+    plot_spectrum,
+    plot_step_error,
+    save_figure,
+)
+from gradspec.plot._report import ReportView, overlay_figures, report_figures
+
+__all__ = [
+    # single figures
+    "plot_density",
+    "plot_explained_variance",
+    "plot_lipschitz",
+    "plot_spectrum",
+    "plot_step_error",
+    "save_figure",
+    # figure sets
+    "ReportView",
+    "overlay_figures",
+    "report_figures",
+]

@@ -1,0 +1,265 @@
+"""Figures of a spectrum analysis (Li et al. 2022, Figures 2a and 3–5).
+
+Every function takes ``label → data`` mappings (one entry draws one run, several
+overlay runs with a legend), draws on a new figure or on a given ``ax``, and
+returns the figure. The pyplot state machine is not used, so this works under
+any backend; :func:`save_figure` writes PNG and PDF.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from gradspec.spectrum import (
+    ExplainedVariance,
+    PowerLawFit,
+    RestrictedLipschitz,
+    SpectralDensity,
+    StepError,
+)
+
+FIGSIZE = (5.5, 4.0)
+
+
+def _axes(ax: Axes | None) -> tuple[Figure, Axes]:
+    if ax is not None:
+        return ax.figure, ax  # type: ignore[return-value]
+    fig = Figure(figsize=FIGSIZE, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _as_mapping(x: Any, label: str) -> dict[str, Any]:
+    if x is None:
+        return {}
+    return dict(x) if isinstance(x, Mapping) else {label: x}
+
+
+def _legend(ax: Axes) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small", frameon=False)
+
+
+def plot_spectrum(
+    spectra: Mapping[str, np.ndarray] | np.ndarray,
+    *,
+    fits: Mapping[str, PowerLawFit] | PowerLawFit | None = None,
+    scale: str = "singular",
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Singular values (or eigenvalues σ²) against rank on log–log axes, with fit lines (Fig. 2a).
+
+    Args:
+        spectra: label → σ (decreasing), or one σ array.
+        fits: label → fit (drawn dashed over its rank range, formula in the legend).
+        scale: ``"singular"`` plots σ_k, ``"eigen"`` plots σ_k².
+        ax: draw here instead of a new figure.
+        title: axes title.
+    """
+    if scale not in ("singular", "eigen"):
+        raise ValueError(f"unknown scale {scale!r}; choose singular or eigen")
+    fig, ax = _axes(ax)
+    series = _as_mapping(spectra, "spectrum")
+    fitmap = _as_mapping(fits, "spectrum")
+    for label, sigma in series.items():
+        s = np.asarray(sigma, dtype=np.float64)
+        y = s if scale == "singular" else s**2
+        k = np.arange(1, y.size + 1)
+        keep = y > 0
+        (line,) = ax.plot(k[keep], y[keep], marker="o", ms=2.5, lw=0.8, label=label)
+        fit = fitmap.get(label)
+        if fit is not None:
+            kf = np.arange(fit.k_min, fit.k_max + 1)
+            ax.plot(
+                kf,
+                fit.predict(kf),
+                ls="--",
+                lw=1.2,
+                color=line.get_color(),
+                label=f"fit: {fit.a:.3g}·k^(−{fit.c:.3f}), R²={fit.r2:.3f}",
+            )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("rank k")
+    ax.set_ylabel("singular value σ_k" if scale == "singular" else "eigenvalue σ_k²")
+    ax.set_title(
+        title or ("Singular values vs rank" if scale == "singular" else "Eigenvalues vs rank")
+    )
+    ax.grid(True, which="major", alpha=0.3)
+    _legend(ax)
+    return fig
+
+
+def plot_density(
+    densities: Mapping[str, SpectralDensity] | SpectralDensity,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Kernel density of the singular values (Fig. 2a, left); the bandwidth is in the legend."""
+    fig, ax = _axes(ax)
+    dmap = _as_mapping(densities, "spectrum")
+    spaces = {d.space for d in dmap.values()}
+    if len(spaces) > 1:
+        raise ValueError(f"densities are in different spaces {sorted(spaces)}; overlay one space")
+    for label, d in dmap.items():
+        ax.plot(d.grid, d.density, lw=1.5, label=f"{label} (h = {d.bandwidth:.3g}, {d.rule})")
+    space = spaces.pop() if spaces else "log10"
+    ax.set_xlabel("log10 σ" if space == "log10" else "σ")
+    ax.set_ylabel("density")
+    ax.set_title(title or "Density of singular values (Gaussian KDE)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    _legend(ax)
+    return fig
+
+
+def plot_lipschitz(
+    curves: Mapping[str, RestrictedLipschitz] | RestrictedLipschitz,
+    *,
+    fits: Mapping[str, PowerLawFit] | PowerLawFit | None = None,
+    statistic: str = "max",
+    quantiles: bool = True,
+    threshold: bool = True,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Ĝ_k vs k on log–log axes (k ≥ 1), with its fit and the c = 1/2 line of Theorem 3.3.
+
+    Args:
+        curves: label → :class:`RestrictedLipschitz`.
+        fits: label → power-law fit of the same statistic (dashed).
+        statistic: ``"max"`` (Ĝ_k) or a quantile key.
+        quantiles: shade between the smallest and largest stored quantile.
+        threshold: draw ``Ĝ_0·k^(−1/2)`` (dotted), the slowest decay eq. (2) allows.
+    """
+    fig, ax = _axes(ax)
+    cmap = _as_mapping(curves, "G_k")
+    fmap = _as_mapping(fits, "G_k")
+    for label, G in cmap.items():
+        y = G.statistic(statistic)
+        # Values at rounding level (in-sample rows at the rank of H) are not drawn.
+        pos = (G.ks >= 1) & (y > 1e-6 * float(y.max()))
+        (line,) = ax.plot(
+            G.ks[pos], y[pos], marker="o", ms=3, lw=1.0, label=f"{label}: {statistic}"
+        )
+        if quantiles and len(G.quantiles) >= 2:
+            keys = sorted(G.quantiles)
+            lo, hi = G.quantiles[keys[0]], G.quantiles[keys[-1]]
+            qpos = pos & (lo > 0)
+            ax.fill_between(
+                G.ks[qpos],
+                lo[qpos],
+                hi[qpos],
+                color=line.get_color(),
+                alpha=0.15,
+                label=f"{label}: {keys[0]}–{keys[-1]}",
+            )
+        fit = fmap.get(label)
+        if fit is not None:
+            kf = np.geomspace(max(fit.k_min, 1), fit.k_max, 64)
+            ax.plot(
+                kf,
+                fit.predict(kf),
+                ls="--",
+                color=line.get_color(),
+                label=f"fit: {fit.a:.3g}·k^(−{fit.c:.3f})",
+            )
+        if threshold and np.any(G.ks == 0) and np.any(pos):
+            g0 = float(y[G.ks == 0][0])
+            kt = np.geomspace(1, G.ks[pos].max(), 64)
+            ax.plot(
+                kt,
+                g0 * kt**-0.5,
+                ls=":",
+                color=line.get_color(),
+                alpha=0.8,
+                label=f"{label}: G_0·k^(−1/2)",
+            )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("rank k of the projector P_k")
+    ax.set_ylabel("‖(I − P_k) g‖  (restricted Lipschitz G_k)")
+    ax.set_title(title or "Restricted Lipschitz coefficients")
+    ax.grid(True, which="major", alpha=0.3)
+    _legend(ax)
+    return fig
+
+
+def plot_explained_variance(
+    curves: Mapping[str, ExplainedVariance | tuple[np.ndarray, np.ndarray]],
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Energy fraction of the top-k subspace vs k (log k), one line per row set or run.
+
+    Args:
+        curves: label → :class:`ExplainedVariance` or ``(ks, fraction)``.
+    """
+    fig, ax = _axes(ax)
+    for label, cur in curves.items():
+        ks, frac = (cur.ks, cur.fraction) if isinstance(cur, ExplainedVariance) else cur
+        ks, frac = np.asarray(ks), np.asarray(frac)
+        pos = ks >= 1
+        ax.plot(ks[pos], frac[pos], marker="o", ms=2.5, lw=1.2, label=label)
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("rank k")
+    ax.set_ylabel("explained variance Σ‖P_k g‖² / Σ‖g‖²")
+    ax.set_title(title or "Explained variance of the top-k subspace")
+    ax.grid(True, which="major", alpha=0.3)
+    _legend(ax)
+    return fig
+
+
+def plot_step_error(
+    errors: Mapping[str, StepError] | StepError,
+    *,
+    ks: Sequence[int] | None = None,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Relative reconstruction error ‖(I − P_k)g‖/‖g‖ per training step; a line per k and run."""
+    fig, ax = _axes(ax)
+    emap = _as_mapping(errors, "gradients")
+    for label, e in emap.items():
+        want = [int(k) for k in (ks if ks is not None else e.ks[e.ks >= 1][-3:])]
+        for k in want:
+            hits = np.nonzero(e.ks == k)[0]
+            if hits.size == 0:
+                raise ValueError(f"rank {k} is not on the grid of {label!r}: {e.ks.tolist()}")
+            name = f"{label}, k = {k}" if len(emap) > 1 else f"k = {k}"
+            ax.plot(e.steps, e.error[:, hits[0]], lw=1.0, label=name)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("relative error ‖(I − P_k) g‖ / ‖g‖")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title or "Gradients outside the top-k subspace along training")
+    ax.grid(True, alpha=0.3)
+    _legend(ax)
+    return fig
+
+
+def save_figure(
+    fig: Figure,
+    out_dir: str | Path,
+    stem: str,
+    *,
+    formats: Sequence[str] = ("png", "pdf"),
+    dpi: int = 150,
+) -> list[Path]:
+    """Write ``out_dir/stem.<fmt>`` for each format; returns the paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        path = out / f"{stem}.{fmt}"
+        fig.savefig(path, format=fmt, dpi=dpi)
+        paths.append(path)
+    return paths

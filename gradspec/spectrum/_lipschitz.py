@@ -1,0 +1,390 @@
+"""Restricted-Lipschitz coefficients G_k (Li et al. 2022, Definition 3.1), streamed.
+
+Definition 3.1: a loss is restricted Lipschitz with coefficients {G_k} if for
+every k there is a rank-k orthogonal projector P_k with
+``‖(I − P_k)∇h(x)‖₂ ≤ G_k`` at every x. We estimate G_k from the gradients a
+run stored, with P_k = V_k V_kᵀ the top-k right singular vectors of a spectrum:
+
+    Ĝ_k = max_i ‖(I − P_k) g_i‖₂,   ‖(I − P_k) g‖² = ‖g‖² − Σ_{j≤k} (v_jᵀ g)²,
+
+beside the median and 95th percentile over the rows. All k come out of one
+pass over the gradient matrix H (r × p): per column block c, accumulate
+``H_c V_c`` (r × K) and the squared row norms; nothing p × p is formed.
+
+Ĝ_k is an *empirical* estimate: a maximum over the rows that were stored, with
+the projector of the top-k subspace (which minimises the summed squared
+residuals, not the maximum). On the rows that defined the subspace it is
+optimistic — it reaches 0 at the rank of H — so measure it on held-out rows
+too. Li et al.'s Assumption 3.2 asks it of the gradients of the empirical loss
+F; rows that are averages of clipped per-example gradients (one per step)
+estimate those, rows that are per-example gradients give larger values.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from gradspec.spectrum._fit import PowerLawFit, fit_power_law
+
+logger = logging.getLogger(__name__)
+
+
+class RowSliceable(Protocol):
+    """A (p × K) basis read by row slices: a numpy array, a memmap, a zarr array."""
+
+    shape: tuple[int, ...]
+
+    def __getitem__(self, key: Any) -> Any: ...
+
+
+def rank_grid(k_max: int, *, every: bool = False, include_zero: bool = True) -> np.ndarray:
+    """Ranks at which G_k is evaluated: ``0, 1, 2, 4, …, 2^m, k_max`` or every rank.
+
+    Args:
+        k_max: the largest rank (at most the number of stored singular vectors).
+        every: all ranks ``0..k_max`` instead of powers of two.
+        include_zero: include ``k = 0`` (G_0, the plain Lipschitz constant).
+    """
+    if k_max < 0:
+        raise ValueError(f"k_max must be >= 0, got {k_max}")
+    if every:
+        ks = np.arange(0, k_max + 1)
+    else:
+        pw = [2**i for i in range(int(k_max).bit_length()) if 2**i <= k_max]
+        ks = np.array(sorted({0, *pw, k_max}), dtype=np.int64)
+    return ks if include_zero else ks[ks > 0]
+
+
+@dataclass
+class RowProjections:
+    """Per-row squared norms and residuals after projecting onto the top-k subspace.
+
+    Attributes:
+        ks: ranks (sorted, unique), shape (m,).
+        sq_norms: ``‖g_i‖²``, shape (n,).
+        residual_sq: ``‖(I − P_k) g_i‖²`` for each k in ``ks``, shape (n, m), clamped at 0.
+        coords: optional coordinates of g_i in the top-K subspace, shape (n, K)
+            (``keep_coords``): ``V_Kᵀ g_i``, or ``L⁻¹ V_Kᵀ g_i`` with ``exact_projector``.
+    """
+
+    ks: np.ndarray
+    sq_norms: np.ndarray
+    residual_sq: np.ndarray
+    coords: np.ndarray | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.sq_norms.size)
+
+    def residual_norms(self) -> np.ndarray:
+        """``‖(I − P_k) g_i‖``, shape (n, m)."""
+        return np.sqrt(self.residual_sq)
+
+    def relative_residuals(self) -> np.ndarray:
+        """``‖(I − P_k) g_i‖ / ‖g_i‖`` (0 for zero rows), shape (n, m)."""
+        norms = np.sqrt(self.sq_norms)[:, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = np.where(norms > 0, self.residual_norms() / norms, 0.0)
+        return out
+
+
+def project_rows(
+    col_blocks: Iterable[tuple[int, np.ndarray]],
+    basis: RowSliceable | np.ndarray,
+    *,
+    ks: Sequence[int] | np.ndarray | None = None,
+    keep_coords: bool = False,
+    check_orthonormal: bool = True,
+    exact_projector: bool = True,
+    atol: float = 1e-3,
+    progress: bool = False,
+) -> RowProjections:
+    """One pass over the column blocks of H: norms and top-k residuals of every row.
+
+    For each block ``(offset, H_c)`` with ``H_c`` of shape (n, c), reads
+    ``V_c = basis[offset:offset + c, :K]`` and accumulates ``C += H_c V_c`` and
+    ``s += rowsum(H_c²)`` in float64; then
+    ``‖(I − P_k) g_i‖² = s_i − Σ_{j≤k} C_ij²`` for all k at once. Cost
+    ``2·n·p·K`` flops, memory ``n·K`` plus one block.
+
+    Args:
+        col_blocks: ``(col_offset, block)`` pairs covering the p columns once, e.g.
+            ``GradientStore.iter_col_blocks(rows=...)``; ``offset`` indexes ``basis`` rows.
+        basis: V, (p × K_stored) with orthonormal columns, sliceable by rows.
+        ks: ranks to evaluate; default :func:`rank_grid` up to ``K_stored``.
+        keep_coords: also return ``V_Kᵀ g_i`` (n × K).
+        check_orthonormal: check the column norms of ``V_K`` (accumulated in the same pass)
+            lie within ``atol`` of 1; the residual formula assumes orthonormal columns.
+        atol: tolerance of that check.
+        exact_projector: also accumulate ``M = V_Kᵀ V_K`` (``p·K²`` flops, in the same pass)
+            and use the orthogonal projector onto span(V_k), ``‖P_k g‖² = ‖L_k⁻¹ V_kᵀ g‖²`` with
+            ``M = L Lᵀ`` (Cholesky; nested in k). A V stored in float32 is orthonormal only to
+            ~1e-7, which otherwise limits the resolution of ``‖(I − P_k) g‖`` to about
+            ``3e-4·‖g‖``; with the correction it is ~1e-8·‖g‖.
+        progress: log each block at INFO level.
+
+    Returns:
+        :class:`RowProjections`.
+
+    Raises:
+        ValueError: on shape mismatches, ranks outside ``[0, K_stored]``, columns that
+            the blocks do not cover exactly once, or a basis that is not orthonormal.
+    """
+    p, k_stored = int(basis.shape[0]), int(basis.shape[1])
+    ks_arr = rank_grid(k_stored) if ks is None else np.unique(np.asarray(ks, dtype=np.int64))
+    if ks_arr.size == 0:
+        raise ValueError("ks is empty; pass at least one rank")
+    if ks_arr.min() < 0 or ks_arr.max() > k_stored:
+        raise ValueError(
+            f"ranks must lie in [0, {k_stored}] (the stored singular vectors), "
+            f"got {ks_arr.min()}..{ks_arr.max()}"
+        )
+    kmax = int(ks_arr.max())
+    coords: np.ndarray | None = None
+    sq: np.ndarray | None = None
+    col_norm_sq = np.zeros(kmax)
+    gram = np.zeros((kmax, kmax)) if exact_projector else None
+    covered = 0
+    for off, block in col_blocks:
+        h = np.asarray(block)
+        if h.ndim != 2:
+            raise ValueError(f"column blocks must be 2-D (rows, cols), got shape {h.shape}")
+        c = h.shape[1]
+        if off < 0 or off + c > p:
+            raise ValueError(
+                f"column block [{off}, {off + c}) lies outside the basis rows [0, {p})"
+            )
+        h64 = h.astype(np.float64, copy=False)
+        if coords is None:
+            coords = np.zeros((h.shape[0], kmax))
+            sq = np.zeros(h.shape[0])
+        elif h.shape[0] != coords.shape[0]:
+            raise ValueError(
+                f"column blocks disagree on the row count: {h.shape[0]} vs {coords.shape[0]}"
+            )
+        if kmax:
+            v = np.asarray(basis[off : off + c, :kmax], dtype=np.float64)
+            coords += h64 @ v
+            col_norm_sq += np.einsum("ij,ij->j", v, v)
+            if gram is not None:
+                gram += v.T @ v
+        sq += np.einsum("ij,ij->i", h64, h64)
+        covered += c
+        if progress:
+            logger.info("projected columns %d/%d", covered, p)
+    if coords is None or sq is None:
+        raise ValueError("no column blocks were given")
+    if covered != p:
+        raise ValueError(f"the column blocks cover {covered} columns but the basis has {p} rows")
+    if check_orthonormal and kmax:
+        dev = float(np.abs(np.sqrt(col_norm_sq) - 1.0).max())
+        if dev > atol:
+            raise ValueError(
+                f"basis columns are not unit vectors (max |‖v_j‖ − 1| = {dev:.2e} > {atol}); "
+                "pass an orthonormal V or check_orthonormal=False"
+            )
+    if gram is not None and kmax:
+        from scipy.linalg import cholesky, solve_triangular
+
+        try:
+            L = cholesky(gram, lower=True)
+        except np.linalg.LinAlgError:
+            raise ValueError(
+                "the basis columns are linearly dependent (V_Kᵀ V_K is singular)"
+            ) from None
+        coords = solve_triangular(L, coords.T, lower=True).T
+    cum = np.concatenate([np.zeros((coords.shape[0], 1)), np.cumsum(coords**2, axis=1)], axis=1)
+    residual_sq = np.maximum(sq[:, None] - cum[:, ks_arr], 0.0)
+    return RowProjections(
+        ks=ks_arr, sq_norms=sq, residual_sq=residual_sq, coords=coords if keep_coords else None
+    )
+
+
+@dataclass
+class RestrictedLipschitz:
+    """Empirical restricted-Lipschitz coefficients on a grid of ranks.
+
+    Attributes:
+        ks: ranks, shape (m,).
+        max: ``max_i ‖(I − P_k) g_i‖`` — the estimate Ĝ_k of Definition 3.1.
+        quantiles: ``{"p50": ..., "p95": ...}``: quantiles over rows of the same norms.
+        n_rows: rows the statistics were taken over.
+        source: a free-form description of the rows (store path, row range, "held-out").
+    """
+
+    ks: np.ndarray
+    max: np.ndarray
+    quantiles: dict[str, np.ndarray]
+    n_rows: int
+    source: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def G0(self) -> float:
+        """Ĝ_0 = max ‖g_i‖ (requires k = 0 on the grid)."""
+        if self.ks[0] != 0:
+            raise ValueError("G_0 needs k = 0 on the rank grid")
+        return float(self.max[0])
+
+    def statistic(self, name: str) -> np.ndarray:
+        """``"max"`` or a quantile key such as ``"p50"``/``"p95"``."""
+        if name == "max":
+            return self.max
+        if name not in self.quantiles:
+            raise ValueError(
+                f"unknown statistic {name!r}; choose max or one of {sorted(self.quantiles)}"
+            )
+        return self.quantiles[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ks": self.ks.tolist(),
+            "max": self.max.tolist(),
+            **{k: v.tolist() for k, v in self.quantiles.items()},
+            "n_rows": self.n_rows,
+            "source": dict(self.source),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RestrictedLipschitz:
+        """Inverse of :meth:`to_dict` (e.g. from ``report.json``)."""
+        skip = {"ks", "max", "n_rows", "source"}
+        return cls(
+            ks=np.asarray(d["ks"], dtype=np.int64),
+            max=np.asarray(d["max"], dtype=np.float64),
+            quantiles={k: np.asarray(v, dtype=np.float64) for k, v in d.items() if k not in skip},
+            n_rows=int(d["n_rows"]),
+            source=dict(d.get("source", {})),
+        )
+
+
+def _qkey(q: float) -> str:
+    return f"p{100 * q:g}".replace(".", "_")
+
+
+def restricted_lipschitz(
+    proj: RowProjections,
+    *,
+    quantiles: Sequence[float] = (0.5, 0.95),
+    source: dict[str, Any] | None = None,
+) -> RestrictedLipschitz:
+    """Ĝ_k = max over rows of ``‖(I − P_k) g‖`` with quantiles beside it (Definition 3.1).
+
+    Args:
+        proj: the output of :func:`project_rows`.
+        quantiles: quantiles over rows reported beside the maximum (keys ``p50``, ``p95``).
+        source: what the rows are, stored in the result.
+    """
+    if proj.n_rows == 0:
+        raise ValueError("no gradient rows to estimate G_k from")
+    norms = proj.residual_norms()
+    qs = {_qkey(q): np.quantile(norms, q, axis=0) for q in quantiles}
+    return RestrictedLipschitz(
+        ks=proj.ks.copy(),
+        max=norms.max(axis=0),
+        quantiles=qs,
+        n_rows=proj.n_rows,
+        source=dict(source or {}),
+    )
+
+
+@dataclass(frozen=True)
+class LipschitzDecay:
+    """How fast Ĝ_k decays, against the c > 1/2 hypothesis of Theorem 3.3, eq. (2).
+
+    Attributes:
+        statistic: which row statistic was fitted (``"max"``, ``"p50"``, ``"p95"``).
+        fit: least-squares power law ``Ĝ_k ≈ a·k^(−c)`` on the measured k ≥ 1.
+        envelope_c: the largest c with ``Ĝ_k ≤ Ĝ_0·k^(−c)`` at every measured k ≥ 2.
+        G0: Ĝ_0 of that statistic.
+    """
+
+    statistic: str
+    fit: PowerLawFit
+    envelope_c: float
+    G0: float
+
+    @property
+    def c(self) -> float:
+        return self.fit.c
+
+    @property
+    def c_gt_half(self) -> bool:
+        """The fitted exponent exceeds 1/2."""
+        return bool(self.fit.c > 0.5)
+
+    @property
+    def c_gt_half_ci(self) -> bool:
+        """Even the lower end of the confidence interval for c exceeds 1/2."""
+        return bool(self.fit.ci[0] > 0.5)
+
+    @property
+    def envelope_c_gt_half(self) -> bool:
+        """``Ĝ_k ≤ Ĝ_0·k^(−c)`` holds on the measured ranks for some c > 1/2."""
+        return bool(np.isfinite(self.envelope_c) and self.envelope_c > 0.5)
+
+    def verdict(self) -> str:
+        """One line for a human reader."""
+        side = "above" if self.c_gt_half else "below"
+        return (
+            f"G_k ({self.statistic}) decays like k^(−{self.c:.3f}), {side} the c > 1/2 of "
+            f"Li et al. Theorem 3.3 eq. (2) (CI [{self.fit.ci[0]:.3f}, {self.fit.ci[1]:.3f}]); "
+            f"envelope G_k <= G_0 k^(−c) holds up to c = {self.envelope_c:.3f}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "statistic": self.statistic,
+            "fit": self.fit.to_dict(),
+            "c": self.c,
+            "c_gt_half": self.c_gt_half,
+            "c_gt_half_ci": self.c_gt_half_ci,
+            "envelope_c": self.envelope_c,
+            "envelope_c_gt_half": self.envelope_c_gt_half,
+            "G0": self.G0,
+            "verdict": self.verdict(),
+        }
+
+
+def lipschitz_decay(
+    G: RestrictedLipschitz,
+    *,
+    statistic: str = "max",
+    k_range: tuple[int, int] | None = None,
+    ci: str = "analytic",
+    level: float = 0.95,
+    rel_floor: float = 1e-6,
+) -> LipschitzDecay:
+    """Fit Ĝ_k ≈ a·k^(−c) and test the hypothesis of Theorem 3.3, eq. (2): c > 1/2.
+
+    Two exponents are reported:
+
+    * ``fit``: the least-squares power law on ``k ≥ 1`` (see :func:`fit_power_law`);
+    * ``envelope_c``: the largest c with ``Ĝ_k ≤ Ĝ_0·k^(−c)`` at every measured k ≥ 2,
+      i.e. ``min_k ln(Ĝ_0/Ĝ_k)/ln k`` — the hypothesis "G_k ≤ G_0 k^(−c) for all k"
+      of Theorems 3.3 and 3.5, restricted to the measured ranks.
+
+    Values below ``rel_floor·Ĝ_0`` (e.g. the in-sample zero at the rank of H) are
+    left out of both.
+
+    Raises:
+        ValueError: if fewer than 3 usable ranks remain.
+    """
+    y = G.statistic(statistic)
+    ks = G.ks
+    g0 = float(y[ks == 0][0]) if np.any(ks == 0) else math.nan
+    floor = rel_floor * (g0 if np.isfinite(g0) else float(y.max()))
+    use = (ks >= 1) & (y > floor)
+    if k_range is not None:
+        use &= (ks >= k_range[0]) & (ks <= k_range[1])
+    fit = fit_power_law(ks[use], y[use], ci=ci, level=level, quantity="G_k")
+    env = math.nan
+    sel = use & (ks >= 2)
+    if np.isfinite(g0) and np.any(sel):
+        env = float(np.min(np.log(g0 / y[sel]) / np.log(ks[sel])))
+    return LipschitzDecay(statistic=statistic, fit=fit, envelope_c=env, G0=g0)

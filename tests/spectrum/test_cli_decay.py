@@ -1,0 +1,127 @@
+"""`gradspec decay` / `gradspec plot` end to end on real stores (collect-like rows → pca → decay)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from cli.decay import decay_command, plot_command
+
+linalg = pytest.importorskip("gradspec.linalg")
+store_mod = pytest.importorskip("gradspec.store")
+
+
+def _app() -> typer.Typer:
+    """The two commands as cli/main.py registers them."""
+    app = typer.Typer()
+    app.command("decay")(decay_command)
+    app.command("plot")(plot_command)
+    return app
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stores")
+    rng = np.random.default_rng(0)
+    r, shapes = 60, [("w", (8, 10)), ("b", (10,))]
+    layout = store_mod.ParamLayout.from_shapes(shapes)
+    H = (rng.standard_normal((r, layout.p)) * np.arange(1, layout.p + 1) ** -0.8).astype(np.float32)
+    meta = {name: np.zeros(r, dtype=dt) for name, dt in store_mod.META_FIELDS.items()}
+    meta["step"] = np.arange(r)
+    grads = store_mod.GradientStore.create(tmp / "grads.zarr", layout=layout, cols_per_chunk=32)
+    grads.append(H, meta)
+    spec_path = tmp / "spec.zarr"
+    linalg.pca(
+        source=str(tmp / "grads.zarr"), k=20, rows=slice(0, 40), method="gram", out=str(spec_path)
+    )
+    return {"grads": tmp / "grads.zarr", "spec": spec_path, "H": H}
+
+
+def test_decay_writes_report_and_figures(stores, tmp_path):
+    out = tmp_path / "decay"
+    args = [
+        "decay",
+        str(stores["spec"]),
+        "--out",
+        str(out),
+        "--heldout-rows",
+        "40:60",
+        "--format",
+        "png",
+        "--n",
+        "1000",
+        "--epsilon",
+        "2",
+        "--delta",
+        "1e-5",
+        "--diameter",
+        "1",
+    ]
+    res = CliRunner().invoke(_app(), args)
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["sources"]["spectrum"]["path"] == str(stores["spec"])
+    assert report["sources"]["collected"]["rows"] == {"start": 0, "stop": 40, "step": None}
+    assert report["sources"]["heldout"]["n_rows"] == 20
+    H = stores["H"].astype(np.float64)
+    assert report["rows"]["collected"]["G_k"]["max"][0] == pytest.approx(
+        np.linalg.norm(H[:40], axis=1).max(), rel=1e-5
+    )
+    # G_k on the held-out rows against the dense projector onto the stored V.
+    s, V = np.linalg.svd(H[:40], full_matrices=False)[1:]
+    ks = report["rows"]["heldout"]["G_k"]["ks"]
+    ref = [np.linalg.norm(H[40:] - H[40:] @ V[:k].T @ V[:k], axis=1).max() for k in ks]
+    np.testing.assert_allclose(report["rows"]["heldout"]["G_k"]["max"], ref, rtol=1e-4)
+    np.testing.assert_allclose(report["spectrum"]["sigma"], s[:20], rtol=1e-6)
+    assert report["rows"]["heldout"]["bounds"]["empirical"]["settings"]["dim"] == 90
+    assert report["spectrum"]["total_energy"] == pytest.approx((H[:40] ** 2).sum(), rel=1e-6)
+    for name in ("spectrum", "density", "lipschitz", "explained_variance", "step_error"):
+        assert (out / f"{name}.png").exists() and not (out / f"{name}.pdf").exists()
+    assert "G_k" in res.output
+
+
+def test_decay_errors_are_one_line(stores, tmp_path):
+    res = CliRunner().invoke(
+        _app(), ["decay", str(stores["spec"]), "--out", str(tmp_path), "--n", "10"]
+    )
+    assert res.exit_code != 0
+    assert "error: the bounds need all of" in res.output
+    res = CliRunner().invoke(
+        _app(), ["decay", str(stores["spec"]), "--out", str(tmp_path), "--tail", "up"]
+    )
+    assert res.exit_code != 0 and "hold, fit, zero" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_plot_overlays_reports_and_spectra(stores, tmp_path):
+    out = tmp_path / "d"
+    res = CliRunner().invoke(
+        _app(), ["decay", str(stores["spec"]), "--out", str(out), "--no-plots", "--spectrum-only"]
+    )
+    assert res.exit_code == 0, res.output
+    assert not (out / "spectrum.png").exists()
+    figs = tmp_path / "figs"
+    res = CliRunner().invoke(
+        _app(),
+        [
+            "plot",
+            str(out),
+            str(stores["spec"]),
+            "--out",
+            str(figs),
+            "-l",
+            "report",
+            "-l",
+            "store",
+            "--format",
+            "png",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert (figs / "overlay_spectrum.png").exists() and not (figs / "overlay_spectrum.pdf").exists()
+    res = CliRunner().invoke(_app(), ["plot", str(out), "--out", str(figs), "-l", "a", "-l", "b"])
+    assert res.exit_code != 0 and "one per input" in res.output
