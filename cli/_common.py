@@ -62,6 +62,10 @@ def setup_logging(verbose: bool, quiet: bool) -> None:
     root = logging.getLogger("gradspec")
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # Libraries we drive: their warnings (e.g. transformers' load report of the
+    # freshly initialised classifier head, which is intended) only with --verbose.
+    for name in ("transformers", "opacus"):
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.ERROR)
 
 
 def echo_json(obj: Any) -> None:
