@@ -150,8 +150,10 @@ class _Run:
         if config.noise_multiplier is not None:
             self.sigma = float(config.noise_multiplier)
         else:
+            # Under shuffling the accountant counts epochs of n // B steps; calibrate on the same.
+            acct_q = self.q if config.sampling == Sampling.POISSON else 1.0 / self.sampler.steps_per_epoch
             self.sigma = calibrate_noise_multiplier(
-                target_epsilon=config.target_epsilon, sample_rate=self.q, steps=self.steps,
+                target_epsilon=config.target_epsilon, sample_rate=acct_q, steps=self.steps,
                 delta=self.delta, sampling=config.sampling, method=config.accounting,
             )
             logger.info("calibrated sigma = %.4f for epsilon = %g", self.sigma, config.target_epsilon)

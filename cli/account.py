@@ -1,0 +1,115 @@
+"""`gradspec account`: epsilon of a DP-SGD run, or the noise multiplier for a target epsilon."""
+
+from __future__ import annotations
+
+import math
+
+import typer
+
+from cli._common import echo_json, fail, user_errors
+
+
+@user_errors
+def account_command(
+    sigma: float = typer.Option(
+        None, "--sigma", "--noise-multiplier", help="Noise multiplier: print the epsilon it gives."
+    ),
+    epsilon: float = typer.Option(
+        None, "--epsilon", help="Target epsilon: print the noise multiplier that meets it."
+    ),
+    q: float = typer.Option(
+        None,
+        "--q",
+        "--sample-rate",
+        help="Sample rate q = batch size / n (or give --batch-size and --n).",
+    ),
+    batch_size: int = typer.Option(
+        None, "--batch-size", help="Expected (Poisson) or fixed (shuffle) batch size, with --n."
+    ),
+    n: int = typer.Option(
+        None, "--n", help="Training-set size (gives q with --batch-size, and the default delta)."
+    ),
+    steps: int = typer.Option(None, "--steps", help="Training steps (or give --epochs)."),
+    epochs: float = typer.Option(
+        None, "--epochs", help="Training epochs: steps = epochs / q (shuffle: epochs x round(1/q))."
+    ),
+    delta: float = typer.Option(None, "--delta", help="Delta (default n^-1.1, which needs --n)."),
+    method: str = typer.Option("pld", "--method", help="Accounting: pld, rdp or rdp-classic."),
+    sampling: str = typer.Option(
+        "poisson", "--sampling", help="poisson, or shuffle (one Gaussian mechanism per epoch)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Privacy of DP-SGD: epsilon for --sigma, or the sigma for a target --epsilon."""
+    from gradspec._enums import Accounting, Sampling, parse_choice
+    from gradspec.privacy import (
+        calibrate_noise_multiplier,
+        compute_epsilon,
+        default_delta,
+        steps_per_epoch,
+    )
+
+    if (sigma is None) == (epsilon is None):
+        fail("give exactly one of --sigma (to get epsilon) or --epsilon (to get sigma)")
+    method_ = parse_choice(Accounting, method, "accounting method")
+    sampling_ = parse_choice(Sampling, sampling, "sampling")
+    if q is not None:
+        if batch_size is not None:
+            fail("give either --q or --batch-size with --n, not both")
+    elif batch_size is not None and n is not None:
+        if not 0 < batch_size <= n:
+            fail(f"--batch-size must be in 1..n={n}, got {batch_size}")
+        q = batch_size / n
+    else:
+        fail("give the sample rate: --q, or --batch-size and --n")
+    if not 0 < q <= 1:
+        fail(f"--q must be in (0, 1], got {q}")
+    if (steps is None) == (epochs is None):
+        fail("give exactly one of --steps or --epochs")
+    if steps is None:
+        if not (math.isfinite(epochs) and epochs > 0):
+            fail(f"--epochs must be > 0, got {epochs}")
+        per_epoch = steps_per_epoch(q) if sampling_ == Sampling.SHUFFLE else 1 / q
+        steps = max(1, math.ceil(epochs * per_epoch - 1e-9))
+    if delta is None:
+        if n is None:
+            fail("give --delta, or --n for the default delta n^-1.1")
+        delta = default_delta(n)
+    run = {
+        "sample_rate": q,
+        "steps": steps,
+        "delta": delta,
+        "method": method_,
+        "sampling": sampling_,
+    }
+    if sigma is not None:
+        eps = compute_epsilon(noise_multiplier=sigma, **run)
+        result = {"noise_multiplier": sigma, "epsilon": eps}
+    else:
+        sigma = calibrate_noise_multiplier(target_epsilon=epsilon, **run)
+        result = {
+            "target_epsilon": epsilon,
+            "noise_multiplier": sigma,
+            "epsilon": compute_epsilon(noise_multiplier=sigma, **run),
+        }
+    epochs_done = steps / steps_per_epoch(q) if sampling_ == Sampling.SHUFFLE else steps * q
+    out = {
+        "method": method_.value,
+        "sampling": sampling_.value,
+        "sample_rate": q,
+        "steps": steps,
+        "epochs": epochs_done,
+        "delta": delta,
+        **result,
+    }
+    if as_json:
+        echo_json(out)
+        return
+    typer.echo(f"method    {out['method']}  ({out['sampling']} sampling)")
+    typer.echo(f"q         {q:.6g}")
+    typer.echo(f"steps     {steps}  ({epochs_done:.4g} epochs)")
+    typer.echo(f"delta     {delta:.4g}")
+    if "target_epsilon" in out:
+        typer.echo(f"target    epsilon <= {out['target_epsilon']:g}")
+    typer.echo(f"sigma     {out['noise_multiplier']:.6g}")
+    typer.echo(f"epsilon   {out['epsilon']:.6g}")

@@ -1,0 +1,32 @@
+"""Differential privacy for DP-SGD: accounting, calibration, clipping and noise.
+
+Accounting uses Google's dp-accounting as the engine (PLD, RDP with the
+improved conversion, and RDP with the classical conversion); see
+`gradspec.privacy._accountant` for what each method computes and why shuffled
+batches are accounted without amplification.
+"""
+
+from gradspec.privacy._accountant import RDP_ORDERS, PrivacyAccountant, default_delta
+from gradspec.privacy._calibrate import (
+    calibrate_noise_multiplier,
+    compute_epsilon,
+    steps_per_epoch,
+)
+from gradspec.privacy._clip import ClipResult, clip_factors, clip_per_example, norm_stats
+from gradspec.privacy._noise import gaussian_noise
+
+__all__ = [
+    # accounting
+    "PrivacyAccountant",
+    "compute_epsilon",
+    "calibrate_noise_multiplier",
+    "default_delta",
+    "steps_per_epoch",
+    "RDP_ORDERS",
+    # clipping and noise
+    "ClipResult",
+    "clip_per_example",
+    "clip_factors",
+    "norm_stats",
+    "gaussian_noise",
+]

@@ -1,0 +1,188 @@
+"""`gradspec account` through typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from gradspec.privacy import compute_epsilon, default_delta
+
+runner = CliRunner()
+Q = 256 / 60000
+
+
+def _account(*args: str):
+    return runner.invoke(app, ["account", *args])
+
+
+def test_epsilon_matches_compute_epsilon_json():
+    result = _account(
+        "--sigma",
+        "1.1",
+        "--q",
+        repr(Q),
+        "--epochs",
+        "60",
+        "--delta",
+        "1e-5",
+        "--method",
+        "rdp",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    steps = math.ceil(60 / Q)
+    assert out["steps"] == steps
+    expected = compute_epsilon(
+        noise_multiplier=1.1, sample_rate=Q, steps=steps, delta=1e-5, method="rdp"
+    )
+    assert out["epsilon"] == expected
+    assert out["epsilon"] == pytest.approx(2.5967, abs=1e-4)  # pinned in tests/privacy
+
+
+def test_table_output_with_batch_size_and_default_delta():
+    result = _account(
+        "--sigma",
+        "2",
+        "--batch-size",
+        "500",
+        "--n",
+        "10000",
+        "--steps",
+        "300",
+        "--method",
+        "rdp-classic",
+    )
+    assert result.exit_code == 0, result.output
+    lines = dict(line.split(None, 1) for line in result.stdout.splitlines())
+    expected = compute_epsilon(
+        noise_multiplier=2.0,
+        sample_rate=0.05,
+        steps=300,
+        delta=default_delta(10000),
+        method="rdp-classic",
+    )
+    assert float(lines["epsilon"]) == pytest.approx(expected, rel=1e-5)  # printed to 6 digits
+    assert float(lines["delta"]) == pytest.approx(10000**-1.1, rel=1e-3)
+    assert lines["steps"].startswith("300 ")
+
+
+def test_shuffle_epochs_count_whole_epochs():
+    result = _account(
+        "--sigma",
+        "3",
+        "--batch-size",
+        "100",
+        "--n",
+        "1000",
+        "--epochs",
+        "4",
+        "--sampling",
+        "shuffle",
+        "--delta",
+        "1e-5",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["steps"] == 40 and out["epochs"] == 4
+    assert out["epsilon"] == compute_epsilon(
+        noise_multiplier=3.0, sample_rate=0.1, steps=40, delta=1e-5, sampling="shuffle"
+    )
+
+
+def test_target_epsilon_prints_a_sigma_that_meets_it():
+    result = _account(
+        "--epsilon",
+        "3",
+        "--batch-size",
+        "256",
+        "--n",
+        "60000",
+        "--steps",
+        "2000",
+        "--method",
+        "rdp",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    run = {
+        "sample_rate": 256 / 60000,
+        "steps": 2000,
+        "delta": default_delta(60000),
+        "method": "rdp",
+    }
+    eps = compute_epsilon(noise_multiplier=out["noise_multiplier"], **run)
+    assert 3 - 1e-3 <= eps <= 3
+    assert out["epsilon"] == eps and out["target_epsilon"] == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--q", "0.01", "--steps", "10", "--delta", "1e-5"], "exactly one of --sigma"),
+        (
+            ["--sigma", "1", "--epsilon", "2", "--q", "0.01", "--steps", "10", "--delta", "1e-5"],
+            "exactly one of --sigma",
+        ),
+        (
+            ["--sigma", "1", "--q", "1.5", "--steps", "10", "--delta", "1e-5"],
+            "--q must be in (0, 1]",
+        ),
+        (["--sigma", "1", "--steps", "10", "--delta", "1e-5"], "give the sample rate"),
+        (["--sigma", "1", "--q", "0.01", "--delta", "1e-5"], "exactly one of --steps or --epochs"),
+        (["--sigma", "1", "--q", "0.01", "--steps", "10"], "give --delta, or --n"),
+        (
+            ["--sigma", "1", "--q", "0.01", "--steps", "10", "--delta", "1e-5", "--method", "gdp"],
+            "unknown accounting method 'gdp'",
+        ),
+        (
+            ["--sigma", "-1", "--q", "0.01", "--steps", "10", "--delta", "1e-5"],
+            "noise_multiplier must be finite and >= 0",
+        ),
+        (["--sigma", "1", "--q", "0.01", "--steps", "0", "--delta", "1e-5"], "steps must be >= 1"),
+        (
+            ["--sigma", "1", "--q", "0.01", "--steps", "10", "--delta", "3"],
+            "delta must be in (0, 1)",
+        ),
+        (
+            ["--epsilon", "-1", "--q", "0.01", "--steps", "10", "--delta", "1e-5"],
+            "target_epsilon must be finite and > 0",
+        ),
+    ],
+    ids=[
+        "neither",
+        "both",
+        "q",
+        "no-q",
+        "no-steps",
+        "no-delta",
+        "method",
+        "sigma",
+        "steps",
+        "delta",
+        "target",
+    ],
+)
+def test_bad_input_is_one_error_line(args, message):
+    result = _account(*args)
+    assert result.exit_code != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_importing_the_command_does_not_import_the_accounting_engine():
+    code = "import sys, cli.account; print('dp_accounting' in sys.modules, 'gradspec.privacy' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.split() == ["False", "False"]

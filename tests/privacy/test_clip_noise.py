@@ -1,0 +1,144 @@
+"""Per-example clipping against a float64 loop, and the DP noise draw."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from gradspec.privacy import ClipResult, clip_factors, clip_per_example, gaussian_noise, norm_stats
+
+C = 1.5
+
+
+def _grads(device: str, dtype: torch.dtype) -> torch.Tensor:
+    """Rows with norms well below, at, just above and far above C, and a zero row."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(8, 300, generator=g, dtype=torch.float64)
+    rows /= rows.norm(dim=1, keepdim=True)
+    scales = torch.tensor([0.01, 0.5, C, C * (1 + 1e-3), 2.0, 10.0, 1e4, 0.0], dtype=torch.float64)
+    return (rows * scales[:, None]).to(device=device, dtype=dtype)
+
+
+def _reference(grads: torch.Tensor, max_norm: float) -> tuple[np.ndarray, np.ndarray]:
+    """Batch-of-one loop in float64: g * min(1, C/||g||)."""
+    out, norms = [], []
+    for row in grads.detach().cpu().double().numpy():
+        n = float(np.linalg.norm(row))
+        norms.append(n)
+        out.append(row * (min(1.0, max_norm / n) if n > 0 else 1.0))
+    return np.stack(out), np.asarray(norms)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_clip_matches_float64_loop(device, dtype):
+    grads = _grads(device, dtype)
+    result = clip_per_example(grads, C)
+    assert isinstance(result, ClipResult)
+    assert result.grads.dtype == dtype and result.grads.device == grads.device
+    ref, ref_norms = _reference(grads, C)
+    rtol = 1e-6 if dtype == torch.float32 else 1e-12
+    np.testing.assert_allclose(result.norms.cpu().double().numpy(), ref_norms, rtol=rtol)
+    np.testing.assert_allclose(
+        result.grads.cpu().double().numpy(), ref, rtol=rtol, atol=rtol * 1e-3
+    )
+    out_norms = result.grads.double().norm(dim=1).cpu()
+    assert bool((out_norms <= C * (1 + 1e-6)).all())
+    # Rows clearly under C are untouched, bit for bit; the row at C (to rounding) may move by
+    # one ulp either way; rows over C end at norm C.
+    under = ref_norms < C * (1 - 1e-5)
+    over = ref_norms > C * (1 + 1e-5)
+    assert under.sum() == 3 and over.sum() == 4
+    keep = torch.from_numpy(under).to(grads.device)
+    assert torch.equal(result.grads[keep], grads[keep])
+    np.testing.assert_allclose(out_norms.numpy()[~under], C, rtol=1e-6)
+    cosine = torch.nn.functional.cosine_similarity(
+        result.grads[over].double(), grads[over].double(), dim=1
+    )
+    np.testing.assert_allclose(cosine.cpu().numpy(), 1.0, rtol=1e-9)
+    assert bool(((result.factors > 0) & (result.factors <= 1)).all())
+
+
+def test_clip_factors_are_what_clip_uses_and_guard_zero():
+    grads = _grads("cpu", torch.float64)
+    result = clip_per_example(grads, C)
+    assert torch.equal(clip_factors(result.norms, C), result.factors)
+    factors = clip_factors(torch.tensor([0.0, 0.5, C, 3.0]), C)
+    assert factors.tolist() == pytest.approx([1.0, 1.0, 1.0, 0.5])
+    assert torch.isfinite(factors).all()
+
+
+def test_clip_half_precision_keeps_dtype_and_float32_norms():
+    grads = _grads("cpu", torch.bfloat16)
+    result = clip_per_example(grads, C)
+    assert result.grads.dtype == torch.bfloat16 and result.norms.dtype == torch.float32
+    assert bool((result.grads.float().norm(dim=1) <= C * 1.01).all())  # bf16 rounding: ~0.4%
+
+
+def test_norm_stats():
+    norms = torch.tensor([0.5, 1.0, 2.0, 4.0])
+    assert norm_stats(norms, 1.0) == pytest.approx({"mean": 1.875, "max": 4.0, "frac_clipped": 0.5})
+    with pytest.raises(ValueError, match="at least one norm"):
+        norm_stats(torch.zeros(0), 1.0)
+
+
+@pytest.mark.parametrize("max_norm", [0.0, -1.0, math.inf, math.nan])
+def test_bad_max_norm(max_norm):
+    with pytest.raises(ValueError, match="max_norm"):
+        clip_per_example(torch.ones(2, 3), max_norm)
+    with pytest.raises(ValueError, match="max_norm"):
+        clip_factors(torch.ones(2), max_norm)
+
+
+def test_clip_needs_a_matrix():
+    with pytest.raises(ValueError, match=r"2-d \(batch, parameters\)"):
+        clip_per_example(torch.ones(2, 3, 4), 1.0)
+
+
+# ----------------------------------------------------------------------------- noise
+def test_noise_has_the_requested_distribution(device):
+    std, n = 2.5, 200_000
+    noise = gaussian_noise(
+        (n,), std, generator=torch.Generator(device).manual_seed(1), device=device
+    )
+    assert noise.shape == (n,) and noise.dtype == torch.float32 and noise.device.type == device
+    x = noise.double().cpu().numpy()
+    # Sample std has standard error std/sqrt(2n) (0.16% here): allow 5 SE. Mean: 5 std/sqrt(n).
+    assert abs(x.std() / std - 1) < 5 / math.sqrt(2 * n)
+    assert abs(x.mean()) < 5 * std / math.sqrt(n)
+    # Shape: Kolmogorov-Smirnov against N(0, std^2) on a fixed seed (deterministic, not flaky).
+    assert stats.kstest(x[:20_000] / std, "norm").pvalue > 1e-3
+
+
+def test_noise_seed_reproduces(device):
+    def draw(seed: int) -> torch.Tensor:
+        return gaussian_noise(
+            (4, 5), 1.0, generator=torch.Generator(device).manual_seed(seed), device=device
+        )
+
+    assert torch.equal(draw(3), draw(3))
+    assert not torch.equal(draw(3), draw(4))
+
+
+def test_noise_like_a_tensor_and_zero_std():
+    like = torch.zeros(3, 2, dtype=torch.float64)
+    noise = gaussian_noise(like, 1.0, generator=torch.Generator().manual_seed(0))
+    assert (
+        noise.shape == (3, 2) and noise.dtype == torch.float32
+    )  # dtype is the argument's, not like's
+    assert gaussian_noise(like, 1.0, generator=None, dtype=torch.float64).dtype == torch.float64
+    assert torch.equal(gaussian_noise(torch.Size([5]), 0.0, generator=None), torch.zeros(5))
+
+
+@pytest.mark.parametrize("std", [-1.0, math.nan, math.inf, "1"])
+def test_noise_rejects_bad_std(std):
+    with pytest.raises(ValueError, match="noise std"):
+        gaussian_noise((3,), std, generator=None)
+
+
+def test_noise_rejects_integer_dtype():
+    with pytest.raises(ValueError, match="floating dtype"):
+        gaussian_noise((3,), 1.0, generator=None, dtype=torch.int64)
