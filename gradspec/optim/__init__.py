@@ -1,0 +1,69 @@
+"""Private optimizers that act on gradient subspaces, as hooks of the DP-SGD step.
+
+Each optimizer is a :class:`~gradspec.collect.StepHooks` subclass run by
+``gradspec.collect.collect`` (one trainer, one accountant):
+
+* DP-SGD (the identity hooks) and DP-Adam (:class:`DPAdam`);
+* retraining in a fixed subspace (:class:`SubspaceRetrain`, Li et al. 2022 §4.2);
+* PDP-SGD / RPDP-SGD (:class:`PDPSGD`, Zhou et al. 2021, Alg. 1);
+* noisy AdaGrad with a gradient-subspace oracle (:class:`NoisyAdaGrad`, Kairouz et al. 2021);
+* AdaDPS (:class:`AdaDPS`, Li et al. 2022, Alg. 1).
+
+Projectors (:class:`FixedProjector`, :class:`PublicProjector`, :class:`RandomProjector`)
+never form a p x p matrix. :func:`retrain` and :func:`sweep` run experiments.
+"""
+
+from gradspec.optim._adadps import AdaDPS, AdaDPSRule
+from gradspec.optim._adagrad import NoisyAdaGrad, goe
+from gradspec.optim._base import OptimHooks
+from gradspec.optim._dpadam import DPAdam
+from gradspec.optim._pdp import PDPSGD, pdp_sgd, rpdp_sgd
+from gradspec.optim._projectors import (
+    FixedProjector,
+    Projector,
+    PublicProjector,
+    RandomProjector,
+    public_split,
+    top_eigenvectors_from_rows,
+)
+from gradspec.optim._registry import (
+    Algorithm,
+    ProjectorKind,
+    make_algorithm,
+    make_projector,
+    spectrum_basis,
+)
+from gradspec.optim._retrain import RetrainResult, retrain, sweep
+from gradspec.optim._subspace import NoiseSpace, SubspaceRetrain
+
+__all__ = [
+    # optimizers
+    "AdaDPS",
+    "AdaDPSRule",
+    "DPAdam",
+    "NoiseSpace",
+    "NoisyAdaGrad",
+    "OptimHooks",
+    "PDPSGD",
+    "SubspaceRetrain",
+    "goe",
+    "pdp_sgd",
+    "rpdp_sgd",
+    # projectors
+    "FixedProjector",
+    "Projector",
+    "PublicProjector",
+    "RandomProjector",
+    "public_split",
+    "top_eigenvectors_from_rows",
+    # registry
+    "Algorithm",
+    "ProjectorKind",
+    "make_algorithm",
+    "make_projector",
+    "spectrum_basis",
+    # experiments
+    "RetrainResult",
+    "retrain",
+    "sweep",
+]

@@ -1,0 +1,318 @@
+"""Projectors onto a k-dimensional gradient subspace, never forming a p x p matrix.
+
+A projector holds an orthonormal basis ``V`` (p x k, rows in the parameter layout
+order) and applies ``P x = V (V^T x)`` in O(pk). Three kinds:
+
+* :class:`FixedProjector` — a given basis, e.g. the top-k right singular vectors
+  of a spectrum store (Li et al. 2022, §4.2 "retrain in fixed subspace").
+* :class:`PublicProjector` — the top-k eigenvectors of the public second-moment
+  matrix ``M_t = (1/m) sum_i g_i g_i^T`` over m public examples, recomputed every
+  ``period`` steps at the current parameters (Zhou et al. 2021, Algorithm 1, line 4).
+  With the m x p public gradient matrix ``G``, the eigenvectors come from the
+  m x m Gram ``K = G G^T / m = U L U^T`` as ``V = G^T U L^{-1/2} / sqrt(m)``, in float64.
+* :class:`RandomProjector` — a Gaussian p x k matrix, orthonormalised (the RPDP-SGD
+  baseline of Zhou et al. 2021, §5).
+
+Projectors are set up against a run (``setup(run)``) and may refresh their basis at
+the start of a step (``update(step, run)``, which says whether the basis changed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gradspec.tasks._base import TensorData
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "FixedProjector",
+    "Projector",
+    "PublicProjector",
+    "RandomProjector",
+    "public_split",
+    "top_eigenvectors_from_rows",
+]
+
+
+class Projector:
+    """An orthonormal basis ``V`` (p x k) and the maps it defines.
+
+    Subclasses build ``self._basis`` in :meth:`setup` (and maybe :meth:`update`).
+    """
+
+    kind = "projector"
+
+    def __init__(self, rank: int) -> None:
+        if int(rank) < 1:
+            raise ValueError(f"the projector rank k must be >= 1, got {rank}")
+        self.rank = int(rank)
+        self._basis: Tensor | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def setup(self, run: Any) -> None:
+        """Prepare for ``run`` (its ``layout.p``, ``device``, task and gradients)."""
+        if self.rank > run.layout.p:
+            raise ValueError(f"rank k={self.rank} exceeds the {run.layout.p} trained parameters")
+
+    def update(self, step: int, run: Any) -> bool:
+        """Refresh the basis if it is due at ``step``; returns whether it changed."""
+        return False
+
+    # ------------------------------------------------------------------ maps
+    @property
+    def basis(self) -> Tensor:
+        """The orthonormal basis V (p x k) on the run's device."""
+        if self._basis is None:
+            raise RuntimeError(f"the {self.kind} projector has no basis yet: call setup(run) first")
+        return self._basis
+
+    def coords(self, x: Tensor) -> Tensor:
+        """``V^T x`` for x of shape (p,), or the rows of x (b, p) -> (b, k)."""
+        v = self.basis
+        return x.to(v.dtype) @ v
+
+    def lift(self, z: Tensor) -> Tensor:
+        """``V z`` for z of shape (k,), or rows (b, k) -> (b, p)."""
+        v = self.basis
+        return z.to(v.dtype) @ v.T
+
+    def project(self, x: Tensor) -> Tensor:
+        """``V V^T x`` (rows of a 2-D x projected each), in x's dtype."""
+        return self.lift(self.coords(x)).to(x.dtype)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "rank": self.rank}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != self.kind or state.get("rank") != self.rank:
+            raise ValueError(
+                f"the checkpoint holds a {state.get('kind')} projector of rank {state.get('rank')}, "
+                f"this run uses a {self.kind} projector of rank {self.rank}"
+            )
+
+
+def _orthonormal(v: Tensor, what: str, atol: float) -> None:
+    gram = v.T.double() @ v.double()
+    err = (gram - torch.eye(v.shape[1], dtype=torch.float64, device=v.device)).abs().max().item()
+    if err > atol:
+        raise ValueError(
+            f"{what} is not orthonormal (max |V^T V - I| = {err:.2e} > {atol:g}); pass "
+            "orthonormalize=True to fix it with a QR decomposition"
+        )
+
+
+def _fingerprint(v: Tensor) -> str:
+    return hashlib.sha1(v.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()).hexdigest()
+
+
+class FixedProjector(Projector):
+    """A fixed basis, e.g. the top-k right singular vectors of a spectrum store.
+
+    Args:
+        basis: V (p x k'), k' >= rank; the first ``rank`` columns are used.
+        rank: k (default: all columns).
+        orthonormalize: re-orthonormalise with a QR decomposition (for a basis
+            stored in low precision); by default the basis is checked instead.
+        atol: tolerance of the orthonormality check.
+    """
+
+    kind = "fixed"
+
+    def __init__(
+        self, basis: Tensor, *, rank: int | None = None, orthonormalize: bool = False,
+        atol: float = 1e-3,
+    ) -> None:
+        basis = torch.as_tensor(basis)
+        if basis.ndim != 2:
+            raise ValueError(f"a basis is a p x k matrix, got shape {tuple(basis.shape)}")
+        rank = basis.shape[1] if rank is None else int(rank)
+        if rank > basis.shape[1]:
+            raise ValueError(f"rank k={rank} exceeds the {basis.shape[1]} basis vectors available")
+        super().__init__(rank)
+        v = basis[:, :rank].double()
+        if orthonormalize:
+            v, _ = torch.linalg.qr(v)
+        else:
+            _orthonormal(v, "the given basis", atol)
+        self._source = v
+
+    def setup(self, run: Any) -> None:
+        super().setup(run)
+        if self._source.shape[0] != run.layout.p:
+            raise ValueError(
+                f"the basis has {self._source.shape[0]} rows but the run trains {run.layout.p} "
+                "parameters: retrain the same parameters (--params) that the spectrum was computed on"
+            )
+        dtype = run.params[0].dtype if getattr(run, "params", None) else torch.float32
+        self._basis = self._source.to(device=run.device, dtype=dtype)  # moved once
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "fingerprint": _fingerprint(self._source)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if state.get("fingerprint") != _fingerprint(self._source):
+            raise ValueError("the checkpoint was trained in a different fixed subspace (basis differs)")
+
+
+class RandomProjector(Projector):
+    """A Gaussian p x k matrix, orthonormalised by QR (RPDP-SGD, Zhou et al. 2021 §5).
+
+    The basis is regenerated from ``seed`` (not stored in checkpoints).
+    """
+
+    kind = "random"
+
+    def __init__(self, rank: int, *, seed: int = 0) -> None:
+        super().__init__(rank)
+        self.seed = int(seed)
+
+    def setup(self, run: Any) -> None:
+        super().setup(run)
+        p = run.layout.p
+        generator = torch.Generator().manual_seed(self.seed)
+        dtype = torch.float64 if p * self.rank <= 20_000_000 else torch.float32
+        g = torch.randn(p, self.rank, generator=generator, dtype=dtype)
+        q, _ = torch.linalg.qr(g)
+        pdtype = run.params[0].dtype if getattr(run, "params", None) else torch.float32
+        self._basis = q.to(device=run.device, dtype=pdtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if state.get("seed") != self.seed:
+            raise ValueError(f"the checkpoint used random projector seed {state.get('seed')}, not {self.seed}")
+
+
+def public_split(task: Any, size: int, *, seed: int = 0) -> TensorData:
+    """``size`` public examples: the task's ``public`` data if it has one, else a seeded
+    random subset of its held-out split (disjoint from the private training data, as in
+    Zhou et al. 2021 §5 and Li et al. 2022 AdaDPS §6.1).
+
+    Raises:
+        ValueError: if fewer than ``size`` examples are available.
+    """
+    source = getattr(task, "public", None) or task.eval
+    n = len(source)
+    if size < 1 or size > n:
+        raise ValueError(f"public set size m={size} must be in [1, {n}] (the examples available)")
+    idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:size]
+    return TensorData(source.batch(idx.sort().values))
+
+
+def public_gradients(run: Any, data: TensorData, index: Tensor | slice | None = None) -> Tensor:
+    """Per-example gradients (m x p) of public examples at the run's current parameters."""
+    batch = data.batch(slice(None) if index is None else index)
+    batch = {k: v.to(run.device) for k, v in batch.items()}
+    grads = [g for g, _ in run.grads.iter_microbatches(batch)]
+    return torch.cat(grads) if grads else torch.zeros(0, run.layout.p, device=run.device)
+
+
+def top_eigenvectors_from_rows(
+    rows: Tensor, k: int, *, generator: torch.Generator | None = None, rtol: float = 1e-10
+) -> tuple[Tensor, Tensor]:
+    """Top-k eigenpairs of ``M = (1/m) G^T G`` for G = ``rows`` (m x p), via the m x m Gram.
+
+    ``K = G G^T / m = U L U^T`` and ``V = G^T U L^{-1/2} / sqrt(m)``, all in float64.
+    Directions with eigenvalue <= ``rtol * max`` (or beyond the rank m) are completed
+    by random directions orthogonal to the others, so V is always p x k orthonormal.
+
+    Returns:
+        ``(eigenvalues (k,), V (p x k))``, float64, eigenvalues descending (0 for fill).
+    """
+    g = rows.double()
+    m, p = g.shape
+    if k > p:
+        raise ValueError(f"k={k} exceeds the dimension p={p}")
+    gram = g @ g.T / max(m, 1)
+    evals, u = torch.linalg.eigh(gram)
+    evals, u = evals.flip(0), u.flip(1)
+    top = evals[:1].clamp(min=0).max().item() if m else 0.0
+    keep = int((evals[:k] > rtol * top).sum().item()) if top > 0 else 0
+    v = g.T @ u[:, :keep] / torch.sqrt(m * evals[:keep])
+    if keep < k:
+        logger.debug("public Gram has rank %d < k=%d: completing with random directions", keep, k)
+        fill = torch.randn(p, k - keep, generator=generator, dtype=torch.float64)
+        fill = fill.to(g.device)
+        fill -= v @ (v.T @ fill)
+        v = torch.cat([v, fill], dim=1)
+    v, r = torch.linalg.qr(v)  # removes rounding; keeps the spanned directions in order
+    diag = torch.diagonal(r)
+    v = v * torch.where(diag < 0, -1.0, 1.0).to(v.dtype)
+    lam = torch.cat([evals[:keep].clamp(min=0), torch.zeros(k - keep, dtype=torch.float64,
+                                                            device=g.device)])
+    return lam, v
+
+
+class PublicProjector(Projector):
+    """Top-k eigenspace of the public gradients' second moment (Zhou et al. 2021, Alg. 1).
+
+    Args:
+        rank: k.
+        public_size: m, the number of public examples (taken by :func:`public_split`).
+        period: recompute the basis every ``period`` steps (s; 1 = every step, as in Alg. 1).
+        seed: chooses the public examples.
+        public: the public examples themselves (overrides ``public_size``/``seed``).
+    """
+
+    kind = "public"
+
+    def __init__(
+        self, rank: int, *, public_size: int = 100, period: int = 1, seed: int = 0,
+        public: TensorData | None = None,
+    ) -> None:
+        super().__init__(rank)
+        if period < 1:
+            raise ValueError(f"the recompute period s must be >= 1 step, got {period}")
+        self.public_size, self.period, self.seed = int(public_size), int(period), int(seed)
+        self.public = public
+        self.last_update: int | None = None
+        self.eigenvalues: Tensor | None = None
+
+    def setup(self, run: Any) -> None:
+        super().setup(run)
+        if self.public is None:
+            self.public = public_split(run.task, self.public_size, seed=self.seed)
+        self.public_size = len(self.public)
+        self._device = run.device
+        self._fill = torch.Generator().manual_seed(self.seed + 1)
+
+    def update(self, step: int, run: Any) -> bool:
+        if self.last_update is not None and step - self.last_update < self.period:
+            return False
+        rows = public_gradients(run, self.public)
+        lam, v = top_eigenvectors_from_rows(rows, self.rank, generator=self._fill)
+        self.eigenvalues = lam.cpu()
+        self._basis = v.to(device=run.device, dtype=rows.dtype)
+        self.last_update = step
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {**super().state_dict(), "last_update": self.last_update, "seed": self.seed,
+                 "public_size": self.public_size, "fill_generator": self._fill.get_state()}
+        state["basis"] = None if self._basis is None else self._basis.detach().cpu().clone()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        for key in ("seed", "public_size"):
+            if state.get(key) != getattr(self, key):
+                raise ValueError(f"the checkpoint's public projector has {key}={state.get(key)}, "
+                                 f"this run {getattr(self, key)}")
+        self.last_update = state["last_update"]
+        self._fill.set_state(state["fill_generator"])
+        basis = state["basis"]
+        if basis is not None:
+            if math.prod(basis.shape) and basis.shape[1] != self.rank:
+                raise ValueError("the checkpoint's public basis has the wrong rank")
+            self._basis = basis.to(getattr(self, "_device", basis.device))

@@ -1,0 +1,249 @@
+"""Experiments: one private optimizer on one configuration, or a grid of them.
+
+:func:`retrain` runs a configuration through ``gradspec.collect.collect`` with the
+optimizer's hooks and no gradient store, and writes ``retrain.json`` (algorithm,
+options, epsilon, final metrics) next to the run's ``metrics.jsonl``. :func:`sweep`
+runs a grid over algorithms, ranks, seeds and sigma or epsilon, one directory each,
+and writes ``summary.csv`` and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gradspec.collect._config import CollectConfig
+from gradspec.collect._hooks import StepHooks
+from gradspec.optim._registry import PROJECTED, Algorithm, make_algorithm
+from gradspec.tasks._base import Task
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RetrainResult", "retrain", "sweep"]
+
+RESULT_NAME = "retrain.json"
+SUMMARY_CSV, SUMMARY_JSON = "summary.csv", "summary.json"
+
+
+@dataclass(frozen=True)
+class RetrainResult:
+    """What one :func:`retrain` run produced."""
+
+    out: Path
+    algorithm: str
+    options: dict[str, Any]
+    rank: int | None
+    seed: int
+    noise_multiplier: float
+    epsilon: float
+    delta: float
+    steps: int
+    final_metrics: dict[str, float]
+    metrics: Path
+
+    def to_row(self) -> dict[str, Any]:
+        """A flat summary-table row."""
+        return {
+            "algorithm": self.algorithm, "rank": self.rank, "seed": self.seed,
+            "noise_multiplier": self.noise_multiplier, "epsilon": self.epsilon,
+            "delta": self.delta, "steps": self.steps, **self.final_metrics, "out": str(self.out),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                "out": str(self.out), "metrics": str(self.metrics)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RetrainResult:
+        d = dict(d)
+        d["out"], d["metrics"] = Path(d["out"]), Path(d["metrics"])
+        return cls(**d)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return f"<tensor {tuple(value.shape)}>"
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return getattr(value, "kind", None) or type(value).__name__
+
+
+def _rank(hooks: StepHooks, options: dict[str, Any]) -> int | None:
+    projector = getattr(hooks, "projector", None)
+    return projector.rank if projector is not None else options.get("rank")
+
+
+def retrain(
+    *,
+    config: CollectConfig,
+    algorithm: str | Algorithm | StepHooks,
+    out: str | os.PathLike,
+    options: dict[str, Any] | None = None,
+    task: Task | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> RetrainResult:
+    """Train one configuration with a private optimizer and report its metrics and epsilon.
+
+    Algorithms that compute their own direction (noisy AdaGrad, DP-Adam) run with the
+    outer optimizer SGD without momentum (``theta <- theta - lr d``); the config is
+    changed to that and the change is logged and saved in ``config.json``.
+
+    Args:
+        config: the training run (task, steps, batch size, sigma or epsilon, lr, ...).
+        algorithm: a name (see :class:`Algorithm`) or ready hooks.
+        out: run directory (``metrics.jsonl``, ``config.json``, ``retrain.json``).
+        options: options of :func:`make_algorithm` when ``algorithm`` is a name.
+        task: a user's own task (default: built from ``config``).
+        resume: continue the run in ``out`` from its last checkpoint.
+        overwrite: replace a run in ``out``.
+        progress: progress bar on stderr.
+
+    Returns:
+        A :class:`RetrainResult` (also written to ``out/retrain.json``).
+
+    Raises:
+        ValueError: bad options, or a target epsilon with an optimizer that spends
+            privacy of its own (calibrate sigma with ``gradspec account`` instead).
+    """
+    from gradspec.collect._loop import collect
+
+    options = dict(options or {})
+    if isinstance(algorithm, StepHooks):
+        if options:
+            raise ValueError("options are for an algorithm given by name; configure the hooks instead")
+        hooks = algorithm
+    else:
+        hooks = make_algorithm(algorithm, **options)
+    if getattr(hooks, "own_direction", False) and (config.optimizer != "sgd" or config.momentum):
+        logger.info("%s computes its own direction: outer optimizer set to sgd, momentum 0", hooks.name)
+        config = dataclasses.replace(config, optimizer="sgd", momentum=0.0)
+    if getattr(hooks, "extra_privacy", False) and config.target_epsilon is not None:
+        raise ValueError(
+            f"{hooks.name} spends privacy beyond the gradient noise, so a target epsilon cannot be "
+            "met by calibrating sigma alone: give the noise multiplier (and the preconditioner's)"
+        )
+    result = collect(config, out=out, task=task, resume=resume, overwrite=overwrite,
+                     progress=progress, hooks=hooks, write_store=False)
+    res = RetrainResult(
+        out=Path(out), algorithm=hooks.name, options=_jsonable(options), rank=_rank(hooks, options),
+        seed=config.seed, noise_multiplier=result.noise_multiplier, epsilon=result.epsilon,
+        delta=result.delta, steps=result.steps, final_metrics=dict(result.final_metrics),
+        metrics=result.metrics,
+    )
+    (Path(out) / RESULT_NAME).write_text(json.dumps(res.to_dict(), indent=2, default=str))
+    return res
+
+
+def _run_name(algorithm: str, rank: int | None, seed: int, sigma: float | None,
+              epsilon: float | None) -> str:
+    parts = [algorithm] + ([f"k{rank}"] if rank is not None else []) + [f"seed{seed}"]
+    if sigma is not None:
+        parts.append(f"sigma{sigma:g}")
+    if epsilon is not None:
+        parts.append(f"eps{epsilon:g}")
+    return "-".join(parts)
+
+
+def sweep(
+    *,
+    config: CollectConfig,
+    algorithms: Sequence[str | tuple[str, dict[str, Any]]],
+    out: str | os.PathLike,
+    ranks: Sequence[int] = (),
+    seeds: Sequence[int] = (0,),
+    noise_multipliers: Sequence[float] = (),
+    epsilons: Sequence[float] = (),
+    task_factory: Callable[[int], Task] | None = None,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Run a grid of :func:`retrain` configurations and write a summary table.
+
+    Projected algorithms run once per rank; the others (DP-SGD, DP-Adam, AdaDPS) once
+    per seed and privacy level, as the full-dimensional baselines. Finished runs
+    (with ``retrain.json``) are reused unless ``overwrite``, so a sweep resumes.
+
+    Args:
+        config: the base run; ``seed`` and sigma/epsilon are replaced per grid point.
+        algorithms: names, or ``(name, options)`` pairs.
+        out: the sweep directory; each run in ``out/<algorithm>-k<rank>-seed<s>-sigma<x>``.
+        ranks: k values for projected algorithms (e.g. 10, 20, 100 as Li et al. Fig. 2b).
+        seeds: training seeds.
+        noise_multipliers: sigma values (or give ``epsilons``; neither: the config's).
+        epsilons: target epsilons (sigma calibrated per run).
+        task_factory: builds the task for a seed (default: from the config).
+        overwrite: rerun finished runs.
+        progress: progress bar per run.
+
+    Returns:
+        The summary rows (also in ``out/summary.csv`` and ``out/summary.json``).
+    """
+    if noise_multipliers and epsilons:
+        raise ValueError("sweep over noise multipliers or over epsilons, not both")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    privacy: list[tuple[float | None, float | None]] = (
+        [(s, None) for s in noise_multipliers] or [(None, e) for e in epsilons] or [(None, None)]
+    )
+    rows = []
+    for entry in algorithms:
+        name, base = (entry, {}) if isinstance(entry, str) else (entry[0], dict(entry[1]))
+        projected = Algorithm(name) in PROJECTED if name in set(Algorithm) else False
+        if projected and not ranks and "rank" not in base and "projector" not in base:
+            raise ValueError(f"{name!r} is projected: give ranks to sweep over")
+        for rank in (ranks or [None]) if projected else [None]:
+            for seed in seeds:
+                for sigma, eps in privacy:
+                    cfg = dataclasses.replace(
+                        config, seed=seed,
+                        noise_multiplier=sigma if sigma is not None else (
+                            None if eps is not None else config.noise_multiplier),
+                        target_epsilon=eps if eps is not None else (
+                            None if sigma is not None else config.target_epsilon),
+                    )
+                    options = {**base, **({"rank": rank} if rank is not None else {})}
+                    run_dir = out / _run_name(name, rank, seed, sigma, eps)
+                    done = run_dir / RESULT_NAME
+                    if done.is_file() and not overwrite:
+                        logger.info("reusing finished run %s", run_dir)
+                        res = RetrainResult.from_dict(json.loads(done.read_text()))
+                    else:
+                        logger.info("sweep run %s", run_dir.name)
+                        res = retrain(config=cfg, algorithm=name, options=options, out=run_dir,
+                                      task=task_factory(seed) if task_factory else None,
+                                      overwrite=True, progress=progress)
+                    rows.append(res.to_row())
+    write_summary(rows, out)
+    return rows
+
+
+def write_summary(rows: list[dict[str, Any]], out: Path) -> None:
+    """``summary.csv`` (columns: the union of the rows' keys) and ``summary.json``."""
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+    with open(out / SUMMARY_CSV, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
+             for r in rows]
+    (out / SUMMARY_JSON).write_text(json.dumps(clean, indent=2))

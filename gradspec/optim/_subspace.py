@@ -1,0 +1,82 @@
+"""Retraining in a fixed subspace (Li et al. 2022, §4.2 and Fig. 2b).
+
+"This projection applies only to the (non-privatized) average clipped gradients and
+the isotropic DP noise is still applied to all dimensions." One step::
+
+    s <- V V^T sum_i clip(g_i)            (before noise)
+    g <- (s + b) / B,  b ~ N(0, sigma^2 C^2 I_p)
+
+With ``noise="subspace"`` the noise is drawn in the subspace only,
+``b = V z, z ~ N(0, sigma^2 C^2 I_k)`` — distributed as ``V V^T`` applied to
+isotropic noise. Privacy is that of DP-SGD either way: the projection is a
+contraction, so the clipped sum keeps sensitivity C.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gradspec._enums import parse_choice
+from gradspec.optim._base import OptimHooks
+from gradspec.optim._projectors import Projector
+
+__all__ = ["NoiseSpace", "SubspaceRetrain"]
+
+
+class NoiseSpace(StrEnum):
+    """Where the DP noise of subspace retraining lives."""
+
+    FULL = "full"  # isotropic in all p dimensions (Li et al. 2022)
+    SUBSPACE = "subspace"  # in the k-dimensional subspace only
+
+
+class SubspaceRetrain(OptimHooks):
+    """DP-SGD with the clipped gradient sum projected onto a subspace before noise.
+
+    Args:
+        projector: the subspace (usually a :class:`FixedProjector` from a spectrum store).
+        noise: ``full`` (the paper) or ``subspace``.
+
+    Example:
+        >>> import torch
+        >>> from gradspec.optim import FixedProjector, SubspaceRetrain
+        >>> hooks = SubspaceRetrain(FixedProjector(torch.eye(5)[:, :2]))
+    """
+
+    name = "subspace"
+
+    def __init__(self, projector: Projector, *, noise: NoiseSpace | str = NoiseSpace.FULL) -> None:
+        self.projector = projector
+        self.noise_space = parse_choice(NoiseSpace, noise, "noise space")
+
+    def setup(self, run: Any) -> None:
+        super().setup(run)
+        self.projector.setup(run)
+
+    def on_step_start(self, step: int, run: Any) -> None:
+        super().on_step_start(step, run)
+        self.projector.update(step, run)
+
+    def before_noise(self, total: Tensor) -> Tensor:
+        return self.projector.project(total)
+
+    def noise(self, p: int, std: float, generator: torch.Generator, device: torch.device) -> Tensor:
+        if self.noise_space == NoiseSpace.FULL:
+            return super().noise(p, std, generator, device)
+        from gradspec.privacy import gaussian_noise
+
+        z = gaussian_noise((self.projector.rank,), std, generator=generator, device=device)
+        return self.projector.lift(z)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"projector": self.projector.state_dict(), "noise": str(self.noise_space)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("noise") != str(self.noise_space):
+            raise ValueError(f"the checkpoint drew noise in {state.get('noise')!r}, "
+                             f"this run in {str(self.noise_space)!r}")
+        self.projector.load_state_dict(state["projector"])

@@ -1,0 +1,111 @@
+"""The registry, the public surface, retrain/sweep outputs and the spectrum-store projector."""
+
+from __future__ import annotations
+
+import csv
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import gradspec.optim as optim
+from gradspec.optim import make_algorithm, retrain, spectrum_basis, sweep
+
+from ._cases import config, lowrank_task, orthonormal
+
+
+def test_every_name_in_all_imports():
+    for name in optim.__all__:
+        assert hasattr(optim, name), name
+
+
+def test_registry_names_valid_choices():
+    with pytest.raises(ValueError, match="dp-sgd, subspace, pdp-sgd"):
+        make_algorithm("sgd")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['k'\].*valid options"):
+        make_algorithm("pdp-sgd", k=3)
+    with pytest.raises(ValueError, match="needs a rank"):
+        make_algorithm("rpdp-sgd")
+    assert make_algorithm("rpdp-sgd", rank=2).name == "rpdp-sgd"
+    assert make_algorithm("dp-sgd").name == "dp-sgd"
+
+
+def test_retrain_writes_its_result_and_refuses_target_epsilon_with_extra_privacy(tmp_path):
+    res = retrain(config=config(optimizer="adam"), algorithm="dp-adam", out=tmp_path / "a",
+                  task=lowrank_task())
+    saved = json.loads((tmp_path / "a" / "retrain.json").read_text())
+    assert saved["algorithm"] == "dp-adam" and saved["epsilon"] == pytest.approx(res.epsilon)
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["optimizer"] == "sgd"
+    with pytest.raises(ValueError, match="target epsilon"):
+        retrain(config=config(noise_multiplier=None, target_epsilon=2.0), algorithm="noisy-adagrad",
+                options={"rank": 2, "projector": "random"}, out=tmp_path / "b")
+
+
+def test_sweep_writes_one_run_per_point_and_a_summary(tmp_path):
+    rows = sweep(config=config(steps=4), algorithms=["dp-sgd", ("rpdp-sgd", {"seed": 1})],
+                 ranks=[2, 5], seeds=[0, 1], noise_multipliers=[0.5], out=tmp_path,
+                 task_factory=lambda seed: lowrank_task(seed=seed))
+    assert len(rows) == 2 + 4
+    assert {(r["algorithm"], r["rank"]) for r in rows} == {("dp-sgd", None), ("rpdp-sgd", 2),
+                                                           ("rpdp-sgd", 5)}
+    assert (tmp_path / "rpdp-sgd-k5-seed1-sigma0.5" / "metrics.jsonl").is_file()
+    with open(tmp_path / "summary.csv") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 6 and "eval_loss" in table[0]
+    assert len(json.loads((tmp_path / "summary.json").read_text())) == 6
+    again = sweep(config=config(steps=4), algorithms=["dp-sgd"], seeds=[0, 1],
+                  noise_multipliers=[0.5], out=tmp_path)  # finished runs are reused
+    assert [r["eval_loss"] for r in again] == [r["eval_loss"] for r in rows[:2]]
+
+
+def test_spectrum_store_projector(tmp_path):
+    from gradspec.store._spectrum import SpectrumStore
+
+    p, k = 16, 4
+    v = orthonormal(p, k)
+    store = SpectrumStore.create(tmp_path / "s.zarr", r=10, p=p, k=k, method="gram")
+    store.v_sink()(0, v.numpy().astype("float32"))
+    with pytest.raises(ValueError, match="not complete"):
+        spectrum_basis(tmp_path / "s.zarr", 2)
+    zeros = np.zeros(k)
+    store.finish(SimpleNamespace(
+        sigma=np.arange(k, 0, -1.0), U=np.zeros((10, k)), residuals=zeros, residual_h=zeros,
+        residual_ht=zeros, explained_variance_ratio=zeros, cumulative_explained_variance=zeros,
+        method="gram", params={}, source={}, accuracy=lambda: {}, frob2=1.0, rank=k, history=[],
+        timings={}, passes=1,
+    ))
+    basis = spectrum_basis(tmp_path / "s.zarr", 3)
+    np.testing.assert_allclose(basis.numpy(), v[:, :3].numpy(), atol=1e-6)
+    with pytest.raises(ValueError, match="exceeds"):
+        spectrum_basis(tmp_path / "s.zarr", 5)
+    hooks = make_algorithm("subspace", projector="spectrum", spectrum=tmp_path / "s.zarr", rank=3)
+    res = retrain(config=config(steps=3), algorithm=hooks, out=tmp_path / "run", task=lowrank_task())
+    assert res.rank == 3 and res.algorithm == "subspace"
+    torch.testing.assert_close(hooks.projector.basis.double(), v[:, :3], atol=1e-6, rtol=0)
+
+
+def test_sweep_figures_and_cli(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import typer
+    from typer.testing import CliRunner
+
+    from cli.retrain import retrain_command
+
+    app = typer.Typer()
+    app.command()(retrain_command)
+    app.command("noop")(lambda: None)  # keep typer in multi-command mode
+    out = tmp_path / "sweep"
+    args = ["retrain-command", "--out", str(out), "--task", "lowrank", "-t", "n=120", "-t", "d=16",
+            "-t", "n_eval=60", "--steps", "6", "--batch-size", "24", "--eval-every", "3",
+            "--sweep", "-a", "dp-sgd", "-a", "rpdp-sgd", "--ranks", "2,4", "--sigmas", "0.8,2",
+            "--accounting", "rdp", "--no-progress"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (out / "retrain_curves.png").is_file() and (out / "metric_vs_epsilon.png").is_file()
+    assert len(json.loads((out / "summary.json").read_text())) == 6
+    bad = CliRunner().invoke(app, ["retrain-command", "-a", "sgd", "--out", str(tmp_path / "x")])
+    assert bad.exit_code != 0 and "choose one of" in bad.output

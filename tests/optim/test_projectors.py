@@ -1,0 +1,114 @@
+"""Projectors against dense float64 references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gradspec.optim import (
+    FixedProjector,
+    PublicProjector,
+    RandomProjector,
+    make_projector,
+    top_eigenvectors_from_rows,
+)
+from gradspec.tasks.lowrank import row_space_basis
+
+from ._cases import fake_run, lowrank_task, orthonormal, subspace_distance
+
+CASES = [  # (m, p, k)
+    pytest.param(12, 30, 4, id="m12-p30-k4"),
+    pytest.param(5, 40, 5, id="full-rank-m"),
+    pytest.param(40, 20, 7, id="m>p"),
+]
+
+
+@pytest.mark.parametrize(("m", "p", "k"), CASES)
+def test_public_eigenvectors_match_dense_second_moment(m, p, k):
+    g = torch.Generator().manual_seed(m * p + k)
+    rows = torch.randn(m, p, generator=g, dtype=torch.float64) * torch.linspace(3, 0.1, p)
+    lam, v = top_eigenvectors_from_rows(rows, k)
+    dense = rows.T @ rows / m  # M = (1/m) sum g g^T, p x p (only in the test)
+    ref_lam, ref_v = np.linalg.eigh(dense.numpy())
+    ref_lam, ref_v = ref_lam[::-1][:k], ref_v[:, ::-1][:, :k]
+    np.testing.assert_allclose(lam.numpy(), ref_lam, rtol=1e-6)
+    assert subspace_distance(v, torch.from_numpy(ref_v.copy())) < 1e-6
+    np.testing.assert_allclose((v.T @ v).numpy(), np.eye(k), atol=1e-10)
+
+
+def test_rank_deficient_public_gradients_are_completed_orthonormally():
+    rows = torch.randn(2, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    lam, v = top_eigenvectors_from_rows(rows, 4, generator=torch.Generator().manual_seed(0))
+    np.testing.assert_allclose((v.T @ v).numpy(), np.eye(4), atol=1e-10)
+    assert lam[2:].abs().max() == 0
+    # the two informative directions span the rows
+    q, _ = torch.linalg.qr(rows.T)
+    assert subspace_distance(v[:, :2], q) < 1e-8
+
+
+def test_projection_equals_dense_projector():
+    v = orthonormal(25, 6)
+    proj = FixedProjector(v)
+    proj.setup(fake_run(25))
+    x = torch.randn(3, 25)
+    dense = (v @ v.T).float()
+    torch.testing.assert_close(proj.project(x), x @ dense.T, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(proj.project(x[0]), dense @ x[0], rtol=1e-5, atol=1e-6)
+
+
+def test_fixed_projector_checks_orthonormality_and_size():
+    with pytest.raises(ValueError, match="not orthonormal"):
+        FixedProjector(torch.randn(10, 3))
+    fixed = FixedProjector(torch.randn(10, 3), orthonormalize=True)
+    with pytest.raises(ValueError, match="rows but the run trains 12"):
+        fixed.setup(fake_run(12))
+    with pytest.raises(ValueError, match="exceeds"):
+        FixedProjector(orthonormal(10, 3), rank=4)
+
+
+def test_random_projector_is_orthonormal_and_seeded():
+    a, b = RandomProjector(5, seed=3), RandomProjector(5, seed=3)
+    a.setup(fake_run(50))
+    b.setup(fake_run(50))
+    torch.testing.assert_close(a.basis, b.basis)
+    torch.testing.assert_close(a.basis.T @ a.basis, torch.eye(5), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="seed"):
+        RandomProjector(5, seed=4).load_state_dict(a.state_dict())
+
+
+def test_public_projector_finds_the_lowrank_row_space():
+    """On the lowrank task every gradient lies in the rank-r row space: k = r recovers it."""
+    task = lowrank_task()
+    with torch.no_grad():
+        task.model.weight.normal_()  # away from w = 0, where all gradients are ~ -y x
+    proj = PublicProjector(3, public_size=20, period=5)
+    run = fake_run(16, task=task)
+    proj.setup(run)
+    assert proj.update(0, run)
+    assert not proj.update(4, run)
+    assert proj.update(5, run)
+    assert subspace_distance(proj.basis, row_space_basis(task)) < 1e-4
+
+
+def test_public_projector_state_round_trip():
+    task = lowrank_task()
+    run = fake_run(16, task=task)
+    a = PublicProjector(2, public_size=10)
+    a.setup(run)
+    a.update(0, run)
+    b = PublicProjector(2, public_size=10)
+    b.setup(run)
+    b.load_state_dict(a.state_dict())
+    torch.testing.assert_close(a.basis, b.basis)
+    assert b.last_update == 0
+    with pytest.raises(ValueError, match="rank"):
+        PublicProjector(3, public_size=10).load_state_dict(a.state_dict())
+
+
+def test_make_projector_choices():
+    with pytest.raises(ValueError, match="spectrum, public, random"):
+        make_projector("pca", rank=2)
+    with pytest.raises(ValueError, match="exactly one"):
+        make_projector("spectrum", rank=2)
+    assert isinstance(make_projector("spectrum", rank=2, basis=orthonormal(8, 3)), FixedProjector)
