@@ -62,6 +62,7 @@ def setup_logging(verbose: bool, quiet: bool) -> None:
     root = logging.getLogger("gradspec")
     root.handlers[:] = [handler]
     root.setLevel(level)
+    root.propagate = False  # libraries that call logging.basicConfig() must not print our lines twice
     # Libraries we drive: their warnings (e.g. transformers' load report of the
     # freshly initialised classifier head, which is intended) only with --verbose.
     for name in ("transformers", "opacus"):

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh test >/dev/null
 OUT="${1:-runs/default}"
-STEPS="${STEPS:-200}"
+STEPS="${STEPS:-120}"
 
 gradspec collect --out "$OUT" --overwrite --steps "$STEPS" --batch-size 32 --epsilon 8 \
     --lr 1e-3 --eval-every 50 --checkpoint-every 50
