@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import account, collect, info
+from cli import account, collect, decay, info, pca, retrain
 from cli._common import setup_logging
 
 app = typer.Typer(
@@ -40,6 +40,10 @@ def _root(
 app.command("collect")(collect.collect_command)
 app.command("info")(info.info_command)
 app.command("account")(account.account_command)
+app.command("pca")(pca.pca_command)
+app.command("decay")(decay.decay_command)
+app.command("plot")(decay.plot_command)
+app.command("retrain")(retrain.retrain_command)
 
 
 def main() -> None:

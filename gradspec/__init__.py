@@ -1,3 +1,77 @@
-"""gradspec: spectral analysis of gradient subspaces in (differentially private) training."""
+"""gradspec: spectral analysis of gradient subspaces in (differentially private) training.
+
+The flat public surface. Names are imported lazily (PEP 562), so that
+``import gradspec`` — and the CLI's ``--help`` — does not load torch, zarr or
+transformers until a name that needs them is used.
+
+Example:
+    >>> import gradspec
+    >>> gradspec.compute_epsilon(noise_multiplier=1.1, sample_rate=0.01, steps=1000, delta=1e-5) < 2
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    # choices shared by the library and the CLI
+    "gradspec._enums": (
+        "Accounting", "CollectMode", "GradDtype", "PcaMethod", "PerExampleBackend", "Sampling",
+    ),
+    # stores on disk
+    "gradspec.store": (
+        "BackgroundWriter", "GradientStore", "ParamLayout", "ParamSpec", "SpectrumStore", "open_store",
+    ),
+    # tasks
+    "gradspec.tasks": (
+        "Task", "TensorData", "available_tasks", "make_task", "register_task", "task_options",
+    ),
+    # collecting gradients
+    "gradspec.collect": (
+        "CollectConfig", "CollectResult", "PerExampleGradients", "collect", "evaluate",
+        "layout_for", "select_parameters",
+    ),
+    "gradspec.collect._hooks": ("StepHooks",),
+    # privacy
+    "gradspec.privacy": (
+        "PrivacyAccountant", "calibrate_noise_multiplier", "clip_per_example", "compute_epsilon",
+        "default_delta", "gaussian_noise",
+    ),
+    # the spectral engine
+    "gradspec.linalg": (
+        "GradientOperator", "PcaResult", "gram_pca", "krylov_pca", "lanczos_pca",
+        "orthogonal_pca", "pca",
+    ),
+    # spectrum analysis
+    "gradspec.spectrum": (
+        "decay_analysis", "explained_variance", "fit_power_law", "fit_spectrum",
+        "restricted_lipschitz", "restricted_lipschitz_bound", "spectral_density",
+    ),
+    "gradspec.plot": ("overlay_figures", "report_figures"),
+    # private optimizers and retraining
+    "gradspec.optim": (
+        "AdaDPS", "DPAdam", "FixedProjector", "NoisyAdaGrad", "PDPSGD", "PublicProjector",
+        "RandomProjector", "SubspaceRetrain", "make_algorithm", "make_projector", "retrain", "sweep",
+    ),
+}
+
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_WHERE) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gradspec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

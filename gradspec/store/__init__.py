@@ -2,6 +2,7 @@
 
 from gradspec.store._gradients import META_FIELDS, GradientStore
 from gradspec.store._layout import ParamLayout, ParamSpec, match_names
+from gradspec.store._spectrum import SpectrumStore
 from gradspec.store._writer import BackgroundWriter, WriterError
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "META_FIELDS",
     "ParamLayout",
     "ParamSpec",
+    "SpectrumStore",
     "WriterError",
     "match_names",
 ]
@@ -23,8 +25,6 @@ def open_store(path, mode: str = "r"):
     if kind == "gradients":
         return GradientStore.open(path, mode)
     if kind == "spectrum":
-        from gradspec.store._spectrum import SpectrumStore
-
         return SpectrumStore.open(path)
     raise ValueError(f"{str(path)!r} is a gradspec store of unknown kind {kind!r}; upgrade gradspec")
 

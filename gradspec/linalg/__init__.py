@@ -1,0 +1,38 @@
+"""The spectral engine: a streamed gradient operator and top-k SVD methods.
+
+``pca`` is the entry point; the methods also run on a ``GradientOperator`` directly.
+"""
+
+from gradspec.linalg._auto import choose_method, parse_memory
+from gradspec.linalg._operator import ArraySink, GradientOperator
+from gradspec.linalg._result import PcaResult, sign_fix
+from gradspec.linalg._sources import ArraySource, DaskSource, StoreSource, make_source, parse_rows
+from gradspec.linalg.api import pca
+from gradspec.linalg.gram import gram_pca
+from gradspec.linalg.krylov import krylov_pca
+from gradspec.linalg.lanczos import lanczos_pca
+from gradspec.linalg.orthogonal import OrthogonalState, orthogonal_iteration, orthogonal_pca
+
+__all__ = [
+    # entry point and result
+    "pca",
+    "PcaResult",
+    # the operator and its sources
+    "GradientOperator",
+    "ArraySink",
+    "ArraySource",
+    "DaskSource",
+    "StoreSource",
+    "make_source",
+    "parse_rows",
+    # methods
+    "gram_pca",
+    "orthogonal_pca",
+    "orthogonal_iteration",
+    "OrthogonalState",
+    "krylov_pca",
+    "lanczos_pca",
+    "choose_method",
+    "parse_memory",
+    "sign_fix",
+]

@@ -1,0 +1,278 @@
+"""``pca``: the one entry point of the spectral engine (what `gradspec pca` calls)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradspec._enums import PcaMethod, parse_choice
+from gradspec.linalg._auto import choose_method, parse_memory
+from gradspec.linalg._result import PcaResult
+from gradspec.linalg._sources import ColRanges, RowSelection
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ITERS = {PcaMethod.ORTHOGONAL: 10, PcaMethod.KRYLOV: 4}
+
+
+def default_memory() -> int:
+    """Half the available host memory, at most 8 GiB."""
+    import psutil
+
+    return int(min(8 * 2**30, psutil.virtual_memory().available // 2))
+
+
+def _check_k(k: int, shape: tuple[int, int]) -> None:
+    r, p = shape
+    if not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    if k > min(r, p):
+        raise ValueError(
+            f"k={k} exceeds min(r, p) = {min(r, p)} for the selected H ({r} rows × {p} columns); "
+            "lower --k or select more rows"
+        )
+
+
+def _open_output(
+    out: Any,
+    *,
+    op: Any,
+    k: int,
+    method: PcaMethod,
+    params: dict,
+    resume: bool,
+    overwrite: bool,
+    v_dtype: str,
+):
+    from gradspec.store._spectrum import SpectrumStore
+
+    r, p = op.shape
+    if resume and Path(out).exists():
+        store = SpectrumStore.open(out, mode="r+")
+        if store.status == "complete":
+            raise ValueError(
+                f"{str(out)!r} is already complete; nothing to resume (use --overwrite to redo it)"
+            )
+        saved = store.params
+        mismatch = [
+            f"{name}: saved {saved.get(name)!r}, now {params.get(name)!r}"
+            for name in ("k", "oversample", "seed", "rows", "params", "center")
+            if saved.get(name) != params.get(name)
+        ]
+        if store.shape != (r, p) or store.method != method.value or mismatch:
+            why = "; ".join(mismatch) or f"shape {store.shape} / method {store.method}"
+            raise ValueError(
+                f"cannot resume {str(out)!r}: it was started with other settings ({why})"
+            )
+        return store
+    return SpectrumStore.create(
+        out,
+        r=r,
+        p=p,
+        k=k,
+        method=method.value,
+        params=params,
+        source=op.describe(),
+        v_dtype=v_dtype,
+        v_chunk_rows=None,
+        overwrite=overwrite,
+    )
+
+
+def pca(
+    *,
+    source: Any,
+    k: int,
+    method: str | PcaMethod = PcaMethod.AUTO,
+    rows: RowSelection = None,
+    params: str | Sequence[str] | None = None,
+    col_ranges: ColRanges = None,
+    center: bool = False,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    device: str = "cpu",
+    precision: str = "auto",
+    memory: int | str | None = None,
+    iters: int | None = None,
+    tol: float | None = None,
+    oversample: int = 10,
+    seed: int = 0,
+    scheduler: Any = None,
+    verify: bool = True,
+    v_dtype: str = "float32",
+    progress: bool = False,
+) -> PcaResult:
+    """Top-k singular values and vectors of the r×p gradient matrix H, out of core.
+
+    H = U·Σ·Vᵀ restricted to the top k; σ descending, signs fixed so that the
+    largest-|·| entry of each u_i is positive. With ``out``, V (p×k) is
+    streamed into a spectrum store (``SpectrumStore``) and ``result.V`` is None.
+
+    Args:
+        source: gradient store path or ``GradientStore``; numpy array, torch tensor or dask array (r×p).
+        k: number of singular triplets (1 ≤ k ≤ min(r, p)).
+        method: ``auto`` | ``gram`` (exact) | ``orthogonal`` (Li et al. 2022) | ``krylov`` | ``lanczos``.
+        rows: row selection: None (all committed rows), a slice (e.g. ``slice(300, 1300)``) or indices.
+        params: parameter patterns (globs or ``re:…``) selecting columns through the store's layout.
+        col_ranges: explicit column ranges instead of ``params``.
+        center: subtract column means (off by default: the paper's H is uncentered).
+        out: spectrum store to write (None: keep V in memory).
+        overwrite: replace an existing ``out``.
+        resume: continue an interrupted orthogonal iteration saved in ``out``.
+        device: ``cpu`` | ``cuda`` | ``auto``.
+        precision: ``auto``/``float64`` | ``float32`` | ``tf32`` for block products (float64 accumulation).
+        memory: memory budget (bytes or ``"4G"``); default half the available memory, ≤ 8 GiB.
+        iters: iterations (orthogonal: 10; krylov: Krylov depth 4).
+        tol: orthogonal: stop when top-k Ritz residuals fall below it; lanczos: svds tolerance.
+        oversample: extra columns of the iterate / Krylov block.
+        seed: seed of the random start of iterative methods.
+        scheduler: dask.distributed scheduler address or Client: run every pass as a dask graph.
+        verify: measure residuals and the reconstruction error in the final pass (one extra product).
+        v_dtype: dtype V is stored in (float32 | float64).
+        progress: progress bars on stderr.
+
+    Returns:
+        PcaResult (σ, U, V or None, residuals, explained variance, reconstruction error, timings).
+
+    Raises:
+        ValueError: k out of range, empty selection, NaN/inf in H, too little memory, bad choices.
+    """
+    t_start = time.perf_counter()
+    meth = parse_choice(PcaMethod, method, "PCA method")
+    budget = parse_memory(memory) or default_memory()
+    if resume and out is None:
+        raise ValueError("--resume needs --out (the spectrum store of the interrupted run)")
+    if resume and overwrite:
+        raise ValueError("choose either --resume or --overwrite, not both")
+    if scheduler is not None:
+        from gradspec.linalg._dask import DaskGradientOperator
+
+        if device not in ("cpu", "auto"):
+            raise ValueError(
+                "the Dask backend computes on its workers; drop --device or --scheduler"
+            )
+        op: Any = DaskGradientOperator(
+            source,
+            scheduler=scheduler,
+            rows=rows,
+            params=params,
+            col_ranges=col_ranges,
+            center=center,
+            progress=progress,
+        )
+    else:
+        from gradspec.linalg._operator import GradientOperator
+
+        op = GradientOperator(
+            source,
+            rows=rows,
+            params=params,
+            col_ranges=col_ranges,
+            center=center,
+            device=device,
+            precision=precision,
+            memory=budget // 2,
+            progress=progress,
+        )
+    desc = op.describe()
+    if desc.get("status") == "writing":
+        logger.info(
+            "the store is still being written: using its %d committed rows", desc["committed_rows"]
+        )
+    _check_k(k, op.shape)
+    r, p = op.shape
+    reason = f"{meth.value} as requested"
+    if meth is PcaMethod.AUTO:
+        meth, reason = choose_method(
+            r=r,
+            p=p,
+            k=k,
+            memory=budget,
+            iters=iters or DEFAULT_ITERS[PcaMethod.KRYLOV],
+            oversample=oversample,
+        )
+    logger.info("pca: H is %d×%d, k=%d, method %s (%s)", r, p, k, meth.value, reason)
+    it = iters if iters is not None else DEFAULT_ITERS.get(meth)
+    run_params = {
+        "k": int(k),
+        "method": meth.value,
+        "reason": reason,
+        "iters": it,
+        "tol": tol,
+        "oversample": oversample,
+        "seed": seed,
+        "rows": desc.get("rows"),
+        "params": desc.get("params"),
+        "center": center,
+        "precision": getattr(op, "precision", "float64"),
+        "device": str(getattr(op, "device", None) or "dask"),
+        "memory": budget,
+    }
+    store = None
+    sink = None
+    if out is not None:
+        store = _open_output(
+            out,
+            op=op,
+            k=k,
+            method=meth,
+            params=run_params,
+            resume=resume,
+            overwrite=overwrite,
+            v_dtype=v_dtype,
+        )
+        sink = store.v_sink()
+    common = {"k": k, "sink": sink, "verify": verify, "out_dtype": np.dtype(v_dtype)}
+    if meth is PcaMethod.GRAM:
+        from gradspec.linalg.gram import gram_pca
+
+        result = gram_pca(op, **common)
+    elif meth is PcaMethod.ORTHOGONAL:
+        from gradspec.linalg.orthogonal import OrthogonalState, block_size, orthogonal_pca
+
+        state = None
+        if store is not None and resume:
+            saved = store.load_state()
+            if saved is not None:
+                state = OrthogonalState.load_state_dict(
+                    saved, r=r, b=block_size(k, oversample, r, p)
+                )
+                logger.info("orthogonal: resuming after iteration %d", state.iteration)
+        save = (lambda st: store.save_state(st.state_dict())) if store is not None else None
+        result = orthogonal_pca(
+            op,
+            iters=it,
+            tol=tol,
+            oversample=oversample,
+            seed=seed,
+            state=state,
+            on_iteration=save,
+            **common,
+        )
+    elif meth is PcaMethod.KRYLOV:
+        from gradspec.linalg.krylov import krylov_pca
+
+        result = krylov_pca(op, iters=it, oversample=oversample, seed=seed, **common)
+    else:
+        from gradspec.linalg.lanczos import lanczos_pca
+
+        result = lanczos_pca(op, tol=tol, seed=seed, **common)
+    result.params = {**run_params, **result.params}
+    result.timings["total"] = time.perf_counter() - t_start
+    if store is not None:
+        store.finish(result)
+    acc = result.accuracy()
+    logger.info(
+        "pca: done in %.1fs, %d passes; max residual %.1e, reconstruction error %.4f",
+        result.timings["total"],
+        result.passes,
+        acc["max_residual"],
+        acc["reconstruction_error"],
+    )
+    return result

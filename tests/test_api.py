@@ -1,0 +1,29 @@
+"""The flat public surface: every name in gradspec.__all__ imports; the CLI starts fast."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import gradspec
+
+
+def test_every_public_name_imports():
+    for name in gradspec.__all__:
+        assert getattr(gradspec, name) is not None, name
+    assert len(gradspec.__all__) == len(set(gradspec.__all__))
+
+
+def test_unknown_name_raises_attribute_error():
+    try:
+        gradspec.no_such_name  # noqa: B018
+    except AttributeError as exc:
+        assert "no_such_name" in str(exc)
+    else:
+        raise AssertionError("expected AttributeError")
+
+
+def test_import_and_help_do_not_load_heavy_libraries():
+    code = "import sys, gradspec, cli.main; print(sorted(m for m in ('torch', 'zarr', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
