@@ -227,15 +227,16 @@ class GradientStore:
             raise ValueError(f"{self.path!r} is open read-only; open it with mode='r+' to write")
 
     def _ensure_capacity(self, n: int) -> None:
+        # Each array is checked on its own: a process killed between two resizes
+        # leaves arrays of different capacities (zarr drops out-of-bounds writes).
         cap = self._grads.shape[0]
-        if n <= cap:
-            return
         rpc = self._grads.chunks[0]
-        new = max(n, 2 * cap, rpc)
-        new = -(-new // rpc) * rpc
-        self._grads.resize((new, self.p))
+        new = -(-max(n, 2 * cap, rpc) // rpc) * rpc if n > cap else cap
+        if new != cap:
+            self._grads.resize((new, self.p))
         for arr in self._meta.values():
-            arr.resize((new,))
+            if arr.shape[0] < new:
+                arr.resize((new,))
 
     def write_rows(self, start: int, rows: np.ndarray, meta: dict[str, np.ndarray]) -> None:
         """Write ``rows`` (float32, shape (b, p)) at ``start``; not visible until :meth:`commit`."""

@@ -152,3 +152,15 @@ def test_summary_while_writing(tmp_path):
     info = open_store(tmp_path / "g.zarr").summary()
     assert info["status"] == "writing" and info["shape"] == [4, 60]
     assert info["rows"]["steps"] == [0, 3] and info["size_on_disk"] > 4 * 60 * 4
+
+
+def test_arrays_of_unequal_capacity_after_a_kill_between_resizes(tmp_path):
+    """A kill between resizing the row array and the metadata arrays must not lose metadata."""
+    lay = layout(30)
+    s = GradientStore.create(tmp_path / "g.zarr", layout=lay, rows_per_chunk=4)
+    s.append(np.zeros((4, lay.p), np.float32), meta(4))
+    s._grads.resize((64, lay.p))  # as if killed right after the first of the resizes
+    w = GradientStore.open(tmp_path / "g.zarr", mode="r+")
+    w.append(np.ones((10, lay.p), np.float32), meta(10, 4))
+    r = GradientStore.open(tmp_path / "g.zarr")
+    np.testing.assert_array_equal(r.row_meta()["step"], np.arange(14))
