@@ -32,3 +32,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _reset_cli_logging():
+    """The CLI configures the 'gradspec' logger for its process; undo that between tests."""
+    import logging
+
+    yield
+    for name in ("gradspec", "transformers", "opacus"):
+        log = logging.getLogger(name)
+        log.handlers[:] = []
+        log.propagate = True
+        log.setLevel(logging.NOTSET)

@@ -17,6 +17,7 @@ Precision policy (what each ``precision`` does to a block product):
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy as np
 import torch
@@ -59,7 +60,14 @@ def to_device(
     block: np.ndarray | torch.Tensor, device: torch.device, dtype: torch.dtype
 ) -> torch.Tensor:
     """A host block -> a tensor on ``device`` in ``dtype`` (pinned, asynchronous copy on CUDA)."""
-    t = torch.from_numpy(np.ascontiguousarray(block)) if isinstance(block, np.ndarray) else block
+    if isinstance(block, np.ndarray):
+        block = np.ascontiguousarray(block)
+        with warnings.catch_warnings():
+            # Read-only blocks (memory maps, zarr buffers) are only ever read here.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            t = torch.from_numpy(block)
+    else:
+        t = block
     if device.type == "cuda" and t.device.type == "cpu":
         t = t.pin_memory().to(device, non_blocking=True)
     return t.to(device=device, dtype=dtype)
