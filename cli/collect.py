@@ -54,6 +54,7 @@ def collect_command(
     device: str = typer.Option("cpu", help="cpu, cuda or auto."),
     compressor: str = typer.Option(None, help="Store compression: zstd or blosc (default none)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint."),
+    stop_after: int = typer.Option(None, "--stop-after", help="Stop (checkpointed) after N steps of this call; continue later with --resume."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run in --out."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
@@ -74,7 +75,8 @@ def collect_command(
             checkpoint_every=checkpoint_every, skip_nonfinite=skip_nonfinite, seed=seed,
             device=device, compressor=compressor,
         )
-    result = collect(config, out=out, resume=resume, overwrite=overwrite, progress=not no_progress)
+    result = collect(config, out=out, resume=resume, overwrite=overwrite, progress=not no_progress,
+                     stop_after=stop_after)
     eps = "inf (non-private)" if result.epsilon == float("inf") else f"{result.epsilon:.3f}"
     typer.echo(f"store    {result.store}  ({result.rows} rows)")
     typer.echo(f"steps    {result.steps}   q = {result.sample_rate:.4g}   sigma = {result.noise_multiplier:.4g}")

@@ -61,6 +61,26 @@ def info_command(
                 f"{rows['grad_norm_max']:.3g}  clipped {rows['frac_clipped_mean']:.0%}"
             )
     else:
-        for key, value in summary.items():
-            if key not in ("kind", "path", "status"):
-                typer.echo(f"{key:<9}{value}")
+        _spectrum(summary)
+
+
+def _spectrum(summary: dict) -> None:
+    r, p = summary["shape"]
+    src = summary.get("source") or {}
+    params = summary.get("params") or {}
+    acc = summary.get("accuracy") or {}
+    typer.echo(f"shape    H is {r} x {p:,}   k = {summary['k']}   size {_size(summary.get('size_on_disk'))} on disk")
+    typer.echo(f"method   {summary['method']}  ({params.get('reason', '')})")
+    typer.echo(f"source   {src.get('path')}  rows {src.get('rows') or 'all'}  params {src.get('params') or 'all'}"
+               f"  centered {src.get('center', False)}")
+    top = ", ".join(f"{v:.4g}" for v in summary.get("sigma_top", []))
+    typer.echo(f"sigma    {top}, ...  sigma_k = {summary.get('sigma_last', float('nan')):.4g}")
+    if acc:
+        typer.echo(
+            f"accuracy max residual {acc.get('max_residual', float('nan')):.2e}   reconstruction error "
+            f"{acc.get('reconstruction_error', float('nan')):.4f}   explained variance "
+            f"{acc.get('explained_variance', float('nan')):.4f}"
+        )
+    timings = summary.get("timings") or {}
+    if timings:
+        typer.echo("timings  " + "  ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
