@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -80,6 +81,9 @@ def setup_logging(verbose: bool, quiet: bool) -> None:
     root.propagate = False  # libraries that call logging.basicConfig() must not print our lines twice
     # Libraries we drive: their warnings (e.g. transformers' load report of the
     # freshly initialised classifier head, which is intended) only with --verbose.
+    # transformers sets its own level when first imported, from TRANSFORMERS_VERBOSITY.
+    if not verbose:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     for name in ("transformers", "opacus"):
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.ERROR)
 
