@@ -14,7 +14,7 @@ STEPS="${STEPS:-120}"
 K="${K:-100}"
 
 gradspec collect --out "$OUT" --overwrite --steps "$STEPS" --batch-size 32 --epsilon 8 \
-    --lr 1e-3 --eval-every 40 --checkpoint-every 40
+    --lr 2e-3 --eval-every 40 --checkpoint-every 40
 gradspec info "$OUT/gradients.zarr"
 gradspec pca "$OUT/gradients.zarr" --k "$K" --out "$OUT/spectrum.zarr" --overwrite
 gradspec decay "$OUT/spectrum.zarr" --out "$OUT/decay"

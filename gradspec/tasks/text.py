@@ -312,6 +312,7 @@ def text_task(
     train_head: bool = False,
     params: list[str] | None = None,
     dropout: float | None = 0.0,
+    head_std: float | None = None,
 ) -> Task:
     """Sequence classification, training the attention query/value weights by default.
 
@@ -332,6 +333,11 @@ def text_task(
         train_head: also train :data:`HEAD_PATTERNS` (else they stay as initialised).
         params: explicit parameter patterns, overriding the two options above.
         dropout: overrides the model's dropout probabilities (``None`` keeps them).
+        head_std: std of the seeded classifier weights (the model does not ship a head).
+            ``None``: ``3 / sqrt(hidden_size)`` for a frozen head, so that logits are of
+            order one; with BERT's default 0.02 a frozen head caps the logits near
+            +-0.1 and the loss barely moves from log 2 (Li et al. sidestep this with a
+            pretrained LM head and templates). A trained head keeps the model's init.
 
     Returns:
         A task with data ``input_ids``, ``attention_mask`` (``token_type_ids``),
@@ -363,6 +369,10 @@ def text_task(
         feature = train_ds.features.get(label_column)
         num_labels = getattr(feature, "num_classes", None) or int(max(train_ds[label_column])) + 1
     net, tokenizer = load_text_model(model, num_labels=num_labels, seed=seed, dropout=dropout)
+    if head_std is None and not train_head:
+        head_std = 3.0 / float(getattr(net.config, "hidden_size", 768)) ** 0.5
+    if head_std is not None:
+        _reseed_head(net, seed, head_std)
     if dataset is None:
         train = tokenize_texts(
             tokenizer, train_texts, train_labels, max_length=max_length, padding=padding
@@ -397,6 +407,18 @@ def text_task(
             **extra,
         },
     )
+
+
+def _reseed_head(model: nn.Module, seed: int, std: float) -> None:
+    """Draw the final classifier matrix from ``seed`` with standard deviation ``std``."""
+    head = getattr(model, "classifier", None)
+    weight = getattr(head, "out_proj", head)
+    weight = getattr(weight, "weight", None)
+    if weight is None:
+        raise ValueError("head_std needs a model whose head is `classifier` (BERT, RoBERTa, DistilBERT)")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        weight.copy_(torch.randn(weight.shape, generator=generator) * std)
 
 
 def _freeze_except(model: nn.Module, patterns: Sequence[str]) -> None:

@@ -6,7 +6,7 @@ import torch
 from gradspec.store._layout import match_names
 from gradspec.tasks import HEAD_PATTERNS, QV_PATTERNS, make_task, tiny_bert
 from gradspec.tasks import text as text_mod
-from gradspec.tasks.text import dataset_to_tensordata, load_text_model, tokenize_texts
+from gradspec.tasks.text import dataset_to_tensordata, tokenize_texts
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +36,14 @@ def test_minilm_head_is_frozen_and_seeded(minilm):
     assert trainable == set(match_names(list(trainable), QV_PATTERNS)) and len(trainable) == 12
     head = minilm.model.classifier.weight
     assert not head.requires_grad and head.abs().sum() > 0
-    again = load_text_model("minilm", seed=0)[0].classifier.weight
-    other = load_text_model("minilm", seed=1)[0].classifier.weight
+    again = make_task("text", n_train=4, n_eval=2, seed=0).model.classifier.weight
+    other = make_task("text", n_train=4, n_eval=2, seed=1).model.classifier.weight
     torch.testing.assert_close(head, again, rtol=0, atol=0)
     assert not torch.allclose(head, other)
+    # a frozen head is drawn at std 3/sqrt(hidden) (logits of order one), not BERT's 0.02
+    assert float(head.std()) == pytest.approx(3 / 384**0.5, rel=0.1)
+    trained = make_task("text", n_train=4, n_eval=2, seed=0, train_head=True).model.classifier.weight
+    assert float(trained.std()) == pytest.approx(0.02, rel=0.1)
 
 
 def test_tiny_bert_is_seeded_and_small():
