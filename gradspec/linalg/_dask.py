@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from gradspec.linalg._operator import ArraySink, Sink
+from gradspec.linalg._operator import ArraySink, Sink, scipy_operator
 from gradspec.linalg._sources import ArraySource, ColRanges, RowSelection, make_source
 
 logger = logging.getLogger(__name__)
@@ -152,16 +152,7 @@ class DaskGradientOperator:
         return {"hv": hv, "vtv": vtv, "rt2": rt * np.asarray(sigma, dtype=np.float64) ** 2}
 
     def to_scipy(self):
-        from scipy.sparse.linalg import LinearOperator
-
-        return LinearOperator(
-            self.shape,
-            dtype=np.float64,
-            matvec=self.matmat,
-            rmatvec=self.rmatmat,
-            matmat=self.matmat,
-            rmatmat=self.rmatmat,
-        )
+        return scipy_operator(self)
 
     def describe(self) -> dict[str, Any]:
         return {

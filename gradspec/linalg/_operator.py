@@ -324,19 +324,24 @@ class GradientOperator:
 
     def to_scipy(self):
         """A ``scipy.sparse.linalg.LinearOperator`` (float64); each product is one pass."""
-        from scipy.sparse.linalg import LinearOperator
-
-        return LinearOperator(
-            self.shape,
-            dtype=np.float64,
-            matvec=self.matmat,
-            rmatvec=self.rmatmat,
-            matmat=self.matmat,
-            rmatmat=self.rmatmat,
-        )
+        return scipy_operator(self)
 
     def describe(self) -> dict[str, Any]:
         return {**self.source.describe(), "shape": list(self.shape), "center": self.center}
 
     def __repr__(self) -> str:
         return f"GradientOperator(shape={self.shape}, device={self.device}, precision={self.precision})"
+
+
+def scipy_operator(op: Any):
+    """Wrap anything with ``shape``, ``matmat`` and ``rmatmat`` as a scipy LinearOperator."""
+    from scipy.sparse.linalg import LinearOperator
+
+    return LinearOperator(
+        op.shape,
+        dtype=np.float64,
+        matvec=op.matmat,
+        rmatvec=op.rmatmat,
+        matmat=op.matmat,
+        rmatmat=op.rmatmat,
+    )
