@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--epsilon", type=float, default=2.0)
     ap.add_argument("--epochs", type=float, default=5.0)
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--lr", type=float, default=0.5)
     ap.add_argument("--out", default="runs/li2022-fig1")
     args = ap.parse_args()
     out = Path(args.out)
