@@ -48,7 +48,8 @@ class BackgroundWriter:
         self.store = store
         self._next = store.n_rows  # next row index to write (writer side)
         self._handed = store.n_rows  # rows handed over by the caller (caller side)
-        self._buffer: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
+        self._buffer: list[dict[str, np.ndarray]] = []  # metadata of the buffered rows
+        self._rowbuf: np.ndarray | None = None  # one row chunk of float32 rows
         self._buffered = 0
         self._error: BaseException | None = None
         self._background = background
@@ -140,12 +141,21 @@ class BackgroundWriter:
             rows = np.asarray(rows, dtype=np.float32)
             if rows.ndim == 1:
                 rows = rows[None]
-            self._buffer.append((rows, {k: np.asarray(v).reshape(-1) for k, v in meta.items()}))
-            self._buffered += rows.shape[0]
             rpc = self.store.chunks[0]
-            # Flush once the buffer reaches the end of a row chunk.
-            if (self._next + self._buffered) // rpc > self._next // rpc:
-                self._flush()
+            meta = {k: np.asarray(v).reshape(-1) for k, v in meta.items()}
+            # Copy rows into a chunk-row buffer; flush whenever it reaches the end of a row chunk,
+            # so every chunk is written once and no further concatenation is needed.
+            while rows.shape[0]:
+                room = rpc - (self._next + self._buffered) % rpc
+                take = min(room, rows.shape[0])
+                if self._rowbuf is None or self._rowbuf.shape[1] != rows.shape[1]:
+                    self._rowbuf = np.empty((rpc, rows.shape[1]), np.float32)
+                self._rowbuf[self._buffered : self._buffered + take] = rows[:take]
+                self._buffer.append({k: v[:take] for k, v in meta.items()})
+                self._buffered += take
+                rows, meta = rows[take:], {k: v[take:] for k, v in meta.items()}
+                if take == room:
+                    self._flush()
         else:
             _, callback, done = item
             try:
@@ -157,11 +167,10 @@ class BackgroundWriter:
                 done.set()
 
     def _flush(self) -> None:
-        if not self._buffer:
+        if not self._buffered:
             return
-        rows = np.concatenate([r for r, _ in self._buffer], axis=0)
-        meta = {k: np.concatenate([m[k] for _, m in self._buffer]) for k in self._buffer[0][1]}
-        self.store.write_rows(self._next, rows, meta)
-        self._next += rows.shape[0]
+        meta = {k: np.concatenate([m[k] for m in self._buffer]) for k in self._buffer[0]}
+        self.store.write_rows(self._next, self._rowbuf[: self._buffered], meta)
+        self._next += self._buffered
         self._buffer.clear()
         self._buffered = 0
