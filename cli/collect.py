@@ -23,6 +23,23 @@ def _parse_options(items: list[str]) -> dict:
     return options
 
 
+def training_config(*, task_option: list[str], params: list[str], sigma: float | None,
+                    epsilon: float | None, steps: int | None, epochs: float | None, **settings):
+    """The CollectConfig of the training options shared by `collect` and `retrain`.
+
+    CLI defaults live here once: sigma 1.0 unless --epsilon, 200 steps unless --epochs.
+    """
+    from gradspec.collect import CollectConfig
+
+    if sigma is None and epsilon is None:
+        sigma = 1.0
+    return CollectConfig(
+        task_options=_parse_options(task_option), params=tuple(params) or None,
+        noise_multiplier=sigma, target_epsilon=epsilon,
+        steps=steps if steps is not None or epochs is not None else 200, epochs=epochs, **settings,
+    )
+
+
 @user_errors
 def collect_command(
     out: Path = typer.Option(Path("runs/default"), "--out", "-o", help="Run directory (store, metrics, checkpoint)."),
@@ -59,21 +76,17 @@ def collect_command(
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
     """Train a model and stream clipped gradients into OUT/gradients.zarr."""
-    from gradspec.collect import CollectConfig, collect
+    from gradspec.collect import collect
 
     config = None
     if not resume:
-        if sigma is None and epsilon is None:
-            sigma = 1.0
-        config = CollectConfig(
-            task=task, task_options=_parse_options(task_option), params=tuple(params) or None,
-            mode=mode, every=every, steps=steps if steps is not None or epochs is not None else 200,
+        config = training_config(
+            task=task, task_option=task_option, params=params, mode=mode, every=every, steps=steps,
             epochs=epochs, batch_size=batch_size, sampling=sampling, max_grad_norm=max_grad_norm,
-            clip=not no_clip, noise_multiplier=sigma, target_epsilon=epsilon, delta=delta,
-            accounting=accounting, optimizer=optimizer, lr=lr, dtype=dtype, backend=backend,
-            microbatch=microbatch, eval_every=eval_every, log_every=log_every,
-            checkpoint_every=checkpoint_every, skip_nonfinite=skip_nonfinite, seed=seed,
-            device=device, compressor=compressor,
+            clip=not no_clip, sigma=sigma, epsilon=epsilon, delta=delta, accounting=accounting,
+            optimizer=optimizer, lr=lr, dtype=dtype, backend=backend, microbatch=microbatch,
+            eval_every=eval_every, log_every=log_every, checkpoint_every=checkpoint_every,
+            skip_nonfinite=skip_nonfinite, seed=seed, device=device, compressor=compressor,
         )
     result = collect(config, out=out, resume=resume, overwrite=overwrite, progress=not no_progress,
                      stop_after=stop_after)

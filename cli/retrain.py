@@ -60,23 +60,18 @@ def retrain_command(
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
     """Retrain in a subspace, or run PDP-SGD, noisy AdaGrad, AdaDPS, DP-Adam, DP-SGD."""
-    from cli.collect import _parse_options
-    from gradspec.collect import CollectConfig
+    from cli.collect import training_config
     from gradspec.optim import Algorithm
     from gradspec.optim import retrain as run_retrain
     from gradspec.optim import sweep as run_sweep
     from gradspec.optim._registry import PROJECTED, ProjectorKind
 
-    if sigma is None and epsilon is None:
-        sigma = 1.0
-    config = CollectConfig(
-        task=task, task_options=_parse_options(task_option), params=tuple(params) or None,
-        steps=steps if steps is not None or epochs is not None else 200, epochs=epochs,
+    config = training_config(
+        task=task, task_option=task_option, params=params, steps=steps, epochs=epochs,
         batch_size=batch_size, sampling=sampling, max_grad_norm=max_grad_norm,
-        noise_multiplier=sigma if epsilon is None else None, target_epsilon=epsilon, delta=delta,
-        accounting=accounting, optimizer=optimizer, lr=lr, microbatch=microbatch,
-        eval_every=eval_every, log_every=log_every, checkpoint_every=max(eval_every, 50), seed=seed,
-        device=device,
+        sigma=sigma if epsilon is None else None, epsilon=epsilon, delta=delta, accounting=accounting, optimizer=optimizer, lr=lr,
+        microbatch=microbatch, eval_every=eval_every, log_every=log_every,
+        checkpoint_every=max(eval_every, 50), seed=seed, device=device,
     )
 
     def options(name: str) -> dict:
