@@ -45,7 +45,7 @@ def pca_command(
         False, "--center", help="Subtract column means (the paper's H is uncentered)."
     ),
     resume: bool = typer.Option(
-        False, "--resume", help="Continue an interrupted orthogonal iteration in --out."
+        False, "--resume", help="Continue an interrupted orthogonal/krylov run in --out."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out."),
     no_verify: bool = typer.Option(

@@ -133,7 +133,9 @@ class DaskGradientOperator:
         *,
         out_dtype: Any = np.float32,
         verify: bool = True,
+        gram: np.ndarray | None = None,
     ) -> dict[str, np.ndarray] | None:
+        """As ``GradientOperator.project`` (``gram`` is not needed: H·V is one more graph)."""
         from distributed import wait
 
         safe = np.where(sigma > 0, sigma, np.inf)

@@ -57,11 +57,16 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[torch.dtype
 
 
 def to_device(
-    block: np.ndarray | torch.Tensor, device: torch.device, dtype: torch.dtype
+    block: np.ndarray | torch.Tensor, device: torch.device, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """A host block -> a tensor on ``device`` in ``dtype`` (pinned, asynchronous copy on CUDA)."""
+    """A host block -> a tensor on ``device`` in ``dtype`` (default: the block's own).
+
+    On CUDA the block travels in its own (narrower) dtype through pinned memory,
+    asynchronously, and is cast on the device.
+    """
     if isinstance(block, np.ndarray):
-        block = np.ascontiguousarray(block)
+        if device.type != "cpu":
+            block = np.ascontiguousarray(block)  # one contiguous pinned copy per panel
         with warnings.catch_warnings():
             # Read-only blocks (memory maps, zarr buffers) are only ever read here.
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -70,7 +75,7 @@ def to_device(
         t = block
     if device.type == "cuda" and t.device.type == "cpu":
         t = t.pin_memory().to(device, non_blocking=True)
-    return t.to(device=device, dtype=dtype)
+    return t if dtype is None else t.to(device=device, dtype=dtype)
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:

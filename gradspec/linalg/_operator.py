@@ -2,7 +2,7 @@
 
 H is never materialised: every product is one pass over its column blocks.
 A column block B_c (r×c, read once from disk with prefetch) is cut into panels
-P (r×w, w ≤ 4096 columns) that are cast to the compute dtype and moved to the
+P (r×w, w ≤ 8192 columns) that are cast to the compute dtype and moved to the
 device; each consumer of a *fused pass* updates from each panel, so one read of
 H serves several products (e.g. V = HᵀUΣ⁻¹, H·V and VᵀV in the final pass).
 
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from gradspec.linalg._device import resolve_device, resolve_precision, to_device, to_numpy
+from gradspec.linalg._kernels import block_edges, sym_finish, sym_update
 from gradspec.linalg._sources import ColRanges, RowSelection, make_source
 
 logger = logging.getLogger(__name__)
@@ -46,21 +47,18 @@ class ArraySink:
 
 
 class _Gram:
-    """G = Σ P·Pᵀ over panels, accumulated in float64 (torch GEMM: faster here than BLAS syrk)."""
+    """G = Σ P·Pᵀ over panels in float64, upper block triangle only (see ``_kernels``)."""
 
     def __init__(self, op: GradientOperator) -> None:
         r = op.shape[0]
         self.g = torch.zeros((r, r), dtype=torch.float64, device=op.device)
+        self.edges = block_edges(r, op.device)
 
-    def update(self, off: int, p: torch.Tensor) -> None:
-        if p.dtype == torch.float64:
-            self.g.addmm_(p, p.T)
-        else:
-            self.g += (p @ p.T).double()
+    def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
+        sym_update(self.g, p, self.edges)
 
     def result(self) -> np.ndarray:
-        g = to_numpy(self.g)
-        return np.ascontiguousarray((g + g.T) / 2)
+        return sym_finish(self.g, self.edges)
 
 
 class _HHt:
@@ -70,7 +68,7 @@ class _HHt:
         self.q = torch.as_tensor(q, device=op.device).to(op.dtype)
         self.z = torch.zeros(q.shape, dtype=torch.float64, device=op.device)
 
-    def update(self, off: int, p: torch.Tensor) -> None:
+    def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
         self.z += (p @ (p.T @ self.q)).double()
 
     def result(self) -> np.ndarray:
@@ -82,7 +80,7 @@ class _Matmat:
         self.x, self.op = x, op
         self.z = torch.zeros((op.shape[0], x.shape[1]), dtype=torch.float64, device=op.device)
 
-    def update(self, off: int, p: torch.Tensor) -> None:
+    def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
         xs = to_device(self.x[off : off + p.shape[1]], self.op.device, self.op.dtype)
         self.z += (p @ xs).double()
 
@@ -92,18 +90,26 @@ class _Matmat:
 
 class _Rmatmat:
     def __init__(self, op: GradientOperator, y: np.ndarray, sink: Sink) -> None:
-        self.y = torch.as_tensor(y, device=op.device).to(op.dtype)
+        self.yt = torch.as_tensor(y.T.copy(), device=op.device).to(op.dtype)
         self.sink = sink
 
-    def update(self, off: int, p: torch.Tensor) -> None:
-        self.sink(off, to_numpy((p.T @ self.y).double()))
+    def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
+        self.sink(off, to_numpy((self.yt @ p).T.double().contiguous()))
 
     def result(self) -> None:
         return None
 
 
 class _Project:
-    """The final pass: V = Hᵀ·U·Σ⁻¹ streamed to ``sink``; with ``verify``, H·V, VᵀV, ‖Hᵀu − σv‖²."""
+    """The final pass: V = Hᵀ·U·Σ⁻¹ streamed to ``sink``; with ``verify``, H·V, VᵀV, ‖Hᵀu − σv‖².
+
+    V is formed in the compute precision and rounded to its stored dtype; the
+    checks use the V actually stored, V_s = V + Δ (Δ: the rounding). Given the
+    Gram G of the same H (the exact method has it), H·V_s = G·Y + H·Δ with
+    Y = U·Σ⁻¹: G·Y is an r×r×k product, and H·Δ (Δ is ~1e-7·V) is accurate
+    enough in float32, so no float64 p-long product is needed. Without G,
+    H·V_s is accumulated panel by panel.
+    """
 
     def __init__(
         self,
@@ -113,31 +119,60 @@ class _Project:
         sink: Sink,
         out_dtype: Any,
         verify: bool,
+        gram: np.ndarray | None = None,
     ) -> None:
         safe = np.where(sigma > 0, sigma, np.inf)
-        self.y = torch.as_tensor(u / safe, device=op.device).to(op.dtype)
-        self.sigma = torch.as_tensor(sigma, device=op.device, dtype=torch.float64)
-        self.sink, self.verify, self.out_dtype, self.op = sink, verify, np.dtype(out_dtype), op
-        k = u.shape[1]
+        y = u / safe
         dev = op.device
-        self.hv = torch.zeros((op.shape[0], k), dtype=torch.float64, device=dev)
+        # Yᵀ (k×r) contiguous: Yᵀ·P then a transposed view runs faster in MKL than Pᵀ·Y.
+        self.yt = torch.as_tensor(y.T.copy(), device=dev).to(op.dtype)
+        self.v_dtype = torch.float64 if np.dtype(out_dtype) == np.float64 else torch.float32
+        self.sigma = torch.as_tensor(sigma, device=dev, dtype=torch.float64)
+        self.sink, self.verify = sink, verify
+        k = u.shape[1]
+        self.use_gram = gram is not None
         self.vtv = torch.zeros((k, k), dtype=torch.float64, device=dev)
+        self.k_edges = block_edges(k, dev)
+        if self.use_gram:
+            gy = np.asarray(gram, dtype=np.float64) @ y
+            self.hv = torch.as_tensor(gy, device=dev)  # H·V = G·Y; H·Δ is added per panel
+            self.ytgy = y.T @ gy  # VᵀV = YᵀGY; the Δ terms are added per panel
+        else:
+            self.hv = torch.zeros((op.shape[0], k), dtype=torch.float64, device=dev)
         self.rt2 = torch.zeros(k, dtype=torch.float64, device=dev)
 
-    def update(self, off: int, p: torch.Tensor) -> None:
-        vp = p.T @ self.y
-        stored = to_numpy(vp).astype(self.out_dtype, copy=False)
-        self.sink(off, stored)
-        if self.verify:
-            vs = torch.from_numpy(np.asarray(stored, dtype=np.float64)).to(self.op.device)
-            self.hv += (p @ vs.to(p.dtype)).double()
-            self.vtv += vs.T @ vs
-            self.rt2 += ((vp.double() - vs) ** 2).sum(0) * self.sigma**2
+    def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
+        vp = (self.yt @ p).T  # w×k in the compute dtype
+        # V's rows as stored (rounded to V's dtype), a fresh tensor the sink may keep.
+        vs = torch.empty(vp.shape, dtype=self.v_dtype, device=vp.device).copy_(vp)
+        self.sink(off, to_numpy(vs))
+        if not self.verify:
+            return
+        vs64 = vs.to(torch.float64)
+        delta = vs64 - vp  # Δ = stored − computed
+        self.rt2 += torch.linalg.vector_norm(delta, dim=0) ** 2 * self.sigma**2
+        if not self.use_gram:
+            if p.dtype == torch.float64:
+                self.hv.addmm_(p, vs64)
+            else:
+                self.hv += (p @ vs.to(p.dtype)).double()
+            sym_update(self.vtv, vs64.T, self.k_edges)
+        elif self.v_dtype != torch.float64:
+            # Δ ~ 1e-7·V: float32 products of Δ are exact to ~1e-14 of H·V and VᵀV.
+            d32 = delta.float()
+            p32 = raw if raw is not None and raw.dtype == torch.float32 else p.float()
+            self.hv += (p32 @ d32).double()
+            self.vtv += (vs.float().T @ d32).double()  # VsᵀΔ (ΔᵀΔ is ~1e-14 of it)
 
     def result(self) -> dict[str, np.ndarray] | None:
         if not self.verify:
             return None
-        return {"hv": to_numpy(self.hv), "vtv": to_numpy(self.vtv), "rt2": to_numpy(self.rt2)}
+        if self.use_gram:
+            c = to_numpy(self.vtv)
+            vtv = self.ytgy + c + c.T
+        else:
+            vtv = sym_finish(self.vtv, self.k_edges)
+        return {"hv": to_numpy(self.hv), "vtv": vtv, "rt2": to_numpy(self.rt2)}
 
 
 class GradientOperator:
@@ -193,7 +228,7 @@ class GradientOperator:
         self.row_sq_norms: np.ndarray | None = None
         r = self.shape[0]
         self.memory = int(memory) if memory is not None else 2 * 2**30
-        self.panel_cols = int(np.clip((64 * 2**20) // (8 * r), 256, 4096))
+        self.panel_cols = int(np.clip((128 * 2**20) // (8 * r), 256, 8192))
         self.prefetch, self.block_cols = self._plan(block_cols, prefetch)
 
     def _plan(self, block_cols: int | None, prefetch: int) -> tuple[int, int]:
@@ -227,11 +262,16 @@ class GradientOperator:
     def fused(self, consumers: Sequence[Any]) -> list[Any]:
         """One pass over H feeding every panel to each consumer; returns their results.
 
-        Also records the squared row norms of H (``row_sq_norms``), which locate
+        The first pass also records the squared row norms of H (``row_sq_norms``;
+        from the Gram's diagonal when a Gram is accumulated), which locate
         NaN/inf rows and give ‖H‖_F² for free.
         """
         r, p = self.shape
-        norms = torch.zeros(r, dtype=torch.float64, device=self.device)
+        first = self.row_sq_norms is None
+        gram = next((c for c in consumers if isinstance(c, _Gram)), None)
+        norms = None
+        if first and gram is None:
+            norms = torch.zeros(r, dtype=torch.float64, device=self.device)
         bar = None
         if self.progress:
             from tqdm import tqdm
@@ -246,24 +286,29 @@ class GradientOperator:
             )
         for off, block in self.source.iter_col_blocks(self.block_cols, self.prefetch):
             for j in range(0, block.shape[1], self.panel_cols):
-                panel = to_device(block[:, j : j + self.panel_cols], self.device, self.dtype)
+                raw = to_device(block[:, j : j + self.panel_cols], self.device)
+                panel = raw.to(self.dtype)
                 if self.center:
                     panel = panel - panel.mean(dim=0, keepdim=True)
-                norms += torch.linalg.vector_norm(panel, dim=1).double() ** 2
+                    raw = None
+                if norms is not None:
+                    norms += torch.linalg.vector_norm(panel, dim=1).double() ** 2
                 for c in consumers:
-                    c.update(off + j, panel)
+                    c.update(off + j, panel, raw)
             if bar is not None:
                 bar.update(block.shape[1])
         if bar is not None:
             bar.close()
         self.passes += 1
-        self.row_sq_norms = to_numpy(norms)
-        bad = np.flatnonzero(~np.isfinite(self.row_sq_norms))
-        if bad.size:
-            raise ValueError(
-                f"H has NaN or inf in {bad.size} selected row(s), e.g. row {int(bad[0])} of the selection; "
-                "exclude them with --rows or recollect"
-            )
+        if first:
+            self.row_sq_norms = to_numpy(gram.g.diagonal().clone() if gram is not None else norms)
+            bad = np.flatnonzero(~np.isfinite(self.row_sq_norms))
+            if bad.size:
+                self.row_sq_norms = None
+                raise ValueError(
+                    f"H has NaN or inf in {bad.size} selected row(s), e.g. row {int(bad[0])} of the "
+                    "selection; exclude them with --rows or recollect"
+                )
         return [c.result() for c in consumers]
 
     @property
@@ -316,11 +361,14 @@ class GradientOperator:
         *,
         out_dtype: Any = np.float32,
         verify: bool = True,
+        gram: np.ndarray | None = None,
     ) -> dict[str, np.ndarray] | None:
-        """Stream V = Hᵀ·U·Σ⁻¹ to ``sink``; with ``verify`` also return H·V, VᵀV and ‖Hᵀu−σv‖²."""
-        return self.fused(
-            [_Project(self, u, np.asarray(sigma, dtype=np.float64), sink, out_dtype, verify)]
-        )[0]
+        """Stream V = Hᵀ·U·Σ⁻¹ to ``sink``; with ``verify`` also return H·V, VᵀV and ‖Hᵀu−σv‖².
+
+        ``gram``: H·Hᵀ from an earlier pass, which saves a float64 product (see ``_Project``).
+        """
+        sigma = np.asarray(sigma, dtype=np.float64)
+        return self.fused([_Project(self, u, sigma, sink, out_dtype, verify, gram)])[0]
 
     def to_scipy(self):
         """A ``scipy.sparse.linalg.LinearOperator`` (float64); each product is one pass."""

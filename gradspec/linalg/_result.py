@@ -121,6 +121,7 @@ def finalize(
     history: list | None = None,
     est_residual: np.ndarray | None = None,
     timings: dict | None = None,
+    gram: np.ndarray | None = None,
 ) -> PcaResult:
     """Sign-fix U, stream V = Hᵀ·U·Σ⁻¹ to ``sink`` (kept in memory if None), build the report."""
     import time
@@ -142,7 +143,9 @@ def finalize(
     if keep:
         sink = ArraySink(op.shape[1], sigma.size, out_dtype)
     t0 = time.perf_counter()
-    stats = op.project(u, sigma, sink, out_dtype=out_dtype, verify=verify)
+    stats = op.project(u, sigma, sink, out_dtype=out_dtype, verify=verify, gram=gram)
+    if hasattr(sink, "flush"):
+        sink.flush()  # every row of V has landed before the report is made
     timings = dict(timings or {})
     timings["project"] = time.perf_counter() - t0
     frob2 = op.frob2

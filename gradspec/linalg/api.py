@@ -124,7 +124,7 @@ def pca(
         center: subtract column means (off by default: the paper's H is uncentered).
         out: spectrum store to write (None: keep V in memory).
         overwrite: replace an existing ``out``.
-        resume: continue an interrupted orthogonal iteration saved in ``out``.
+        resume: continue an interrupted orthogonal or krylov run from its last completed pass in ``out``.
         device: ``cpu`` | ``cuda`` | ``auto``.
         precision: ``auto``/``float64`` | ``float32`` | ``tf32`` for block products (float64 accumulation).
         memory: memory budget (bytes or ``"4G"``); default half the available memory, ≤ 8 GiB.
@@ -229,40 +229,17 @@ def pca(
         )
         sink = store.v_sink()
     common = {"k": k, "sink": sink, "verify": verify, "out_dtype": np.dtype(v_dtype)}
-    if meth is PcaMethod.GRAM:
-        from gradspec.linalg.gram import gram_pca
-
-        result = gram_pca(op, **common)
-    elif meth is PcaMethod.ORTHOGONAL:
-        from gradspec.linalg.orthogonal import OrthogonalState, block_size, orthogonal_pca
-
-        state = None
-        if store is not None and resume:
-            saved = store.load_state()
-            if saved is not None:
-                state = OrthogonalState.load_state_dict(
-                    saved, r=r, b=block_size(k, oversample, r, p)
-                )
-                logger.info("orthogonal: resuming after iteration %d", state.iteration)
-        save = (lambda st: store.save_state(st.state_dict())) if store is not None else None
-        result = orthogonal_pca(
-            op,
-            iters=it,
-            tol=tol,
-            oversample=oversample,
-            seed=seed,
-            state=state,
-            on_iteration=save,
-            **common,
+    try:
+        result = _run_method(
+            meth, op, store=store if resume else None, save=store, iters=it, tol=tol,
+            oversample=oversample, seed=seed, **common,
         )
-    elif meth is PcaMethod.KRYLOV:
-        from gradspec.linalg.krylov import krylov_pca
-
-        result = krylov_pca(op, iters=it, oversample=oversample, seed=seed, **common)
-    else:
-        from gradspec.linalg.lanczos import lanczos_pca
-
-        result = lanczos_pca(op, tol=tol, seed=seed, **common)
+    except BaseException:
+        if sink is not None:
+            sink.abort()
+        raise
+    if sink is not None:
+        sink.close()
     result.params = {**run_params, **result.params}
     result.timings["total"] = time.perf_counter() - t_start
     if store is not None:
@@ -276,3 +253,62 @@ def pca(
         acc["reconstruction_error"],
     )
     return result
+
+
+def _run_method(
+    meth: PcaMethod,
+    op: Any,
+    *,
+    store: Any,
+    save: Any,
+    iters: int | None,
+    tol: float | None,
+    oversample: int,
+    seed: int,
+    **common: Any,
+) -> PcaResult:
+    """Run one method; iterative ones resume from ``store``'s saved state and checkpoint to ``save``."""
+    r, p = op.shape
+    k = common["k"]
+    if meth is PcaMethod.GRAM:
+        from gradspec.linalg.gram import gram_pca
+
+        return gram_pca(op, **common)
+    if meth is PcaMethod.LANCZOS:
+        from gradspec.linalg.lanczos import lanczos_pca
+
+        return lanczos_pca(op, tol=tol, seed=seed, **common)
+    checkpoint = (lambda st: save.save_state(st.state_dict())) if save is not None else None
+    saved = store.load_state() if store is not None else None
+    if meth is PcaMethod.ORTHOGONAL:
+        from gradspec.linalg.orthogonal import OrthogonalState, block_size, orthogonal_pca
+
+        state = None
+        if saved is not None:
+            state = OrthogonalState.load_state_dict(saved, r=r, b=block_size(k, oversample, r, p))
+            logger.info("orthogonal: resuming after iteration %d", state.iteration)
+        return orthogonal_pca(
+            op,
+            iters=iters,
+            tol=tol,
+            oversample=oversample,
+            seed=seed,
+            state=state,
+            on_iteration=checkpoint,
+            **common,
+        )
+    from gradspec.linalg.krylov import KrylovState, krylov_pca
+
+    kstate = None
+    if saved is not None:
+        kstate = KrylovState.load_state_dict(saved, r=r)
+        logger.info("krylov: resuming after pass %d", kstate.iteration)
+    return krylov_pca(
+        op,
+        iters=iters,
+        oversample=oversample,
+        seed=seed,
+        state=kstate,
+        on_iteration=checkpoint,
+        **common,
+    )

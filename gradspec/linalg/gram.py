@@ -19,8 +19,10 @@ from gradspec.linalg._result import PcaResult, finalize, sort_desc
 logger = logging.getLogger(__name__)
 
 
-def gram_svd(op: Any, k: int) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
-    """-> (U r×k, σ k, timings) from one pass over H and an r×r eigendecomposition."""
+def gram_svd(
+    op: Any, k: int
+) -> tuple[np.ndarray, np.ndarray, dict[str, float], np.ndarray]:
+    """-> (U r×k, σ k, timings, the Gram) from one pass over H and an r×r eigendecomposition."""
     t0 = time.perf_counter()
     g = op.gram()
     t1 = time.perf_counter()
@@ -29,7 +31,7 @@ def gram_svd(op: Any, k: int) -> tuple[np.ndarray, np.ndarray, dict[str, float]]
     lam, w = sort_desc(lam, w)
     t2 = time.perf_counter()
     logger.info("gram: %d×%d Gram in %.1fs, eigh in %.1fs", r, r, t1 - t0, t2 - t1)
-    return w, np.sqrt(np.maximum(lam, 0.0)), {"gram": t1 - t0, "eigh": t2 - t1}
+    return w, np.sqrt(np.maximum(lam, 0.0)), {"gram": t1 - t0, "eigh": t2 - t1}, g
 
 
 def gram_pca(
@@ -47,7 +49,7 @@ def gram_pca(
     Returns:
         PcaResult with σ descending, U (r×k), V (p×k or None when streamed).
     """
-    u, sigma, timings = gram_svd(op, k)
+    u, sigma, timings, g = gram_svd(op, k)
     return finalize(
         op,
         u,
@@ -58,4 +60,5 @@ def gram_pca(
         verify=verify,
         params={"k": k},
         timings=timings,
+        gram=g,
     )

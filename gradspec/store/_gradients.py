@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from gradspec.store._fastread import ChunkFileReader
 from gradspec.store._layout import ParamLayout
 from gradspec.store._prefetch import prefetch_iter
 from gradspec.store._zarr import (
@@ -103,6 +104,7 @@ class GradientStore:
         self._rows = int(attrs.get(ROWS_KEY, 0))
         self._status = str(attrs.get(STATUS_KEY, "writing"))
         self._grads = group["grads"]
+        self._direct = ChunkFileReader.for_array(self._grads)
         self._meta_fields = dict(META_FIELDS, **(PER_EXAMPLE_FIELDS if self._per_example else {}))
         self._meta = {name: group[f"meta/{name}"] for name in self._meta_fields}
         if self._grads.shape[1] != self._layout.p:
@@ -308,7 +310,9 @@ class GradientStore:
         return idx.stop - idx.start if isinstance(idx, slice) else int(idx.size)
 
     def _read(self, idx: slice | np.ndarray, c0: int, c1: int) -> np.ndarray:
-        if isinstance(idx, slice):
+        if isinstance(idx, slice) and self._direct is not None:
+            raw = self._direct.read(idx.start, idx.stop, c0, c1)
+        elif isinstance(idx, slice):
             raw = self._grads[idx, c0:c1]
         else:
             raw = self._grads.get_orthogonal_selection((idx, slice(c0, c1)))

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from gradspec.store._rowsink import RowBlockWriter
 from gradspec.store._zarr import create_group, open_checked, size_on_disk
 
 KIND = "spectrum"
@@ -178,15 +179,13 @@ class SpectrumStore:
         if self.mode == "r":
             raise ValueError(f"{self.path!r} is open read-only; open it with mode='r+' to write")
 
-    def v_sink(self):
-        """A ``sink(offset, rows)`` writing streamed rows of V into the store."""
+    def v_sink(self) -> RowBlockWriter:
+        """A ``sink(offset, rows)`` writing streamed rows of V in whole chunks, behind the caller.
+
+        Close it (or use it as a context manager) to land every row.
+        """
         self._check_writable()
-        v = self._group["V"]
-
-        def write(offset: int, block: np.ndarray) -> None:
-            v[offset : offset + block.shape[0]] = block
-
-        return write
+        return RowBlockWriter(self._group["V"])
 
     def save_state(self, state: dict[str, Any]) -> None:
         """Save an iterative run's state (arrays under ``state/``, the rest in attrs)."""

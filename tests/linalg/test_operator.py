@@ -86,6 +86,28 @@ def test_rmatmat_streams_to_sink(h):
     np.testing.assert_allclose(sink.array, h.T @ y, atol=1e-10)
 
 
+@pytest.mark.parametrize("center", [False, True])
+def test_project_checks_with_the_gram_equal_direct_products(center):
+    """With the Gram of pass 1, H·V_s and V_sᵀV_s of the stored float32 V equal dense float64 ones."""
+    rng = np.random.default_rng(5)
+    h = (rng.standard_normal((30, 20)) @ rng.standard_normal((20, 900))).astype(np.float32)
+    op = GradientOperator(h, block_cols=200, center=center)
+    g = op.gram()
+    lam, u = np.linalg.eigh(g)
+    u, sigma = u[:, ::-1][:, :8], np.sqrt(lam[::-1][:8])
+    sink = ArraySink(900, 8, np.float32)
+    via_gram = op.project(u, sigma, sink, gram=g)
+    direct = op.project(u, sigma, ArraySink(900, 8, np.float32))
+    hc = h.astype(np.float64) - (h.mean(axis=0, dtype=np.float64) if center else 0.0)
+    vs = sink.array.astype(np.float64)
+    for stats in (via_gram, direct):
+        np.testing.assert_allclose(stats["hv"], hc @ vs, rtol=0, atol=1e-11 * np.abs(hc @ vs).max())
+        np.testing.assert_allclose(stats["vtv"], vs.T @ vs, rtol=0, atol=1e-12)
+        exact = (hc.T @ (u / sigma)) * sigma
+        np.testing.assert_allclose(stats["rt2"], ((exact - vs * sigma) ** 2).sum(0), rtol=1e-3)
+    assert np.abs(vs - hc.T @ (u / sigma)).max() > 0  # the float32 rounding is really there
+
+
 def test_to_scipy_is_a_linear_operator(h):
     lo = GradientOperator(h).to_scipy()
     x = np.arange(1000.0)

@@ -92,9 +92,11 @@ def test_nan_in_store(tmp_path):
         pca(source=tmp_path / "g", k=2)
 
 
-def test_orthogonal_resumes_at_last_completed_iteration(tmp_path, monkeypatch):
+@pytest.mark.parametrize("method", ["orthogonal", "krylov"])
+def test_iterative_run_resumes_at_last_completed_pass(tmp_path, monkeypatch, method):
     h = Case("power", r=40, p=300, k=5, spectrum="power").matrix()
-    full = pca(source=h, k=5, method="orthogonal", iters=6)
+    kw = {"orthogonal": {"iters": 6}, "krylov": {"iters": 5, "oversample": 2}}[method]
+    full = pca(source=h, k=5, method=method, **kw)
     out = tmp_path / "spec.zarr"
     saves = []
     orig = SpectrumStore.save_state
@@ -107,16 +109,16 @@ def test_orthogonal_resumes_at_last_completed_iteration(tmp_path, monkeypatch):
 
     monkeypatch.setattr(SpectrumStore, "save_state", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        pca(source=h, k=5, method="orthogonal", iters=6, out=out)
+        pca(source=h, k=5, method=method, out=out, **kw)
     monkeypatch.setattr(SpectrumStore, "save_state", orig)
     assert SpectrumStore.open(out).summary()["iterations_done"] == 3
-    res = pca(source=h, k=5, method="orthogonal", iters=6, out=out, resume=True)
-    assert res.passes == 3 + 1  # three more iterations and the V pass
+    res = pca(source=h, k=5, method=method, out=out, resume=True, **kw)
+    assert res.passes == 3 + 1  # three more passes and the V pass
     assert [e["iteration"] for e in res.history] == [1, 2, 3, 4, 5, 6]
     np.testing.assert_allclose(res.sigma, full.sigma, rtol=1e-12)
     np.testing.assert_allclose(SpectrumStore.open(out).read_v(), full.V, atol=1e-6)
     with pytest.raises(ValueError, match="already complete"):
-        pca(source=h, k=5, method="orthogonal", iters=6, out=out, resume=True)
+        pca(source=h, k=5, method=method, out=out, resume=True, **kw)
 
 
 def test_resume_with_other_settings_is_refused(tmp_path):

@@ -66,7 +66,8 @@ def test_spectrum_store_projector(tmp_path):
     p, k = 16, 4
     v = orthonormal(p, k)
     store = SpectrumStore.create(tmp_path / "s.zarr", r=10, p=p, k=k, method="gram")
-    store.v_sink()(0, v.numpy().astype("float32"))
+    with store.v_sink() as sink:
+        sink(0, v.numpy().astype("float32"))
     with pytest.raises(ValueError, match="not complete"):
         spectrum_basis(tmp_path / "s.zarr", 2)
     zeros = np.zeros(k)

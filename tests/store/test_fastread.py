@@ -1,0 +1,78 @@
+"""Direct chunk-file reads equal zarr's own reads, and are used only where they apply."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gradspec.store import META_FIELDS, GradientStore, ParamLayout
+from gradspec.store._fastread import ChunkFileReader
+
+
+def build(path, n, p, rpc, cpc, dtype="float32", compressor=None, seed=0):
+    lay = ParamLayout.from_shapes([("w", (p,))])
+    store = GradientStore.create(
+        path, layout=lay, rows_per_chunk=rpc, cols_per_chunk=cpc, dtype=dtype, compressor=compressor
+    )
+    data = np.random.default_rng(seed).standard_normal((n, p)).astype(np.float32)
+    store.append(data, {f: np.arange(n) for f in META_FIELDS})
+    return GradientStore.open(path), data
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(1, 40),
+    p=st.integers(1, 90),
+    rpc=st.integers(1, 9),
+    cpc=st.integers(1, 30),
+    sel=st.tuples(st.integers(0, 40), st.integers(0, 40), st.integers(0, 90), st.integers(0, 90)),
+)
+def test_direct_reads_equal_zarr(tmp_path_factory, n, p, rpc, cpc, sel):
+    store, data = build(tmp_path_factory.mktemp("s") / "g", n, p, rpc, cpc)
+    assert store._direct is not None
+    r0, r1 = sorted((min(sel[0], n), min(sel[1], n)))
+    c0, c1 = sorted((min(sel[2], p), min(sel[3], p)))
+    if c0 == c1:
+        c1 = min(p, c0 + 1)
+        c0 = c1 - 1
+    direct = store._direct.read(r0, r1, c0, c1)
+    np.testing.assert_array_equal(direct, np.asarray(store._grads[r0:r1, c0:c1]))
+    np.testing.assert_array_equal(direct, data[r0:r1, c0:c1])
+    blocks = np.concatenate([b for _, b in store.iter_col_blocks(block_cols=7)], axis=1)
+    np.testing.assert_array_equal(blocks, data)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_direct_reads_of_16_bit_stores(tmp_path, dtype):
+    store, data = build(tmp_path / "g", 10, 50, 4, 16, dtype=dtype)
+    assert store._direct is not None
+    via_zarr = GradientStore.open(tmp_path / "g")
+    via_zarr._direct = None
+    np.testing.assert_array_equal(store.read(), via_zarr.read())
+    np.testing.assert_allclose(store.read(), data, rtol=1e-2, atol=1e-2)
+
+
+def test_missing_chunks_read_as_fill_value(tmp_path):
+    store, _ = build(tmp_path / "g", 8, 20, 4, 10)
+    chunk = store._direct._path(1, 1)
+    import os
+
+    os.remove(chunk)
+    got = store._direct.read(0, 8, 0, 20)
+    assert not got[4:8, 10:20].any() and got[:4].any()
+
+
+def test_a_truncated_chunk_is_an_error(tmp_path):
+    store, _ = build(tmp_path / "g", 8, 20, 4, 10)
+    with open(store._direct._path(0, 0), "r+b") as f:
+        f.truncate(12)
+    with pytest.raises(OSError, match="damaged"):
+        store.read()
+
+
+def test_compressed_stores_use_zarr(tmp_path):
+    store, data = build(tmp_path / "g", 6, 40, 3, 8, compressor="zstd")
+    assert store._direct is None and ChunkFileReader.for_array(store._grads) is None
+    np.testing.assert_array_equal(store.read(), data)
