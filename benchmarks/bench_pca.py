@@ -1,34 +1,49 @@
 """Benchmark of `gradspec pca` against its peers on one gradient store (issue 3, §9).
 
-Every method runs in its own subprocess (peak RSS = that process's ru_maxrss),
-on the same store, and is timed end to end *including reading H from the store*
-(peers read it into RAM first; gradspec streams it) and, for gradspec, writing V.
-Accuracy is against an independent exact reference (numpy: float64 Gram of the
-stored float32 H accumulated in column chunks, then eigh): σ relative error
-(max over the top k) and the largest principal angle between top-k left
-subspaces U. The floor is measured in the same run: one read of the store
-(read bandwidth) and float64 GEMM throughput; floor = max(2 reads, (2r²p +
-2rpk) flops / GEMM rate), and each time is reported as a multiple of it.
+Everything runs in one process, one method after another, on the same Zarr
+store, and is timed end to end: gradspec streams H from the store and writes
+V to a spectrum store; peers read H into RAM first (through gradspec's
+reader, their fastest way in) and keep their result in memory. Columns:
 
-    python benchmarks/bench_pca.py --quick              # r=500, p=200k, k=100 (~minutes)
-    python benchmarks/bench_pca.py                      # r=2000, p=1e6, k=500 (8 GB store)
+- wall time, and its ratio to gradspec's exact method and to the floor;
+- peak memory: the highest RSS above the process's RSS when the method
+  started, sampled every 10 ms by a thread (page cache not counted);
+- σ relative error (max over the top k) and the largest principal angle
+  between top-k left subspaces U, both against an exact reference: the
+  float64 Gram of the stored float32 H (numpy/OpenBLAS, in column panels)
+  and LAPACK's ``eigh`` — an implementation independent of gradspec's.
+
+The floor is measured in the same run: this machine's read bandwidth (every
+chunk file of the store read with ``readinto``, page cache warm as for every
+method), float64 GEMM throughput (the better of numpy and torch on distinct
+r×4096 operands, i.e. no symmetric shortcut) and one ``eigh`` of an r×r
+matrix. Floor = max(2 reads, (2r²p + 2rpk) flops / GEMM rate) + eigh: the
+issue's count of the exact answer (gradspec's symmetric Gram update does
+half of the 2r²p).
+
+Peers that run past ``--cap`` seconds (checked between their Python-level
+steps) are stopped; their row shows the cap as a lower bound (">").
+
+    python benchmarks/bench_pca.py --quick      # r=500, p=200k, k=100 (a few minutes)
+    python benchmarks/bench_pca.py              # r=2000, p=1e6, k=500: an 8 GB store (~1 h)
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
-import resource
-import subprocess
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-PEERS = ["sklearn", "torch_lowrank", "scipy_svds", "dask_compressed", "paper_orthogonal"]
 OURS = ["gram", "gram_f32", "krylov", "orthogonal"]
+PEERS = ["sklearn", "torch_lowrank", "scipy_svds", "dask_compressed", "paper_orthogonal"]
 
 
 # ---------------------------------------------------------------- data
@@ -37,24 +52,21 @@ def make_store(path: Path, r: int, p: int, latent: int, seed: int = 0) -> None:
     from gradspec.store import META_FIELDS, GradientStore, ParamLayout
 
     rng = np.random.default_rng(seed)
-    layout = ParamLayout.from_shapes(
-        [("encoder.weight", (p // 2,)), ("head.weight", (p - p // 2,))]
-    )
+    layout = ParamLayout.from_shapes([("encoder.weight", (p // 2,)), ("head.weight", (p - p // 2,))])
     store = GradientStore.create(path, layout=layout, overwrite=True)
     s = np.arange(1, latent + 1) ** -0.6
     a = (np.linalg.qr(rng.standard_normal((r, latent)))[0] * s * np.sqrt(r)).astype(np.float32)
     g = rng.standard_normal((latent, p), dtype=np.float32) / np.sqrt(np.float32(p))
     for i in range(0, r, 32):
         b = min(32, r - i)
-        rows = a[i : i + b] @ g + 0.01 * rng.standard_normal((b, p), dtype=np.float32) / np.sqrt(
-            np.float32(p)
-        )
-        store.write_rows(i, rows, {f: np.arange(i, i + b) for f in META_FIELDS})
+        noise = rng.standard_normal((b, p), dtype=np.float32) / np.sqrt(np.float32(p))
+        store.write_rows(i, a[i : i + b] @ g + 0.01 * noise, {f: np.arange(i, i + b) for f in META_FIELDS})
         store.commit(i + b)
     store.set_status("complete")
 
 
 def exact_reference(path: Path, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """σ and U of the stored H from its float64 Gram (numpy, OpenBLAS) and LAPACK eigh."""
     from gradspec.store import GradientStore
 
     store = GradientStore.open(path)
@@ -68,50 +80,106 @@ def exact_reference(path: Path, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------- the floor
-def measure_floor(path: Path, r: int, p: int, k: int) -> dict[str, float]:
-    from gradspec.store import GradientStore
+def read_files(path: Path) -> tuple[int, float]:
+    """Read every chunk file of the store's gradient array with readinto: (bytes, seconds)."""
+    files = [os.path.join(d, f) for d, _, fs in os.walk(path / "grads" / "c") for f in fs]
+    buf = bytearray(16 * 2**20)
+    view = memoryview(buf)
+    total, t0 = 0, time.perf_counter()
+    for name in files:
+        with open(name, "rb", buffering=0) as fh:
+            while n := fh.readinto(view):
+                total += n
+    return total, time.perf_counter() - t0
 
-    store = GradientStore.open(path)
+
+def gemm_rate(r: int, seconds: float = 2.0) -> dict[str, float]:
+    """float64 and float32 GEMM throughput on distinct r×4096 operands (best of numpy and torch)."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    out = {}
+    for name, dt in (("gemm64", np.float64), ("gemm32", np.float32)):
+        a = rng.standard_normal((r, 4096)).astype(dt)
+        b = rng.standard_normal((r, 4096)).astype(dt)
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        best = 0.0
+        for f in (lambda a=a, b=b: a @ b.T, lambda ta=ta, tb=tb: ta @ tb.T):
+            f()
+            t0, n = time.perf_counter(), 0
+            while time.perf_counter() - t0 < seconds:
+                f()
+                n += 1
+            best = max(best, n * 2 * r * r * 4096 / (time.perf_counter() - t0))
+        out[name] = best
+    return out
+
+
+def measure_floor(path: Path, r: int, p: int, k: int) -> dict[str, float]:
+    import scipy.linalg
+
+    read_files(path)  # warm the page cache as every method will find it
+    nbytes, t_read = read_files(path)
+    rates = gemm_rate(r)
+    x = np.random.default_rng(1).standard_normal((r, r))
+    g = x @ x.T
     t0 = time.perf_counter()
-    nbytes = sum(blk.nbytes for _, blk in store.iter_col_blocks(prefetch=2))
-    t_read = time.perf_counter() - t0
-    a = np.random.default_rng(0).standard_normal((r, 4096))
-    a @ a.T
-    t0, n = time.perf_counter(), 0
-    while time.perf_counter() - t0 < 2.0:
-        a @ a.T
-        n += 1
-    gemm64 = n * 2 * r * r * 4096 / (time.perf_counter() - t0)
-    a32 = a.astype(np.float32)
-    t0, n = time.perf_counter(), 0
-    while time.perf_counter() - t0 < 2.0:
-        a32 @ a32.T
-        n += 1
-    gemm32 = n * 2 * r * r * 4096 / (time.perf_counter() - t0)
+    scipy.linalg.eigh(g, subset_by_index=[r - k, r - 1], driver="evr", check_finite=False)
+    t_eigh = time.perf_counter() - t0
     flops = 2 * r * r * p + 2 * r * p * k
     return {
         "read_s": t_read,
         "read_GBps": nbytes / t_read / 1e9,
-        "gemm64_GFLOPs": gemm64 / 1e9,
-        "gemm32_GFLOPs": gemm32 / 1e9,
+        "gemm64_GFLOPs": rates["gemm64"] / 1e9,
+        "gemm32_GFLOPs": rates["gemm32"] / 1e9,
+        "eigh_s": t_eigh,
         "flops": flops,
-        "floor_s": max(2 * t_read, flops / gemm64),
-        "floor32_s": max(2 * t_read, flops / gemm32),
+        "floor_s": max(2 * t_read, flops / rates["gemm64"]) + t_eigh,
     }
 
 
-# ---------------------------------------------------------------- one method (child process)
-def run_child(method: str, path: Path, k: int, work: Path) -> dict:
-    # Imports are not timed (the same heavy set for every method).
-    import dask.array  # noqa: F401
-    import scipy.sparse.linalg  # noqa: F401
-    import sklearn.utils.extmath  # noqa: F401
-    import torch  # noqa: F401
+# ---------------------------------------------------------------- measuring one method
+class PeakRSS:
+    """Highest RSS above the starting RSS while the block runs (a 10 ms sampling thread)."""
 
-    import gradspec.linalg  # noqa: F401
-    import gradspec.store  # noqa: F401
+    def __enter__(self) -> PeakRSS:
+        import psutil
 
-    t0 = time.perf_counter()
+        self._proc = psutil.Process()
+        gc.collect()
+        self.base = self._proc.memory_info().rss
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    @property
+    def extra_gb(self) -> float:
+        return (self.peak - self.base) / 1e9
+
+
+class Capped(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Capped
+
+
+def run_method(method: str, path: Path, k: int, work: Path, cap: float) -> dict:
+    from gradspec.store import GradientStore
+
+    extra: dict = {}
     if method in OURS:
         from gradspec.linalg import pca
 
@@ -121,63 +189,48 @@ def run_child(method: str, path: Path, k: int, work: Path) -> dict:
             "krylov": dict(method="krylov", iters=4),
             "orthogonal": dict(method="orthogonal", iters=10),
         }[method]
-        res = pca(
-            source=path, k=k, out=work / f"spec_{method}.zarr", overwrite=True, memory="3G", **kw
-        )
-        sigma, u, extra = (
-            res.sigma,
-            res.U,
-            {"passes": res.passes, "max_residual": res.accuracy()["max_residual"]},
-        )
+        res = pca(source=path, k=k, out=work / f"spec_{method}.zarr", overwrite=True, memory="3G", **kw)
+        acc = res.accuracy()
+        extra = {"passes": res.passes, "max_residual": acc["max_residual"]}
+        return {"sigma": res.sigma, "u": res.U, **extra}
+    h = GradientStore.open(path).read()
+    if method == "sklearn":
+        from sklearn.utils.extmath import randomized_svd
+
+        u, sigma, _ = randomized_svd(h, k, n_oversamples=10, random_state=0)
+        extra["settings"] = "n_iter=auto, n_oversamples=10"
+    elif method == "torch_lowrank":
+        import torch
+
+        u, sigma, _ = torch.svd_lowrank(torch.from_numpy(h), q=k + 10, niter=4)
+        u, sigma = u[:, :k].numpy(), sigma[:k].numpy()
+        extra["settings"] = "q=k+10, niter=4"
+    elif method == "scipy_svds":
+        from scipy.sparse.linalg import svds
+
+        u, sigma, _ = svds(h, k=k, random_state=0)
+        order = np.argsort(sigma)[::-1]
+        u, sigma = u[:, order], sigma[order]
+        extra["settings"] = "ARPACK, tol=0"
+    elif method == "dask_compressed":
+        import dask
+        import dask.array as da
+
+        del h
+        x = GradientStore.open(path).to_dask()
+        uu, ss, _ = da.linalg.svd_compressed(x, k=k, n_power_iter=4, seed=0, compute=False)
+        with dask.config.set(scheduler="threads"):
+            u, sigma = dask.compute(uu, ss)
+        extra["settings"] = "n_power_iter=4, from the Zarr store"
+    elif method == "paper_orthogonal":
+        sigma, u = paper_orthogonal_iteration(h, k, iters=10)
+        extra["settings"] = "10 iterations, column-wise Gram-Schmidt"
     else:
-        from gradspec.store import GradientStore
-
-        h = GradientStore.open(path).read()
-        extra = {}
-        if method == "sklearn":
-            from sklearn.utils.extmath import randomized_svd
-
-            u, sigma, _ = randomized_svd(h, k, n_oversamples=10, random_state=0)
-            extra["n_iter"] = "auto"
-        elif method == "torch_lowrank":
-            import torch
-
-            u, sigma, _ = torch.svd_lowrank(torch.from_numpy(h), q=k + 10, niter=4)
-            u, sigma = u[:, :k].numpy(), sigma[:k].numpy()
-            extra["niter"] = 4
-        elif method == "scipy_svds":
-            from scipy.sparse.linalg import svds
-
-            u, sigma, _ = svds(h, k=k, random_state=0)
-            order = np.argsort(sigma)[::-1]
-            u, sigma = u[:, order], sigma[order]
-        elif method == "dask_compressed":
-            import dask
-            import dask.array as da
-
-            x = GradientStore.open(path).to_dask()
-            del h
-            uu, ss, _ = da.linalg.svd_compressed(x, k=k, n_power_iter=4, seed=0, compute=False)
-            with dask.config.set(scheduler="threads"):
-                u, sigma = dask.compute(uu, ss)
-            extra["n_power_iter"] = 4
-        elif method == "paper_orthogonal":
-            sigma, u = paper_orthogonal_iteration(h, k, iters=10)
-        else:
-            raise ValueError(method)
-    wall = time.perf_counter() - t0
-    np.savez(
-        work / f"res_{method}.npz",
-        sigma=np.asarray(sigma, dtype=np.float64),
-        u=np.asarray(u, dtype=np.float64),
-    )
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"method": method, "wall_s": wall, "peak_rss_GB": rss / 1e9, **extra}
+        raise ValueError(method)
+    return {"sigma": np.asarray(sigma, dtype=np.float64), "u": np.asarray(u, dtype=np.float64), **extra}
 
 
-def paper_orthogonal_iteration(
-    h: np.ndarray, k: int, iters: int = 10
-) -> tuple[np.ndarray, np.ndarray]:
+def paper_orthogonal_iteration(h: np.ndarray, k: int, iters: int = 10) -> tuple[np.ndarray, np.ndarray]:
     """Li et al. 2022 App. B as published: all of H in RAM (torch), Q (p×k) ← GS(HᵀH·Q), 10 iterations,
     orthonormalised column by column with (modified) Gram–Schmidt; eigenvalues = diag(QᵀHᵀHQ)."""
     import torch
@@ -213,78 +266,83 @@ def main() -> None:
     ap.add_argument("--r", type=int, default=2000)
     ap.add_argument("--p", type=int, default=1_000_000)
     ap.add_argument("--k", type=int, default=500)
-    ap.add_argument(
-        "--latent", type=int, default=None, help="latent directions of the synthetic H (default 2k)"
-    )
+    ap.add_argument("--latent", type=int, default=None, help="latent directions of the synthetic H (default 2k)")
     ap.add_argument("--workdir", type=Path, default=Path("bench_pca_work"))
     ap.add_argument("--methods", default=",".join(OURS + PEERS))
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cap", type=float, default=600.0, help="seconds before a peer is stopped")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = ap.parse_args()
     if args.quick:
         args.r, args.p, args.k = 500, 200_000, 100
+    import warnings
+
+    warnings.filterwarnings("ignore")
     work = args.workdir
-    store = work / f"grads_{args.r}x{args.p}.zarr"
-    if args.child:
-        print(json.dumps(run_child(args.child, store, args.k, work)))
-        return
     work.mkdir(parents=True, exist_ok=True)
+    store = work / f"grads_{args.r}x{args.p}.zarr"
     if not (store / "zarr.json").exists():
         t0 = time.perf_counter()
         make_store(store, args.r, args.p, args.latent or min(args.r, 2 * args.k))
         print(f"# wrote {store} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+    # Heavy imports once, before anything is timed.
+    import dask.array  # noqa: F401
+    import scipy.sparse.linalg  # noqa: F401
+    import sklearn.utils.extmath  # noqa: F401
+    import torch  # noqa: F401
+
+    import gradspec.linalg  # noqa: F401
+
+    t0 = time.perf_counter()
     sig_ref, u_ref = exact_reference(store, args.k)
+    print(f"# exact reference in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     floor = measure_floor(store, args.r, args.p, args.k)
+    print(f"# floor {floor['floor_s']:.1f}s", file=sys.stderr)
+    signal.signal(signal.SIGALRM, _alarm)
     rows = []
     for m in args.methods.split(","):
-        cmd = [
-            sys.executable,
-            __file__,
-            "--child",
-            m,
-            "--r",
-            str(args.r),
-            "--p",
-            str(args.p),
-            "--k",
-            str(args.k),
-            "--workdir",
-            str(work),
-        ]
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}
-        )
-        if proc.returncode:
-            rows.append({"method": m, "error": proc.stderr.strip().splitlines()[-1][:80]})
-            continue
-        row = json.loads(proc.stdout.strip().splitlines()[-1])
-        res = np.load(work / f"res_{m}.npz")
-        row["sigma_rel_err"] = float(np.max(np.abs(res["sigma"][: args.k] - sig_ref) / sig_ref))
-        row["max_angle_deg"] = max_angle_deg(res["u"][:, : args.k], u_ref)
-        row["x_floor"] = row["wall_s"] / floor["floor_s"]
+        row: dict = {"method": m}
+        with PeakRSS() as mem:
+            t0 = time.perf_counter()
+            try:
+                if m in PEERS:
+                    signal.setitimer(signal.ITIMER_REAL, args.cap)
+                out = run_method(m, store, args.k, work, args.cap)
+            except Capped:
+                out = None
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            row["wall_s"] = time.perf_counter() - t0
+        row["peak_GB"] = mem.extra_gb
+        if out is None:
+            row["capped"] = True
+        else:
+            sigma, u = out.pop("sigma"), out.pop("u")
+            row.update(out)
+            row["sigma_rel_err"] = float(np.max(np.abs(sigma[: args.k] - sig_ref) / sig_ref))
+            row["max_angle_deg"] = max_angle_deg(u[:, : args.k], u_ref)
         rows.append(row)
-        print(f"# {m}: {row['wall_s']:.1f}s", file=sys.stderr)
-    print(
-        f"\nH: r={args.r} p={args.p} k={args.k} float32 store ({args.r * args.p * 4 / 1e9:.2f} GB)"
-    )
-    print(
-        f"floor: read {floor['read_GBps']:.2f} GB/s ({floor['read_s']:.2f}s/pass), GEMM float64 "
-        f"{floor['gemm64_GFLOPs']:.0f} GFLOP/s, float32 {floor['gemm32_GFLOPs']:.0f} GFLOP/s -> "
-        f"floor {floor['floor_s']:.1f}s (float32 floor {floor['floor32_s']:.1f}s)"
-    )
-    print(
-        f"{'method':18} {'wall s':>8} {'x floor':>8} {'peak RSS GB':>12} {'sigma rel err':>14} {'max angle deg':>14}"
-    )
+        gc.collect()
+        print(f"# {m}: {row['wall_s']:.1f}s" + (" (capped)" if out is None else ""), file=sys.stderr)
+    base = next((r["wall_s"] for r in rows if r["method"] == "gram"), None)
+    print(f"\nH: r={args.r} p={args.p} k={args.k}, float32 store of {args.r * args.p * 4 / 1e9:.2f} GB "
+          f"(page cache warm), {os.cpu_count()} CPU cores")
+    print(f"floor: read {floor['read_GBps']:.2f} GB/s ({floor['read_s']:.2f}s a pass), GEMM float64 "
+          f"{floor['gemm64_GFLOPs']:.0f} GFLOP/s (float32 {floor['gemm32_GFLOPs']:.0f}), eigh {floor['eigh_s']:.1f}s "
+          f"-> floor {floor['floor_s']:.1f}s")
+    head = f"{'method':18} {'wall s':>8} {'/ gram':>7} {'/ floor':>8} {'peak GB':>8} {'sigma rel err':>14} {'max angle deg':>14}"
+    print(head)
     for row in rows:
-        if "error" in row:
-            print(f"{row['method']:18} failed: {row['error']}")
+        wall = row["wall_s"]
+        rel = f"{wall / base:7.2f}" if base else f"{'':7}"
+        if row.get("capped"):
+            print(f"{row['method']:18} {'>' + format(wall, '.0f'):>8} {'>' + rel.strip():>7} "
+                  f"{'>' + format(wall / floor['floor_s'], '.1f'):>8} {row['peak_GB']:8.2f} {'(stopped at the cap)':>29}")
             continue
-        print(
-            f"{row['method']:18} {row['wall_s']:8.1f} {row['x_floor']:8.2f} {row['peak_rss_GB']:12.2f} "
-            f"{row['sigma_rel_err']:14.2e} {row['max_angle_deg']:14.3g}"
-        )
+        print(f"{row['method']:18} {wall:8.1f} {rel} {wall / floor['floor_s']:8.2f} {row['peak_GB']:8.2f} "
+              f"{row['sigma_rel_err']:14.2e} {row['max_angle_deg']:14.3g}")
     if args.json:
-        args.json.write_text(json.dumps({"floor": floor, "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "floor": floor,
+                                         "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":
