@@ -54,3 +54,27 @@ def choose_method(
         else f"the Gram needs {need / 2**30:.2f} GiB"
     )
     return PcaMethod.KRYLOV, f"randomized block Krylov ({iters + 1} passes): {why}, over the budget"
+
+
+def check_memory(
+    method: PcaMethod, *, r: int, k: int, memory: int, iters: int | None, oversample: int
+) -> None:
+    """Refuse a requested method whose r-side matrices do not fit half the budget (one line)."""
+    b = min(k + max(0, oversample), r)
+    need = {
+        PcaMethod.GRAM: gram_bytes(r),
+        PcaMethod.KRYLOV: krylov_bytes(r, k, iters if iters is not None else 4, oversample),
+        PcaMethod.ORTHOGONAL: 6 * 8 * r * b,
+        PcaMethod.LANCZOS: 8 * r * (2 * k + 1) * 2,
+    }.get(method)
+    if need is None or need <= memory // 2:
+        return
+    hint = (
+        "use --method krylov, or --method auto to choose"
+        if method is PcaMethod.GRAM
+        else "lower --k or --iters"
+    )
+    raise ValueError(
+        f"too little memory for --method {method.value}: it needs {need / 2**30:.2f} GiB for r={r}, "
+        f"k={k}, over half the budget of {memory / 2**30:.2f} GiB; raise --memory or {hint}"
+    )

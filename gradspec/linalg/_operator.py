@@ -130,7 +130,8 @@ class _Project:
         self.sigma = torch.as_tensor(sigma, device=dev, dtype=torch.float64)
         self.sink, self.verify = sink, verify
         k = u.shape[1]
-        self.use_gram = gram is not None
+        # The shortcut needs V formed in float64: then Δ is all that differs from HᵀY.
+        self.use_gram = gram is not None and op.dtype == torch.float64
         self.vtv = torch.zeros((k, k), dtype=torch.float64, device=dev)
         self.k_edges = block_edges(k, dev)
         if self.use_gram:
@@ -142,27 +143,30 @@ class _Project:
         self.rt2 = torch.zeros(k, dtype=torch.float64, device=dev)
 
     def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
-        vp = (self.yt @ p).T  # w×k in the compute dtype
-        # V's rows as stored (rounded to V's dtype), a fresh tensor the sink may keep.
-        vs = torch.empty(vp.shape, dtype=self.v_dtype, device=vp.device).copy_(vp)
+        vpt = self.yt @ p  # Vᵀ of this panel (k×w), in the compute dtype
+        # V's rows as stored (rounded to V's dtype): a fresh w×k tensor the sink may keep.
+        vs = torch.empty(vpt.shape[::-1], dtype=self.v_dtype, device=vpt.device).copy_(vpt.T)
         self.sink(off, to_numpy(vs))
         if not self.verify:
             return
-        vs64 = vs.to(torch.float64)
-        delta = vs64 - vp  # Δ = stored − computed
-        self.rt2 += torch.linalg.vector_norm(delta, dim=0) ** 2 * self.sigma**2
-        if not self.use_gram:
-            if p.dtype == torch.float64:
-                self.hv.addmm_(p, vs64)
-            else:
-                self.hv += (p @ vs.to(p.dtype)).double()
-            sym_update(self.vtv, vs64.T, self.k_edges)
-        elif self.v_dtype != torch.float64:
-            # Δ ~ 1e-7·V: float32 products of Δ are exact to ~1e-14 of H·V and VᵀV.
-            d32 = delta.float()
+        if self.use_gram:
+            if self.v_dtype == torch.float64:
+                return  # V stored as computed: H·V = G·Y and VᵀV = YᵀGY exactly
+            # Δ = stored − computed, ~1e-7·V: float32 products of Δ are exact to ~1e-14
+            # of H·V and VᵀV (ΔᵀΔ is ~1e-14 of ΔᵀV_s and is left out).
+            dt = (vs.T - vpt).float()  # Δᵀ (k×w)
+            self.rt2 += torch.linalg.vector_norm(dt, dim=1).double() ** 2 * self.sigma**2
             p32 = raw if raw is not None and raw.dtype == torch.float32 else p.float()
-            self.hv += (p32 @ d32).double()
-            self.vtv += (vs.float().T @ d32).double()  # VsᵀΔ (ΔᵀΔ is ~1e-14 of it)
+            self.hv += (p32 @ dt.T).double()
+            self.vtv += (dt @ vs.float()).double()
+            return
+        vs64 = vs.to(torch.float64)
+        self.rt2 += torch.linalg.vector_norm(vs64.T - vpt, dim=1) ** 2 * self.sigma**2
+        if p.dtype == torch.float64:
+            self.hv.addmm_(p, vs64)
+        else:
+            self.hv += (p @ vs.to(p.dtype)).double()
+        sym_update(self.vtv, vs64.T, self.k_edges)
 
     def result(self) -> dict[str, np.ndarray] | None:
         if not self.verify:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from gradspec._enums import PcaMethod, parse_choice
-from gradspec.linalg._auto import choose_method, parse_memory
+from gradspec.linalg._auto import check_memory, choose_method, parse_memory
 from gradspec.linalg._result import PcaResult
 from gradspec.linalg._sources import ColRanges, RowSelection
 
@@ -197,8 +197,9 @@ def pca(
             iters=iters or DEFAULT_ITERS[PcaMethod.KRYLOV],
             oversample=oversample,
         )
-    logger.info("pca: H is %d×%d, k=%d, method %s (%s)", r, p, k, meth.value, reason)
     it = iters if iters is not None else DEFAULT_ITERS.get(meth)
+    check_memory(meth, r=r, k=k, memory=budget, iters=it, oversample=oversample)
+    logger.info("pca: H is %d×%d, k=%d, method %s (%s)", r, p, k, meth.value, reason)
     run_params = {
         "k": int(k),
         "method": meth.value,
@@ -280,6 +281,7 @@ def _run_method(
         return lanczos_pca(op, tol=tol, seed=seed, **common)
     checkpoint = (lambda st: save.save_state(st.state_dict())) if save is not None else None
     saved = store.load_state() if store is not None else None
+    iterative = dict(iters=iters, oversample=oversample, seed=seed, on_iteration=checkpoint)
     if meth is PcaMethod.ORTHOGONAL:
         from gradspec.linalg.orthogonal import OrthogonalState, block_size, orthogonal_pca
 
@@ -287,28 +289,11 @@ def _run_method(
         if saved is not None:
             state = OrthogonalState.load_state_dict(saved, r=r, b=block_size(k, oversample, r, p))
             logger.info("orthogonal: resuming after iteration %d", state.iteration)
-        return orthogonal_pca(
-            op,
-            iters=iters,
-            tol=tol,
-            oversample=oversample,
-            seed=seed,
-            state=state,
-            on_iteration=checkpoint,
-            **common,
-        )
+        return orthogonal_pca(op, tol=tol, state=state, **iterative, **common)
     from gradspec.linalg.krylov import KrylovState, krylov_pca
 
     kstate = None
     if saved is not None:
         kstate = KrylovState.load_state_dict(saved, r=r)
         logger.info("krylov: resuming after pass %d", kstate.iteration)
-    return krylov_pca(
-        op,
-        iters=iters,
-        oversample=oversample,
-        seed=seed,
-        state=kstate,
-        on_iteration=checkpoint,
-        **common,
-    )
+    return krylov_pca(op, state=kstate, **iterative, **common)

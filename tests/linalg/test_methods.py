@@ -136,6 +136,7 @@ def test_auto_says_what_it_chose(caplog):
         ({"k": 3, "memory": "lots"}, "not a size"),
         ({"k": 3, "method": "orthogonal", "iters": 0}, "iters must be >= 1"),
         ({"k": 3, "memory": 10}, "too little memory"),
+        ({"k": 3, "memory": 30_000, "method": "gram"}, "too little memory for --method gram: .* use --method krylov"),
     ],
     ids=[
         "k>min",
@@ -147,6 +148,7 @@ def test_auto_says_what_it_chose(caplog):
         "memory-str",
         "iters",
         "memory",
+        "memory-gram",
     ],
 )
 def test_bad_input_is_one_line(kw, match):
