@@ -22,10 +22,13 @@ issue's count of the exact answer (gradspec's symmetric Gram update does
 half of the 2r²p).
 
 Peers that run past ``--cap`` seconds (checked between their Python-level
-steps) are stopped; their row shows the cap as a lower bound (">").
+steps) are stopped, and any method whose process RSS passes ``--mem-limit``
+of the RAM is stopped before the kernel kills the benchmark; their rows show
+the time reached as a lower bound (">").
 
     python benchmarks/bench_pca.py --quick      # r=500, p=200k, k=100 (a few minutes)
     python benchmarks/bench_pca.py              # r=2000, p=1e6, k=500: an 8 GB store (~1 h)
+    python benchmarks/bench_pca.py --device cuda --methods gram --r 4000 --p 7000000 --k 1000
 """
 
 from __future__ import annotations
@@ -93,34 +96,45 @@ def read_files(path: Path) -> tuple[int, float]:
     return total, time.perf_counter() - t0
 
 
-def gemm_rate(r: int, seconds: float = 2.0) -> dict[str, float]:
-    """float64 and float32 GEMM throughput on distinct r×4096 operands (best of numpy and torch)."""
+def gemm_rate(r: int, seconds: float = 2.0, device: str = "cpu") -> dict[str, float]:
+    """float64 and float32 GEMM throughput on distinct r×4096 operands (best of numpy and torch;
+    torch alone on a GPU)."""
     import torch
 
+    on_gpu = device != "cpu" and torch.cuda.is_available()
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     rng = np.random.default_rng(0)
     out = {}
     for name, dt in (("gemm64", np.float64), ("gemm32", np.float32)):
         a = rng.standard_normal((r, 4096)).astype(dt)
         b = rng.standard_normal((r, 4096)).astype(dt)
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        fs = [lambda ta=ta, tb=tb: ta @ tb.T]
+        if on_gpu:
+            ta, tb = ta.cuda(), tb.cuda()
+            fs = [lambda ta=ta, tb=tb: ta @ tb.T]
+        else:
+            fs.append(lambda a=a, b=b: a @ b.T)
         best = 0.0
-        for f in (lambda a=a, b=b: a @ b.T, lambda ta=ta, tb=tb: ta @ tb.T):
+        for f in fs:
             f()
+            sync()
             t0, n = time.perf_counter(), 0
             while time.perf_counter() - t0 < seconds:
                 f()
+                sync()
                 n += 1
             best = max(best, n * 2 * r * r * 4096 / (time.perf_counter() - t0))
         out[name] = best
     return out
 
 
-def measure_floor(path: Path, r: int, p: int, k: int) -> dict[str, float]:
+def measure_floor(path: Path, r: int, p: int, k: int, device: str = "cpu") -> dict[str, float]:
     import scipy.linalg
 
     read_files(path)  # warm the page cache as every method will find it
     nbytes, t_read = read_files(path)
-    rates = gemm_rate(r)
+    rates = gemm_rate(r, device=device)
     x = np.random.default_rng(1).standard_normal((r, r))
     g = x @ x.T
     t0 = time.perf_counter()
@@ -139,8 +153,31 @@ def measure_floor(path: Path, r: int, p: int, k: int) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- measuring one method
+class OverMemory(Exception):
+    pass
+
+
+class Capped(Exception):
+    pass
+
+
+def _over_memory(signum, frame):
+    raise OverMemory
+
+
+def _alarm(signum, frame):
+    raise Capped
+
+
 class PeakRSS:
-    """Highest RSS above the starting RSS while the block runs (a 10 ms sampling thread)."""
+    """Highest RSS above the starting RSS while the block runs (a 10 ms sampling thread).
+
+    Past ``limit`` bytes of RSS the thread interrupts the main thread (``OverMemory``) so
+    that a peer that would be killed by the kernel fails alone, not the whole benchmark.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
 
     def __enter__(self) -> PeakRSS:
         import psutil
@@ -155,8 +192,13 @@ class PeakRSS:
         return self
 
     def _run(self) -> None:
+        fired = False
         while not self._stop.wait(0.01):
-            self.peak = max(self.peak, self._proc.memory_info().rss)
+            rss = self._proc.memory_info().rss
+            self.peak = max(self.peak, rss)
+            if self.limit and rss > self.limit and not fired:
+                fired = True
+                os.kill(os.getpid(), signal.SIGUSR1)
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
@@ -168,15 +210,7 @@ class PeakRSS:
         return (self.peak - self.base) / 1e9
 
 
-class Capped(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise Capped
-
-
-def run_method(method: str, path: Path, k: int, work: Path, cap: float) -> dict:
+def run_method(method: str, path: Path, k: int, work: Path, device: str = "cpu") -> dict:
     from gradspec.store import GradientStore
 
     extra: dict = {}
@@ -189,7 +223,9 @@ def run_method(method: str, path: Path, k: int, work: Path, cap: float) -> dict:
             "krylov": dict(method="krylov", iters=4),
             "orthogonal": dict(method="orthogonal", iters=10),
         }[method]
-        res = pca(source=path, k=k, out=work / f"spec_{method}.zarr", overwrite=True, memory="3G", **kw)
+        res = pca(
+            source=path, k=k, out=work / f"spec_{method}.zarr", overwrite=True, memory="3G", device=device, **kw
+        )
         acc = res.accuracy()
         extra = {"passes": res.passes, "max_residual": acc["max_residual"]}
         return {"sigma": res.sigma, "u": res.U, **extra}
@@ -270,6 +306,9 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("bench_pca_work"))
     ap.add_argument("--methods", default=",".join(OURS + PEERS))
     ap.add_argument("--cap", type=float, default=600.0, help="seconds before a peer is stopped")
+    ap.add_argument("--mem-limit", type=float, default=0.8,
+                    help="fraction of RAM a method's process RSS may reach before it is stopped")
+    ap.add_argument("--device", default="cpu", help="device of gradspec's methods: cpu | cuda | auto")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = ap.parse_args()
     if args.quick:
@@ -295,37 +334,46 @@ def main() -> None:
     t0 = time.perf_counter()
     sig_ref, u_ref = exact_reference(store, args.k)
     print(f"# exact reference in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
-    floor = measure_floor(store, args.r, args.p, args.k)
+    floor = measure_floor(store, args.r, args.p, args.k, args.device)
     print(f"# floor {floor['floor_s']:.1f}s", file=sys.stderr)
+    import psutil
+
     signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGUSR1, _over_memory)
+    limit = int(args.mem_limit * psutil.virtual_memory().total)
     rows = []
     for m in args.methods.split(","):
         row: dict = {"method": m}
-        with PeakRSS() as mem:
+        with PeakRSS(limit) as mem:
             t0 = time.perf_counter()
             try:
                 if m in PEERS:
                     signal.setitimer(signal.ITIMER_REAL, args.cap)
-                out = run_method(m, store, args.k, work, args.cap)
+                out = run_method(m, store, args.k, work, args.device)
             except Capped:
-                out = None
+                out, row["capped"] = None, True
+            except (OverMemory, MemoryError):
+                out, row["out_of_memory"] = None, True
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
             row["wall_s"] = time.perf_counter() - t0
         row["peak_GB"] = mem.extra_gb
-        if out is None:
-            row["capped"] = True
-        else:
+        if out is not None:
             sigma, u = out.pop("sigma"), out.pop("u")
             row.update(out)
             row["sigma_rel_err"] = float(np.max(np.abs(sigma[: args.k] - sig_ref) / sig_ref))
             row["max_angle_deg"] = max_angle_deg(u[:, : args.k], u_ref)
         rows.append(row)
+        out = None
         gc.collect()
-        print(f"# {m}: {row['wall_s']:.1f}s" + (" (capped)" if out is None else ""), file=sys.stderr)
+        note = " (capped)" if row.get("capped") else " (out of memory)" if row.get("out_of_memory") else ""
+        print(f"# {m}: {row['wall_s']:.1f}s{note} {json.dumps(row)}", file=sys.stderr)
+        if args.json:
+            args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                             "floor": floor, "rows": rows}, indent=2))
     base = next((r["wall_s"] for r in rows if r["method"] == "gram"), None)
     print(f"\nH: r={args.r} p={args.p} k={args.k}, float32 store of {args.r * args.p * 4 / 1e9:.2f} GB "
-          f"(page cache warm), {os.cpu_count()} CPU cores")
+          f"(page cache warm), {os.cpu_count()} CPU cores, gradspec on {args.device}")
     print(f"floor: read {floor['read_GBps']:.2f} GB/s ({floor['read_s']:.2f}s a pass), GEMM float64 "
           f"{floor['gemm64_GFLOPs']:.0f} GFLOP/s (float32 {floor['gemm32_GFLOPs']:.0f}), eigh {floor['eigh_s']:.1f}s "
           f"-> floor {floor['floor_s']:.1f}s")
@@ -334,9 +382,10 @@ def main() -> None:
     for row in rows:
         wall = row["wall_s"]
         rel = f"{wall / base:7.2f}" if base else f"{'':7}"
-        if row.get("capped"):
+        if row.get("capped") or row.get("out_of_memory"):
+            why = "(stopped at the time cap)" if row.get("capped") else "(stopped: RSS over the limit)"
             print(f"{row['method']:18} {'>' + format(wall, '.0f'):>8} {'>' + rel.strip():>7} "
-                  f"{'>' + format(wall / floor['floor_s'], '.1f'):>8} {row['peak_GB']:8.2f} {'(stopped at the cap)':>29}")
+                  f"{'>' + format(wall / floor['floor_s'], '.1f'):>8} {row['peak_GB']:8.2f} {why:>29}")
             continue
         print(f"{row['method']:18} {wall:8.1f} {rel} {wall / floor['floor_s']:8.2f} {row['peak_GB']:8.2f} "
               f"{row['sigma_rel_err']:14.2e} {row['max_angle_deg']:14.3g}")

@@ -6,10 +6,15 @@ Precision policy (what each ``precision`` does to a block product):
   float64 before multiplying. Products of float32 numbers are exact in float64,
   so the Gram H·Hᵀ is the Gram of the stored matrix to ~1e-16 relative and the
   exact method meets rtol 1e-6 on σ even for σ_k ≪ σ_1 (the Gram squares the
-  condition number). On an H100/H200, float64 runs on tensor cores at ~1/2 of the TF32 rate.
+  condition number). V = Hᵀ·U·Σ⁻¹ is formed in float64 too and rounded once
+  to V's stored dtype; the checks of the stored V then need only float32
+  products of that rounding (see ``_operator._Project``). Cost: float64 GEMM
+  runs at about half the float32 rate on AVX-512 CPUs (measured here: ~190 vs
+  ~350 GFLOP/s on 2 cores) and at ~1/7 of the dense TF32 rate on an H100.
 - ``"float32"``: panel products in float32 (BLAS accumulation inside a panel of
-  ≤ 4096 columns), accumulated across panels in float64. Measured σ error on
-  power-law test matrices: ~1e-6·σ_1²/σ_i² relative (see tests/linalg).
+  ≤ 8192 columns), accumulated across panels in float64. Measured σ error on
+  power-law test matrices: ~1e-6·σ_1²/σ_i² relative (see tests/linalg); the
+  residuals of V are measured with float32 products (their own error ~1e-6).
 - ``"tf32"``: float32 with TF32 tensor-core matmuls (CUDA only), ~1e-3·σ_1²/σ_i²;
   for exploration only — the accuracy report (residuals) says how far it went.
 """
