@@ -8,8 +8,9 @@ running beside it. When a store is local, uncompressed (the default; only
 the ``bytes`` codec, little-endian) and regularly chunked, a chunk file *is*
 the C-order chunk, so a chunk whose rows fall inside the block is read with
 one ``readinto`` directly into the block (it is a contiguous slab of it when
-the block spans the chunk's columns). Everything else — compressed or remote
-stores, index selections — goes through zarr.
+the block spans the chunk's columns). Strided and listed rows read each
+chunk that holds one of them once. Everything else — compressed or remote
+stores — goes through zarr.
 
 Chunks are replaced atomically on local disk (``_zarr``), so a file is read
 whole in its old or new version; a missing chunk file is all fill value.
@@ -102,4 +103,20 @@ class ChunkFileReader:
                 out[a - r0 : b - r0, ca - c0 : cb - c0] = scratch[
                     a - i * rc : b - i * rc, ca - j * cc : cb - j * cc
                 ]
+        return out
+
+    def read_rows(self, rows: np.ndarray, c0: int, c1: int) -> np.ndarray:
+        """Listed rows (any order, repeats allowed) × columns [c0, c1), each chunk read once."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((rows.size, c1 - c0), dtype=self._dtype)
+        rc, cc = self._rc, self._cc
+        scratch = np.empty((rc, cc), dtype=self._dtype)
+        chunk_of = rows // rc
+        for i in np.unique(chunk_of):
+            pos = np.flatnonzero(chunk_of == i)
+            local = rows[pos] - i * rc
+            for j in range(c0 // cc, -(-c1 // cc)):
+                ca, cb = max(c0, j * cc), min(c1, (j + 1) * cc)
+                self._read_chunk(int(i), j, scratch)
+                out[pos, ca - c0 : cb - c0] = scratch[local, ca - j * cc : cb - j * cc]
         return out

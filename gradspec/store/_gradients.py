@@ -310,8 +310,11 @@ class GradientStore:
         return idx.stop - idx.start if isinstance(idx, slice) else int(idx.size)
 
     def _read(self, idx: slice | np.ndarray, c0: int, c1: int) -> np.ndarray:
-        if isinstance(idx, slice) and self._direct is not None:
-            raw = self._direct.read(idx.start, idx.stop, c0, c1)
+        if self._direct is not None:
+            if isinstance(idx, slice):
+                raw = self._direct.read(idx.start, idx.stop, c0, c1)
+            else:
+                raw = self._direct.read_rows(idx, c0, c1)
         elif isinstance(idx, slice):
             raw = self._grads[idx, c0:c1]
         else:

@@ -42,6 +42,9 @@ def test_direct_reads_equal_zarr(tmp_path_factory, n, p, rpc, cpc, sel):
     np.testing.assert_array_equal(direct, data[r0:r1, c0:c1])
     blocks = np.concatenate([b for _, b in store.iter_col_blocks(block_cols=7)], axis=1)
     np.testing.assert_array_equal(blocks, data)
+    listed = np.random.default_rng(n + p).integers(0, n, size=5)  # any order, with repeats
+    np.testing.assert_array_equal(store._direct.read_rows(listed, c0, c1), data[listed, c0:c1])
+    np.testing.assert_array_equal(store.read(rows=slice(r0, None, 3)), data[r0::3])
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
