@@ -57,10 +57,12 @@ def choose_method(
 
 
 def check_memory(
-    method: PcaMethod, *, r: int, k: int, memory: int, iters: int | None, oversample: int
+    method: PcaMethod, *, r: int, p: int, k: int, memory: int, iters: int | None, oversample: int
 ) -> None:
     """Refuse a requested method whose r-side matrices do not fit half the budget (one line)."""
-    b = min(k + max(0, oversample), r)
+    from gradspec.linalg.orthogonal import block_size
+
+    b = block_size(k, oversample, r, p)
     need = {
         PcaMethod.GRAM: gram_bytes(r),
         PcaMethod.KRYLOV: krylov_bytes(r, k, iters if iters is not None else 4, oversample),

@@ -48,11 +48,10 @@ def sym_finish(g: torch.Tensor, edges: list[int]) -> np.ndarray:
     """The full symmetric matrix (numpy float64) from what :func:`sym_update` accumulated."""
     out = g.detach().cpu().numpy()
     upper = np.zeros_like(out, dtype=bool)
-    for i in range(len(edges) - 1):
-        upper[edges[i] : edges[i + 1], edges[i] :] = True
     diag = np.zeros_like(upper)
-    for i in range(len(edges) - 1):
-        diag[edges[i] : edges[i + 1], edges[i] : edges[i + 1]] = True
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        upper[a:b, a:] = True
+        diag[a:b, a:b] = True
     full = np.where(upper, out, out.T)
     # Diagonal blocks were computed whole: average them with their transposes.
     full = np.where(diag, (full + full.T) / 2, full)

@@ -198,7 +198,7 @@ def pca(
             oversample=oversample,
         )
     it = iters if iters is not None else DEFAULT_ITERS.get(meth)
-    check_memory(meth, r=r, k=k, memory=budget, iters=it, oversample=oversample)
+    check_memory(meth, r=r, p=p, k=k, memory=budget, iters=it, oversample=oversample)
     logger.info("pca: H is %d×%d, k=%d, method %s (%s)", r, p, k, meth.value, reason)
     run_params = {
         "k": int(k),
@@ -232,7 +232,7 @@ def pca(
     common = {"k": k, "sink": sink, "verify": verify, "out_dtype": np.dtype(v_dtype)}
     try:
         result = _run_method(
-            meth, op, store=store if resume else None, save=store, iters=it, tol=tol,
+            meth, op, store=store, resume=resume, iters=it, tol=tol,
             oversample=oversample, seed=seed, **common,
         )
     except BaseException:
@@ -261,14 +261,14 @@ def _run_method(
     op: Any,
     *,
     store: Any,
-    save: Any,
+    resume: bool,
     iters: int | None,
     tol: float | None,
     oversample: int,
     seed: int,
     **common: Any,
 ) -> PcaResult:
-    """Run one method; iterative ones resume from ``store``'s saved state and checkpoint to ``save``."""
+    """Run one method; iterative ones checkpoint to ``store`` and, with ``resume``, start from its state."""
     r, p = op.shape
     k = common["k"]
     if meth is PcaMethod.GRAM:
@@ -279,8 +279,8 @@ def _run_method(
         from gradspec.linalg.lanczos import lanczos_pca
 
         return lanczos_pca(op, tol=tol, seed=seed, **common)
-    checkpoint = (lambda st: save.save_state(st.state_dict())) if save is not None else None
-    saved = store.load_state() if store is not None else None
+    checkpoint = (lambda st: store.save_state(st.state_dict())) if store is not None else None
+    saved = store.load_state() if store is not None and resume else None
     iterative = dict(iters=iters, oversample=oversample, seed=seed, on_iteration=checkpoint)
     if meth is PcaMethod.ORTHOGONAL:
         from gradspec.linalg.orthogonal import OrthogonalState, block_size, orthogonal_pca
