@@ -1,22 +1,51 @@
 #!/usr/bin/env bash
 # Install gradspec (editable) into the current Python environment. Idempotent.
 #
-# torch: an existing torch is kept as it is (users bring their CUDA build).
-# With no torch, we install the CPU build torch==2.13.0 first, so that pip does
-# not resolve an unpinned `torch` to several GB of CUDA packages.
+# torch: an existing torch (>= the minimum in pyproject.toml) is kept as it is and
+# pinned while the rest installs (users bring their CUDA build); an older one stops
+# the install with a message, never replaced. With no torch, the CPU build comes from
+# PyTorch's CPU wheel index, or, where that is unreachable, from the configured
+# indexes if they offer a CPU build (never several GB of CUDA packages unasked).
 #
 # Usage: bash scripts/install.sh [extra]   (extra: test, data; default: test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 extra="${1:-test}"
+CPU_INDEX="https://download.pytorch.org/whl/cpu"
 
-if "$PY" -c "import torch" >/dev/null 2>&1; then
-    echo "install: keeping torch $("$PY" -c 'import torch; print(torch.__version__)')"
-else
-    echo "install: no torch found; installing the CPU build torch==2.13.0"
-    "$PY" -m pip install --quiet "torch==2.13.0"
-fi
+# torch: the decision lives in scripts/torch_plan.py (tested in tests/test_install.py).
+plan="$("$PY" scripts/torch_plan.py plan)"
+action="${plan%%$'\t'*}"
+detail="${plan#*$'\t'}"
+case "$action" in
+    keep)
+        echo "install: keeping torch $detail" ;;
+    too-old)
+        echo "install: error: $detail" >&2
+        exit 1 ;;
+    cpu-index)
+        echo "install: no torch found; installing the CPU build $detail from $CPU_INDEX"
+        "$PY" -m pip install --quiet "$detail" --index-url "$CPU_INDEX" \
+            --extra-index-url https://pypi.org/simple ;;
+    fallback)
+        # PyTorch's CPU index is unreachable: use the configured indexes, but only if
+        # what they would install is a CPU build (no nvidia-* / triton / +cuXXX).
+        if ! cuda="$("$PY" -m pip install --dry-run --quiet --report - "$detail" \
+                | "$PY" scripts/torch_plan.py cuda-check)"; then
+            echo "install: error: $CPU_INDEX is unreachable and the configured indexes would install a CUDA torch ($cuda); install torch yourself (pip install torch --index-url <a CPU or CUDA index>), then rerun" >&2
+            exit 1
+        fi
+        echo "install: no torch found and $CPU_INDEX unreachable; installing $detail (a CPU build) from the configured indexes"
+        "$PY" -m pip install --quiet "$detail" ;;
+    *)
+        echo "install: error: unexpected torch plan: $plan" >&2
+        exit 1 ;;
+esac
+# Pin the torch now present, so that no dependency resolution below can replace it.
+constraints="$(mktemp)"
+trap 'rm -f "$constraints"' EXIT
+echo "torch==$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')" >"$constraints"
 
 # Skip the resolver when everything is already in place (fast re-runs).
 if PYTHONPATH= "$PY" -P - "$extra" <<'PYEOF' >/dev/null 2>&1
@@ -38,5 +67,5 @@ PYEOF
 then
     echo "install: gradspec[$extra] already installed"
 else
-    "$PY" -m pip install --quiet -e ".[$extra]"
+    "$PY" -m pip install --quiet -c "$constraints" -e ".[$extra]"
 fi

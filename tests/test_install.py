@@ -1,0 +1,106 @@
+"""The install's torch decision (scripts/torch_plan.py, used by scripts/install.sh)."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("torch_plan", ROOT / "scripts" / "torch_plan.py")
+torch_plan = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(torch_plan)
+
+
+@pytest.mark.parametrize(
+    ("installed", "reachable", "action"),
+    [
+        ("2.13.0+cpu", False, "keep"),
+        ("2.6.0+cu124", True, "keep"),  # the user's CUDA build, new enough: untouched
+        ("2.4.0+cu121", True, "too-old"),  # never replaced, even if pip could
+        ("2.5.1", False, "too-old"),
+        (None, True, "cpu-index"),
+        (None, False, "fallback"),
+    ],
+    ids=["cpu-new", "cuda-new", "cuda-old", "old", "none-index", "none-offline"],
+)
+def test_plan(installed, reachable, action):
+    got, detail = torch_plan.plan(installed, "2.6", reachable)
+    assert got == action
+    if action == "cpu-index":
+        assert detail.endswith("+cpu")  # an explicit CPU build, not whatever the index prefers
+    if action == "too-old":
+        assert installed in detail and "never replaces" in detail
+
+
+def test_release_orders_local_versions_by_release():
+    assert torch_plan.release("2.4.0+cu121") == (2, 4, 0)
+    assert torch_plan.release("2.6") == (2, 6, 0)
+    assert torch_plan.release("2.10.1") > torch_plan.release("2.9.9")
+    with pytest.raises(ValueError, match="not a version"):
+        torch_plan.release("cuda")
+
+
+def test_minimum_is_what_the_dependencies_really_need():
+    """pyproject's torch floor is at least every installed dependency's own floor."""
+    minimum = torch_plan.release(torch_plan.minimum_torch())
+    for dist in ("opacus", "transformers"):
+        for req in md.requires(dist) or []:
+            name, _, rest = req.partition(">=")
+            if name.strip() == "torch" and ";" not in rest:
+                assert minimum >= torch_plan.release(rest.strip()), (dist, req)
+            if name.strip() == "torch" and "extra" in rest:  # transformers' torch extra
+                assert minimum >= torch_plan.release(rest.split(";")[0].strip()), (dist, req)
+
+
+def test_cuda_packages_in_a_pip_report():
+    cuda = {"install": [
+        {"metadata": {"name": "torch", "version": "2.13.0"}},
+        {"metadata": {"name": "nvidia-cublas-cu12", "version": "12.8.4.1"}},
+        {"metadata": {"name": "triton", "version": "3.5.0"}},
+    ]}
+    assert torch_plan.cuda_packages(cuda) == [
+        "nvidia-cublas-cu12==12.8.4.1", "triton==3.5.0"]
+    assert torch_plan.cuda_packages(
+        {"install": [{"metadata": {"name": "torch", "version": "2.4.0+cu121"}}]})
+    cpu = {"install": [{"metadata": {"name": "torch", "version": "2.13.0+cpu"}},
+                       {"metadata": {"name": "sympy", "version": "1.14"}}]}
+    assert torch_plan.cuda_packages(cpu) == []
+
+
+def test_plan_on_this_machine_keeps_its_torch():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "torch_plan.py"), "plan"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split("\t")[0] == "keep"
+    assert out.strip().split("\t")[1] == md.version("torch")
+
+
+def _fake_torch_env(tmp_path: Path, version: str) -> Path:
+    """A bare venv (no pip) whose only 'torch' is a dist-info of ``version``."""
+    env = tmp_path / "env"
+    venv.EnvBuilder(with_pip=False).create(env)
+    py = env / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    info = Path(site) / f"torch-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+    return py
+
+
+def test_install_refuses_an_old_torch_and_leaves_it(tmp_path):
+    py = _fake_torch_env(tmp_path, "2.4.0+cu121")
+    env = {**os.environ, "PYTHON": str(py)}
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "torch 2.4.0+cu121 is older than gradspec's minimum" in res.stderr
+    out = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "2.4.0+cu121"
