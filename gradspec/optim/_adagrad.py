@@ -18,22 +18,49 @@ of Theorem 3.1 assumes "by construction" (every nonzero eigenvalue of H_t is at 
 2 sqrt(k) sigma_B); this also removes negative eigenvalues. With sigma_B = 0 the
 Moore-Penrose pseudo-inverse is used (eigenvalues <= rcond * max are dropped).
 
-**Privacy.** Lemma 4.1 bounds the l2 (Frobenius) sensitivity of G_t by
-Delta_t = L sqrt(t) / n for per-example gradients of norm <= L averaged over n; here
-L = C (the clipping norm) and n is the step's denominator (q n under Poisson
-sampling). Writing a symmetric matrix by its diagonal and sqrt(2) times its upper
-triangle makes the Frobenius norm Euclidean and sigma_B M isotropic Gaussian with std
-sqrt(2) sigma_B. So each release of H_t is a Gaussian mechanism with noise multiplier
-z_B = sqrt(2) sigma_B(t) / Delta_t; we fix z_B (``precond_noise_multiplier``) and set
-sigma_B(t) = z_B Delta_t / sqrt(2). G_t depends on every past batch, so no subsampling
-amplification is claimed: each step records one plain Gaussian mechanism with
-multiplier z_B next to the subsampled gradient mechanism, and the accountant composes
-both. When the subspace changes, S is carried over by rotating it into the new basis
-(``R S R^T`` with ``R = V_new^T V_old``), a contraction that keeps the sensitivity bound.
+**Privacy: what is released.** Step t releases G_t + B_t (full matrix) or h_t + b_t
+(diagonal); everything after it — eigenvalue clipping, the pseudo-inverse, the update —
+is post-processing with public quantities. Neighbouring datasets differ by adding or
+removing one example (the accountant's ``ADD_OR_REMOVE_ONE``).
 
-The diagonal variant (for large k) keeps only diag(S_t) (per-coordinate AdaGrad in the
-subspace), adds the diagonal of sigma_B GOE (std sqrt(2) sigma_B) — the same z_B — and
-clips each entry at 2 sqrt(2) sigma_B (our per-coordinate analogue of alpha(t)).
+**Sensitivity.** Write S_t = Z Z^T with Z = [z_1 .. z_t] (k x t). In a private run
+``denominator()`` is the public constant n = q N (Poisson) or B (shuffling), the same for
+both datasets, and z_s = V^T (sum over the batch of the clipped gradients) / n. Given the
+past releases (adaptive composition: theta_s and V_s are functions of them) and the
+batches, removing example x changes z_s by V^T clip(g_x) / n when x is in batch s and not
+at all otherwise, and ||V^T clip(g_x)|| <= ||clip(g_x)|| <= L. So, for every batch draw,
+||Z - Z'||_F <= L sqrt(t) / n (equality needs x in every batch). When the subspace changes,
+S <- R S R^T with R = V_new^T V_old: that is Z <- R Z, and ||R||_2 <= 1 (a product of
+matrices with orthonormal columns), so ||R Z - R Z'||_F <= ||Z - Z'||_F and the bound
+carries over; later columns add to it as above.
+
+* Full matrix: G_t = (Z Z^T)^{1/2} = |Z^T| (|A| = (A^T A)^{1/2}), and A -> |A| is
+  sqrt(2)-Lipschitz in the Frobenius norm (Araki & Yamagami 1981:
+  || |A| - |B| ||_F <= sqrt(2) ||A - B||_F; pad Z with zero rows to make it square). So
+  ||G_t - G_t'||_F <= Delta_t = sqrt(2) L sqrt(t) / n. The sqrt(2) is needed: at t = 1,
+  with z' = s e_1 (the rest of the batch) and x's projected gradient c e_2 (c = L / n),
+  ||G - G'||_F -> sqrt(2) c as s / c -> infinity (1.4140 c at s = 39 c). Kairouz et al.'s
+  Lemma 4.1 gives O(L sqrt(t) / n); its proof treats S_t - S_t' as positive semi-definite,
+  but the cross terms z' g^T + g z'^T are indefinite, and the constant 1 (used here before)
+  understates Delta_t by sqrt(2): the preconditioner's real noise multiplier was z_B / sqrt(2).
+* Diagonal: h_t = diag(S_t)^{1/2}, so h_j is the Euclidean norm of row j of Z, which is
+  1-Lipschitz: ||h - h'||_2 <= ||Z - Z'||_F, and Delta_t = L sqrt(t) / n (tight: z' = 0).
+  Its rotation S_jj <- sum_i R_ji^2 S_ii makes h_j the norm of row j of W with
+  W_{j,(i,c)} = R_ji Z_ic (k x kt), and ||W - W'||_F^2 = sum_i ||R e_i||^2 ||Z_i - Z_i'||^2
+  <= ||Z - Z'||_F^2 because the columns R e_i = V_new^T v_i have norm <= 1.
+
+**Noise.** Writing a symmetric matrix by its diagonal and sqrt(2) times its upper
+triangle is an isometry from the Frobenius norm to the Euclidean norm of R^{k(k+1)/2}, and
+maps sigma_B M (M ~ GOE: diagonal N(0, 2), off-diagonal N(0, 1)) to i.i.d. N(0, 2 sigma_B^2)
+coordinates. So each release is a Gaussian mechanism with sensitivity Delta_t, noise std
+sqrt(2) sigma_B and noise multiplier z_B = sqrt(2) sigma_B(t) / Delta_t; we fix z_B
+(``precond_noise_multiplier``) and set sigma_B(t) = z_B Delta_t / sqrt(2) (= z_B L sqrt(t) / n
+for the full matrix). The diagonal variant adds N(0, 2 sigma_B^2) to each h_j (the diagonal
+of sigma_B M) — noise multiplier z_B as well — and clips each entry at 2 sqrt(2) sigma_B
+(our per-coordinate analogue of alpha(t)). G_t depends on every past batch, so no
+subsampling amplification is claimed: each step records one plain Gaussian mechanism with
+multiplier z_B (``record_privacy``) next to the subsampled gradient mechanism, and the
+accountant composes both.
 """
 
 from __future__ import annotations
@@ -70,8 +97,9 @@ class NoisyAdaGrad(OptimHooks):
         precond_noise_multiplier: z_B, the noise multiplier of each preconditioner release
             (see the module docstring); must be > 0 when the run is private.
         diagonal: keep only the diagonal of S_t (for large k).
-        lipschitz: the per-example gradient norm bound L of Lemma 4.1 (default: the
-            clipping norm C, which bounds the clipped gradients).
+        lipschitz: the bound L on the norm of each clipped per-example gradient (default:
+            the clipping norm C, which bounds them). A value below C is trusted, not checked:
+            it is right only if the loss is L-Lipschitz.
         seed: seeds the GOE noise (default: the run's seed + 3).
         rcond: relative cut-off of the pseudo-inverse when sigma_B = 0.
     """
@@ -128,28 +156,53 @@ class NoisyAdaGrad(OptimHooks):
         return total
 
     def sensitivity(self) -> float:
-        """Delta_t = L sqrt(t) / n: the Lemma 4.1 bound on the change of G_t (Frobenius)."""
-        return self._L * math.sqrt(max(self.t, 1)) / self.denominator()
+        """Delta_t, the l2 sensitivity of the released statistic (see the module docstring).
+
+        ``sqrt(2) L sqrt(t) / n`` for the full-matrix G_t (Frobenius norm), ``L sqrt(t) / n``
+        for the diagonal h_t, with n = ``denominator()``.
+        """
+        delta = self._L * math.sqrt(max(self.t, 1)) / self.denominator()
+        return delta if self.diagonal else math.sqrt(2.0) * delta
+
+    def statistic(self) -> Tensor:
+        """The noise-free statistic whose sensitivity is ``sensitivity()``.
+
+        G_t = S_t^{1/2} (k x k), or h_t = diag(S_t)^{1/2} (k,) for the diagonal variant.
+        """
+        if self.diagonal:
+            return self.S.clamp(min=0).sqrt()
+        evals, q = torch.linalg.eigh(self.S)
+        return (q * evals.clamp(min=0).sqrt()) @ q.T
+
+    def release(self) -> Tensor:
+        """The private release: ``statistic()`` plus the Gaussian noise (this step's draw).
+
+        Sets ``sigma_B = z_B Delta_t / sqrt(2)`` and adds sigma_B times a GOE matrix (full
+        matrix), or N(0, 2 sigma_B^2) per entry (diagonal): noise multiplier z_B either way.
+        """
+        k = self.projector.rank
+        stat = self.statistic()
+        self.sigma_b = self.z_b * self.sensitivity() / math.sqrt(2.0) if self.z_b > 0 else 0.0
+        if self.sigma_b == 0:
+            return stat
+        if self.diagonal:
+            from gradspec.privacy import gaussian_noise
+
+            noise = gaussian_noise((k,), math.sqrt(2.0) * self.sigma_b, generator=self._gen,
+                                   device=self._device)
+            return stat + noise.double()
+        return stat + goe(k, self.sigma_b, generator=self._gen, device=self._device)
 
     def direction(self, grad: Tensor) -> Tensor:
         k = self.projector.rank
         y = self.projector.coords(grad).double()
-        self.sigma_b = self.z_b * self.sensitivity() / math.sqrt(2.0) if self.z_b > 0 else 0.0
+        h = self.release()
         if self.diagonal:
-            h = self.S.clamp(min=0).sqrt()
             if self.sigma_b > 0:
-                from gradspec.privacy import gaussian_noise
-
-                noise = gaussian_noise((k,), math.sqrt(2.0) * self.sigma_b, generator=self._gen,
-                                       device=self._device)
-                h = (h + noise.double()).clamp(min=2 * math.sqrt(2.0) * self.sigma_b)
+                h = h.clamp(min=2 * math.sqrt(2.0) * self.sigma_b)
             d = y * self._inverse(h)
         else:
-            evals, q = torch.linalg.eigh(self.S)
-            g = (q * evals.clamp(min=0).sqrt()) @ q.T
-            if self.sigma_b > 0:
-                g = g + goe(k, self.sigma_b, generator=self._gen, device=self._device)
-            lam, q = torch.linalg.eigh((g + g.T) / 2)
+            lam, q = torch.linalg.eigh((h + h.T) / 2)
             if self.sigma_b > 0:
                 lam = lam.clamp(min=2 * math.sqrt(k) * self.sigma_b)  # alpha(t), Thm 3.1
             d = q @ (self._inverse(lam) * (q.T @ y))

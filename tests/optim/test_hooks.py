@@ -100,7 +100,8 @@ def _adagrad_reference(totals, grads, v, z_b, denom, clip, seed, diagonal=False,
     for t, (total, g) in enumerate(zip(totals, grads, strict=True), start=1):
         nabla = proj @ (total.double() / denom)
         s += torch.outer(nabla, nabla)
-        sigma_b = z_b * clip * math.sqrt(t) / denom / math.sqrt(2)
+        # Delta_t = L sqrt(t)/n (diagonal) or sqrt(2) L sqrt(t)/n (full matrix); sigma_B = z_B Delta_t / sqrt(2)
+        sigma_b = z_b * clip * math.sqrt(t) / denom / (math.sqrt(2) if diagonal else 1.0)
         if diagonal:
             sd = torch.diagonal(v.T @ s @ v)
             h = sd.sqrt()
