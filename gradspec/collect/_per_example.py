@@ -18,6 +18,26 @@ while gradients are computed and its modes are restored afterwards
 Models with BatchNorm have no per-example gradients (an example's output
 depends on the others) and are not supported.
 
+A wrong "per-example" gradient is the worst failure a DP toolkit can have: a row
+that is really a sum over the batch is clipped as if it were one example, so the
+sensitivity, and the epsilon reported for the run, are wrong while everything
+exits 0. Hence the checks (``PerExampleGradients``):
+
+* always, both backends: one gradient row per example for every selected
+  parameter (``(B, *param.shape)``) and one loss per example (``(B,)``), else a
+  ``ValueError`` naming the parameter before any row is returned. Opacus's hooks
+  return one summed row when a layer's input is shared across the batch (GPT-2's
+  ``wpe``, BERT's ``position_embeddings``: their position ids have batch size 1);
+* always, ``hooks``: the rows of each parameter add up to its ordinary batch
+  gradient (``.grad``), which catches uses of a parameter the hooks do not see;
+* once, on the first batch of two or more examples (or at construction, given a
+  ``probe_batch``): the rows of two examples equal those of each example
+  differentiated alone with ``torch.func.grad`` (a batch-of-one reference).
+
+Hugging Face models need a ready 4D attention mask under ``vmap``; it must keep
+the model's own attention pattern (causal + padding for decoders such as GPT-2):
+see ``attention_mask_4d`` and ``attention_is_causal``.
+
 References: Abadi et al. 2016 (DP-SGD); Yousefpour et al. 2021 (Opacus).
 """
 
@@ -88,17 +108,111 @@ def _ordered(model: nn.Module, names: Sequence[str]) -> list[tuple[str, nn.Param
     return [(n, p) for n, p in params.items() if n in keep]
 
 
-def additive_attention_mask(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """A (B, T) 0/1 padding mask as the (B, 1, 1, T) additive mask attention layers add.
+def attention_mask_4d(attention_mask: Tensor, dtype: torch.dtype, *, causal: bool) -> Tensor:
+    """A (B, T) 0/1 padding mask as the 4D additive mask a Hugging Face model adds to its scores.
 
-    Hugging Face models build their mask from a 2D one with data-dependent checks
-    (``mask.all()``) that ``vmap`` cannot run; a 4D mask is used as given. Pass
-    ``dtype`` = the model's dtype. Same numbers as the 2D mask: 0 where attended,
-    ``finfo(dtype).min`` where padded.
+    Under ``vmap`` a Hugging Face model cannot build its mask from a 2D one (transformers
+    branches on values, e.g. ``mask.all()``), but a 4D mask is used as given
+    (``masking_utils._preprocess_mask_arguments`` returns it as-is) and the eager attention
+    adds it to the scores (``scores + mask``; a bool mask would be added as 0/1, hence a
+    float one). Given as-is, it must therefore carry *all* of the model's masking: a
+    decoder (GPT-2, Llama, BERT with ``is_decoder``) masks the future as well as the
+    padding, and a padding-only mask silently turns it into a different, bidirectional
+    model (for a tiny GPT-2, per-example gradients off by about 3e-2 relative).
+
+    Query i attends key j iff ``attention_mask[b, j] == 1`` and, when ``causal``, j <= i:
+    the same pattern as transformers' ``create_causal_mask`` / ``create_bidirectional_mask``
+    (padded keys masked; padded query rows are never read by real tokens). With right
+    padding (and the model's default position ids), a real token's output then equals that
+    of the unpadded sequence run alone. Left padding shifts the positions of a model that
+    numbers them from the first column (GPT-2), exactly as transformers' own 2D path does.
+
+    Args:
+        attention_mask: (B, T), 1 for tokens, 0 for padding.
+        dtype: the model's dtype (the mask is added to its attention scores).
+        causal: whether the model's self-attention is causal; ``attention_is_causal(model)``
+            reads it off a Hugging Face model.
+
+    Returns:
+        (B, 1, T, T) when ``causal``, else (B, 1, 1, T): 0 where attended,
+        ``finfo(dtype).min`` where masked.
     """
     keep = attention_mask[:, None, None, :].to(torch.bool)
+    if causal:
+        t = attention_mask.shape[-1]
+        pos = torch.arange(t, device=attention_mask.device)
+        keep = keep & (pos[None, :] <= pos[:, None])  # (B, 1, T, T): key j <= query i
     zero = torch.zeros((), dtype=dtype, device=attention_mask.device)
     return torch.where(keep, zero, torch.finfo(dtype).min)
+
+
+def additive_attention_mask(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """The padding-only (B, 1, 1, T) additive mask: **bidirectional (encoder) models only**.
+
+    Same as ``attention_mask_4d(attention_mask, dtype, causal=False)``. Passed to a causal
+    model (GPT-2) it drops the causal mask, so the gradients are those of another model;
+    use ``attention_mask_4d(..., causal=attention_is_causal(model))`` there.
+    """
+    return attention_mask_4d(attention_mask, dtype, causal=False)
+
+
+def attention_is_causal(model: nn.Module) -> bool:
+    """Whether a Hugging Face model's self-attention is causal (masks the future).
+
+    Read off the model the way transformers decides, in this order:
+
+    1. ``config.is_causal is False``: bidirectional (transformers' override, under which
+       ``create_causal_mask`` builds a bidirectional mask);
+    2. attention modules carry ``is_causal`` (what SDPA/flash use when no mask is given;
+       GPT-2: True; BERT: ``config.is_decoder``): causal iff any is True (cross-attention
+       modules are False; a decoder's self-attention is True);
+    3. else ``config.is_decoder`` True: causal;
+    4. else measured: the base model's hidden states of two token sequences that differ
+       only in their last token; causal iff those at the earlier positions are equal.
+
+    Args:
+        model: a transformers ``PreTrainedModel`` (anything with ``config``).
+
+    Returns:
+        True for decoder models (GPT-2, Llama, ...), False for encoders (BERT, RoBERTa).
+
+    Raises:
+        ValueError: when rule 4 is needed and the model cannot run on ``input_ids`` alone.
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "is_causal", None) is False:
+        return False
+    flags = [
+        m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)
+    ]
+    if flags:
+        return any(flags)
+    if getattr(config, "is_decoder", False):
+        return True
+    return _measured_causal(model)
+
+
+def _measured_causal(model: nn.Module) -> bool:
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+    if vocab < 6:
+        raise ValueError(
+            f"cannot tell whether {type(model).__name__} is causal; pass causal= explicitly"
+        )
+    device = next(model.parameters()).device
+    base = getattr(model, "base_model", model)  # hidden states, not a head's pooled output
+    try:
+        with torch.no_grad(), _modes(model, False):
+            hidden = [
+                base(input_ids=torch.tensor([[1, 2, 3, last]], device=device))[0][0, :3].double()
+                for last in (4, 5)
+            ]
+    except Exception as err:  # any model that needs more than input_ids
+        raise ValueError(
+            f"cannot tell whether {type(model).__name__} is causal (running it on input_ids "
+            f"alone raised {type(err).__name__}); pass causal= explicitly"
+        ) from err
+    gap = (hidden[0] - hidden[1]).abs().max()
+    return bool(gap <= 1e-3 * hidden[0].abs().max())  # rounding vs. a changed input
 
 
 def _batch_size(batch: Batch) -> int:
@@ -127,13 +241,17 @@ def _modes(model: nn.Module, train: bool, also_train: Sequence[nn.Module] = ()) 
 class PerExampleGradients:
     """Per-example gradients of a model's selected parameters.
 
-    Built once per run; each call computes the rows of one batch.
+    Built once per run; each call computes the rows of one batch. Every call checks that
+    each selected parameter got exactly one row per example and the loss one value per
+    example, and raises before returning any row otherwise (see the module docstring);
+    once, the rows of two examples are compared with a batch-of-one reference.
 
     Args:
         model: the module (not modified: modes, ``requires_grad`` flags and ``.grad``
             are restored after each call).
         forward: ``forward(call, batch) -> outputs`` where ``call`` invokes the model.
-        loss: ``loss(outputs, batch) -> (B,)`` per-example losses.
+        loss: ``loss(outputs, batch) -> (B,)`` per-example losses (``reduction="none"``;
+            a batch mean is refused, it would scale every row by 1/B under ``hooks``).
         names: the parameters to differentiate (others are constants); rows follow
             ``layout_for(model, names)``, i.e. ``named_parameters`` order.
         backend: ``vmap`` (torch.func) or ``hooks`` (Opacus ``GradSampleModule``).
@@ -144,10 +262,19 @@ class PerExampleGradients:
             is in ``eval()`` during the computation. With ``vmap``, each example then
             draws its own dropout mask (``randomness="different"``), so the numbers
             differ from ``hooks``, which draws one batched mask.
+        check: compare, once, the rows of two examples with each example differentiated
+            alone (``torch.func.grad``, model in eval mode, no randomness drawn): at
+            construction on ``probe_batch`` if given, else on the first batch of two or
+            more examples, before any of its rows is returned. The shape checks of every
+            call are not switchable.
+        probe_batch: a batch (two or more examples, on the model's device) to run that
+            comparison on at construction, so that a parameter the backend gets wrong
+            (``hooks``: GPT-2's ``transformer.wpe.weight``) is refused before a run starts.
 
     Raises:
-        ValueError: unknown backend, bad names, or (``hooks``) a selected parameter in
-            a layer Opacus cannot handle.
+        ValueError: unknown backend, bad names, (``hooks``) a selected parameter in a layer
+            Opacus cannot handle, or (with ``probe_batch``) a parameter whose rows are not
+            per-example; the message names the parameter.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(3, 2))
@@ -171,15 +298,21 @@ class PerExampleGradients:
         microbatch: int | None = None,
         dtype: torch.dtype | None = torch.float32,
         train_mode: bool = False,
+        check: bool = True,
+        probe_batch: Batch | None = None,
     ) -> None:
         self.backend = parse_choice(PerExampleBackend, backend, "per-example backend")
         if microbatch is not None and microbatch < 1:
             raise ValueError(f"microbatch must be a positive number of examples, got {microbatch}")
         self.model, self.forward, self.loss = model, forward, loss
         self.microbatch, self.dtype, self.train_mode = microbatch, dtype, bool(train_mode)
-        self.names = [n for n, _ in _ordered(model, names)]
+        ordered = _ordered(model, names)
+        self.names = [n for n, _ in ordered]
+        self._shapes = [tuple(p.shape) for _, p in ordered]
         self.layout = layout_for(model, self.names)
         self._owners = [model.get_submodule(n.rpartition(".")[0]) for n in self.names]
+        if self.train_mode:
+            _check_no_batch_norm(model)
         if self.backend == PerExampleBackend.HOOKS:
             _check_hooks_support(model, self.names, self._owners)
         else:
@@ -188,6 +321,11 @@ class PerExampleGradients:
                 in_dims=(None, None, 0),
                 randomness="different",
             )
+        self._unprobed = bool(check)
+        if probe_batch is not None and self._unprobed:
+            if _batch_size(probe_batch) < 2:
+                raise ValueError("probe_batch needs at least 2 examples")
+            self._probe(probe_batch)
 
     @property
     def p(self) -> int:
@@ -200,6 +338,10 @@ class PerExampleGradients:
 
         Returns:
             ``(grads, losses)``: grads ``(B, p)`` in layout order, losses ``(B,)`` detached.
+
+        Raises:
+            ValueError: a selected parameter got other than one row per example, or the
+                loss other than one value per example (the message names the parameter).
         """
         parts = list(self.iter_microbatches(batch))
         if len(parts) == 1:
@@ -213,13 +355,13 @@ class PerExampleGradients:
     def iter_microbatches(self, batch: Batch) -> Iterator[tuple[Tensor, Tensor]]:
         """Yield ``(grads, losses)`` for consecutive slices of at most ``microbatch`` examples."""
         b = _batch_size(batch)
+        if self._unprobed and b >= 2:
+            self._probe(batch)
         step = self.microbatch or max(b, 1)
         for start in range(0, b, step):
             part = {k: v[start : start + step] for k, v in batch.items()}
-            if self.backend == PerExampleBackend.HOOKS:
-                yield self._hooks(part)
-            else:
-                yield self._vmap(part)
+            grads, losses = self._compute(part, self.train_mode)
+            yield self._flatten(grads), losses
 
     def clipped_sum(self, batch: Batch, max_norm: float) -> tuple[Tensor, Tensor, Tensor]:
         """Sum of the clipped per-example gradients, without keeping all rows.
@@ -247,6 +389,70 @@ class PerExampleGradients:
             return torch.zeros(self.p, dtype=dtype, device=device), zeros, zeros
         return total, torch.cat(norms), torch.cat(losses)
 
+    # ------------------------------------------------------------------ checks
+    def _compute(self, batch: Batch, train: bool) -> tuple[list[Tensor], Tensor]:
+        """Per-parameter gradients ``(B, *shape)`` and losses ``(B,)`` of one slice, checked."""
+        b = _batch_size(batch)
+        if self.backend == PerExampleBackend.HOOKS:
+            return self._hooks(batch, train)  # checks its rows before their sums
+        grads, losses = self._vmap(batch, train)
+        self._check_rows(grads, b)
+        self._check_losses(losses, b)
+        return grads, losses
+
+    def _check_rows(self, grads: Sequence[Tensor], b: int) -> None:
+        """Raise unless every selected parameter has one gradient row per example."""
+        for name, shape, g in zip(self.names, self._shapes, grads, strict=True):
+            if tuple(g.shape) == (b, *shape):
+                continue
+            if self.backend == PerExampleBackend.HOOKS:
+                why = (
+                    "its layer's input is shared by the whole batch (e.g. position ids of batch "
+                    "size 1), so Opacus summed the examples; use backend='vmap', which "
+                    "differentiates each example alone"
+                )
+            else:
+                why = "the forward does not keep the examples apart"
+            raise ValueError(
+                f"per-example gradient of {name!r} from backend {self.backend.value!r} has shape "
+                f"{tuple(g.shape)}, not one row per example {(b, *shape)}: {why}"
+            )
+
+    def _check_losses(self, losses: Tensor, b: int) -> None:
+        if tuple(losses.shape) != (b,):
+            raise ValueError(
+                f"the loss must return one value per example, shape ({b},), got "
+                f"{tuple(losses.shape)}: use reduction='none' (a batch mean would scale every "
+                "per-example gradient by 1/B)"
+            )
+
+    def _probe(self, batch: Batch) -> None:
+        """Compare the rows of two examples with each example differentiated alone.
+
+        The reference is ``torch.func.grad`` of the loss of one example run as a batch of
+        one (no ``vmap``, no hooks), the loop Opacus's tests use. Relative tolerance per
+        parameter: 1e-7 in float64, 1e-3 in float32, 5e-2 in lower precision.
+        """
+        part = {k: v[:2] for k, v in batch.items()}
+        grads, _ = self._compute(part, train=False)
+        params, consts = self._split_params()
+        grad_one = torch.func.grad(self._example_loss)
+        with _modes(self.model, False):
+            refs = [grad_one(params, consts, {k: v[i] for k, v in part.items()}) for i in range(2)]
+        for name, g in zip(self.names, grads, strict=True):
+            want = torch.stack([r[name] for r in refs]).double()
+            gap = float(torch.linalg.vector_norm(g.double() - want))
+            scale = float(torch.linalg.vector_norm(want))
+            if gap > _rtol(g.dtype) * scale:  # False for NaN: non-finite rows are the caller's
+                rel = gap / max(scale, 1e-300)
+                hint = "; use backend='vmap'" if self.backend == PerExampleBackend.HOOKS else ""
+                raise ValueError(
+                    f"per-example gradients of {name!r} from backend {self.backend.value!r} differ "
+                    f"from each example differentiated alone (relative error {rel:.2g} on 2 "
+                    f"examples; does the forward mix examples?){hint}"
+                )
+        self._unprobed = False
+
     # ------------------------------------------------------------------ vmap
     def _example_loss(self, params: dict[str, Tensor], consts: dict[str, Tensor], example: Batch):
         batch = {k: v.unsqueeze(0) for k, v in example.items()}
@@ -254,25 +460,34 @@ class PerExampleGradients:
         def call(*args, **kwargs):
             return torch.func.functional_call(self.model, (params, consts), args, kwargs)
 
-        return self.loss(self.forward(call, batch), batch).sum()
+        losses = self.loss(self.forward(call, batch), batch)
+        self._check_losses(losses, 1)
+        return losses.sum()
 
-    def _vmap(self, batch: Batch) -> tuple[Tensor, Tensor]:
+    def _split_params(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         selected = set(self.names)
         params, consts = {}, {}
         for n, p in self.model.named_parameters():
             (params if n in selected else consts)[n] = p.detach()
+        return params, consts
+
+    def _vmap(self, batch: Batch, train: bool) -> tuple[list[Tensor], Tensor]:
+        params, consts = self._split_params()
         try:
-            with _modes(self.model, self.train_mode):
+            with _modes(self.model, train):
                 grads, losses = self._grad_fn(params, consts, batch)
         except RuntimeError as err:
             if "data-dependent control flow" not in str(err):
                 raise
             raise ValueError(
                 "the model's forward branches on tensor values (e.g. `if mask.all()`), which "
-                "vmap cannot run; for Hugging Face models pass a 4D attention mask "
-                "(gradspec.collect._per_example.additive_attention_mask), or use backend='hooks'"
+                "vmap cannot run; for Hugging Face models pass a ready 4D attention mask that "
+                "keeps the model's own masking, gradspec.collect._per_example.attention_mask_4d("
+                "mask, dtype, causal=attention_is_causal(model)) (decoders such as GPT-2 need "
+                "causal=True: a padding-only mask turns them into another model), or use "
+                "backend='hooks'"
             ) from err
-        return self._flatten([grads[n] for n in self.names]), losses.detach()
+        return [grads[n] for n in self.names], losses.detach()
 
     def _flatten(self, grads: Sequence[Tensor]) -> Tensor:
         b = grads[0].shape[0]
@@ -286,9 +501,10 @@ class PerExampleGradients:
         return out
 
     # ------------------------------------------------------------------ hooks
-    def _hooks(self, batch: Batch) -> tuple[Tensor, Tensor]:
+    def _hooks(self, batch: Batch, train: bool) -> tuple[list[Tensor], Tensor]:
         from opacus import GradSampleModule
 
+        b = _batch_size(batch)
         params = [self.model.get_parameter(n) for n in self.names]
         flags = [(p, p.requires_grad) for p in self.model.parameters()]
         saved_grads = [p.grad for p in params]
@@ -300,7 +516,7 @@ class PerExampleGradients:
                 p.requires_grad_(True)
                 p.grad = None
             with (
-                _modes(self.model, self.train_mode, self._owners),
+                _modes(self.model, train, self._owners),
                 torch.enable_grad(),
                 warnings.catch_warnings(),
             ):
@@ -308,14 +524,18 @@ class PerExampleGradients:
                 warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
                 gsm = GradSampleModule(self.model, batch_first=True, loss_reduction="sum")
                 losses = self.loss(self.forward(gsm, batch), batch)
+                self._check_losses(losses, b)
                 losses.sum().backward()
                 grads = [p.grad_sample for p in params]
+                totals = [p.grad for p in params]
             if any(not isinstance(g, Tensor) for g in grads):
                 raise ValueError(
                     "Opacus returned no single per-example gradient for some selected parameter "
                     "(is it unused, or used in several forward passes?); use backend='vmap'"
                 )
-            return self._flatten(grads), losses.detach()
+            self._check_rows(grads, b)  # before the sums: one summed row adds up trivially
+            self._check_sums(grads, totals)
+            return grads, losses.detach()
         finally:
             if gsm is not None:
                 gsm.cleanup()
@@ -328,11 +548,70 @@ class PerExampleGradients:
             for p, flag in flags:
                 p.requires_grad_(flag)
 
+    def _check_sums(self, grads: Sequence[Tensor], totals: Sequence[Tensor | None]) -> None:
+        """Raise unless each parameter's rows add up to its batch gradient ``.grad``.
+
+        Opacus computes a row from the inputs and output gradients of the parameter's own
+        layer; a use of the parameter elsewhere (a tied weight applied functionally) reaches
+        ``.grad`` but no row. The gap is measured against sum_i ||g_i||, so cancellation
+        across examples does not trip it.
+        """
+        for name, g, total in zip(self.names, grads, totals, strict=True):
+            if total is None:
+                continue
+            gap = float(torch.linalg.vector_norm(g.sum(0) - total))
+            scale = float(torch.linalg.vector_norm(g.flatten(1), dim=1).sum())  # no (B, p) copy
+            if gap > _rtol(g.dtype) * scale:
+                rel = gap / max(scale, 1e-300)
+                raise ValueError(
+                    f"the hooks backend's per-example gradients of {name!r} do not add up to its "
+                    f"batch gradient (relative gap {rel:.2g}): the parameter is also used outside "
+                    "its layer's forward, which the hooks do not see; use backend='vmap'"
+                )
+
+
+def _rtol(dtype: torch.dtype) -> float:
+    """Relative tolerance of a comparison of gradients computed in ``dtype``."""
+    return {torch.float64: 1e-7, torch.float32: 1e-3}.get(dtype, 5e-2)
+
+
+def _check_no_batch_norm(model: nn.Module) -> None:
+    """Raise when ``train_mode`` would run a BatchNorm layer in train mode.
+
+    In train mode BatchNorm normalizes with the statistics of the batch, so each example's
+    output, and gradient, depends on the others (and the running statistics move). In eval
+    mode it is a fixed affine map, which is why only ``train_mode=True`` is refused.
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            raise ValueError(
+                f"train_mode=True would run {type(module).__name__} layer {name!r} on batch "
+                "statistics, which couple the examples (no gradient is per-example); use "
+                "train_mode=False (it then uses its running statistics)"
+            )
+
 
 def _check_hooks_support(model: nn.Module, names: Sequence[str], owners: Sequence[nn.Module]):
-    """Raise a ValueError naming the layer when Opacus hooks cannot handle a selected parameter."""
+    """Raise a ValueError naming the layer when Opacus hooks cannot handle a selected parameter.
+
+    Refused: layers without an Opacus grad sampler, layers with buffers (BatchNorm), and
+    parameters shared by several layers (tied weights, e.g. GPT-2's ``wte`` and
+    ``lm_head``), whose rows Opacus cannot combine. Inputs shared across the batch are
+    only visible at run time (``PerExampleGradients._check_rows``).
+    """
     from opacus import GradSampleModule
 
+    aliases: dict[int, list[str]] = {}
+    for alias, param in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(param), []).append(alias)
+    for name in names:
+        others = [a for a in aliases[id(model.get_parameter(name))] if a != name]
+        if others:
+            raise ValueError(
+                f"parameter {name!r} is shared with {others[0]!r} (tied weights); the hooks "
+                "backend cannot combine its per-example gradients over several layers; use "
+                "backend='vmap'"
+            )
     for name, owner in zip(names, owners, strict=True):
         kind = type(owner).__name__
         if type(owner) not in GradSampleModule.GRAD_SAMPLERS:

@@ -279,18 +279,27 @@ class _TextForward:
     """``forward(call, batch)`` for a sequence classifier: returns the logits."""
 
     def __init__(self, model: nn.Module) -> None:
+        from gradspec.collect._per_example import attention_is_causal
+
         # Models built on transformers' mask helpers take a ready 4-D mask as-is, which
-        # keeps their data-dependent "is there padding?" branch out of vmap.
+        # keeps their data-dependent "is there padding?" branch out of vmap. As-is means it
+        # must carry all their masking: causal + padding for decoders (GPT-2), else the
+        # gradients are those of a bidirectional model.
         module = sys.modules.get(type(model).__module__)
-        self.mask_4d = hasattr(module, "create_bidirectional_mask")
+        self.mask_4d = any(
+            hasattr(module, f) for f in ("create_bidirectional_mask", "create_causal_mask")
+        )
+        self.causal = self.mask_4d and attention_is_causal(model)
         self.model = model
 
     def __call__(self, call: Callable[..., Any], batch: Batch) -> Tensor:
+        from gradspec.collect._per_example import attention_mask_4d
+
         inputs = {k: batch[k] for k in _INPUT_KEYS if k in batch}
         if self.mask_4d and "attention_mask" in inputs:
-            dtype = self.model.dtype
-            keep = inputs["attention_mask"][:, None, None, :].to(dtype)
-            inputs["attention_mask"] = (1.0 - keep) * torch.finfo(dtype).min
+            inputs["attention_mask"] = attention_mask_4d(
+                inputs["attention_mask"], self.model.dtype, causal=self.causal
+            )
         return call(**inputs).logits
 
 

@@ -12,7 +12,8 @@ from torch import Tensor, nn
 from gradspec._enums import PerExampleBackend
 from gradspec.collect._per_example import (
     PerExampleGradients,
-    additive_attention_mask,
+    attention_is_causal,
+    attention_mask_4d,
     layout_for,
     select_parameters,
 )
@@ -52,8 +53,10 @@ def _bert(gen: torch.Generator, dtype: torch.dtype) -> Case:
         "labels": torch.randint(0, 2, (b,), generator=gen),
     }
 
+    causal = attention_is_causal(model)  # False: BERT is an encoder
+
     def forward(call, batch):  # a 4D mask: transformers' 2D-mask path branches on values
-        mask4 = additive_attention_mask(batch["attention_mask"], dtype)
+        mask4 = attention_mask_4d(batch["attention_mask"], dtype, causal=causal)
         return call(input_ids=batch["input_ids"], attention_mask=mask4).logits
 
     return Case(model, forward, ["*.query.weight", "*.value.weight"], batch)
