@@ -83,6 +83,11 @@ def pca_command(
     typer.echo(
         f"H: {r} x {p}   k={result.k}   method={result.method} ({result.params.get('reason')})"
     )
+    if result.params.get("k_reason"):
+        typer.echo(
+            f"kept k={result.k} of --k {result.params['k_requested']}: "
+            f"{result.params['k_reason']}; the store holds these {result.k} directions"
+        )
     typer.echo(f"sigma[:5]: {top}   sigma[k]: {result.sigma[-1]:.4g}")
     typer.echo(
         f"accuracy: max residual {acc['max_residual']:.2e}, reconstruction error "

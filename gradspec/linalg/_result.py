@@ -11,6 +11,18 @@ measures in the same pass, with the V actually stored:
 - ``residuals``   the triplet residual √(residual_h² + residual_ht²),
 - the reconstruction error ‖H − H·V·Vᵀ‖_F/‖H‖_F from H·V, VᵀV and ‖H‖_F²
   (= √(1 − Σσ²/‖H‖_F²) for exact singular vectors), without materialising H.
+
+Which directions are kept. A direction whose σ is below what the block-product
+precision resolves is not a singular direction but rounding: its u is noise and
+V = Hᵀu/σ is not a unit vector (measured: σ ≈ 2e-4·σ_1 and ‖v‖ ≈ 1e-4 for the
+null directions of a rank-5 H in float32). ``finalize`` keeps only σ_i above
+``rank_rtol(r, precision)``·σ_1 — the numerical-rank floor of a float64
+Gram/Ritz, or where the precision's σ error (``_device``: ~1e-6·(σ_1/σ_i)² for
+float32, ~1e-3·(σ_1/σ_i)² for tf32) reaches 10% — and then, with ``verify``,
+drops any trailing directions whose stored V column is not a unit vector to
+within ``V_UNIT_ATOL`` (the tolerance `gradspec decay` checks). The result holds
+the k directions kept; ``params`` records ``k_requested``, ``k``, ``rank_rtol``
+and the reason.
 """
 
 from __future__ import annotations
@@ -42,6 +54,19 @@ def sort_desc(theta: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 def null_floor(sigma1: float, r: int) -> float:
     """σ below this are numerically zero for a Gram/Ritz computed in float64."""
     return float(sigma1) * float(np.sqrt(max(r, 1) * np.finfo(np.float64).eps)) * 10
+
+
+#: Relative σ error of each block-product precision at σ_i: ~coef·(σ_1/σ_i)² (see ``_device``).
+SIGMA_ERROR = {"float64": 0.0, "auto": 0.0, "float32": 1e-6, "tf32": 1e-3}
+#: |‖v_j‖ − 1| above which a stored direction is not kept (``gradspec.spectrum.project_rows``'s atol).
+V_UNIT_ATOL = 1e-3
+
+
+def rank_rtol(r: int, precision: str = "float64") -> float:
+    """σ_i ≤ rank_rtol·σ_1 are not resolved: the float64 null floor, or a 10% σ error."""
+    base = null_floor(1.0, r)
+    coef = SIGMA_ERROR.get(str(precision), SIGMA_ERROR["float32"])
+    return float(max(base, np.sqrt(coef / 0.1)))
 
 
 @dataclass
@@ -131,14 +156,23 @@ def finalize(
     r = op.shape[0]
     sigma = np.asarray(sigma, dtype=np.float64)
     u = sign_fix(np.asarray(u, dtype=np.float64))
-    floor = null_floor(sigma[0], r) if sigma.size else 0.0
-    rank = int((sigma > floor).sum())
-    if rank < sigma.size:
-        logger.warning(
-            "H has numerical rank %d < k=%d: vectors beyond it are set to zero", rank, sigma.size
+    k_requested = int(sigma.size)
+    precision = str(getattr(op, "precision", "float64"))
+    rtol = rank_rtol(r, precision)
+    if not sigma.size or not sigma[0] > 0:
+        raise ValueError("H is zero (no singular value above 0): check the rows and parameters selected")
+    kept = int((sigma > rtol * sigma[0]).sum())  # σ descending: a prefix
+    reason = None
+    if kept < k_requested:
+        reason = (
+            f"sigma_{kept + 1} = {sigma[kept]:.3g} is below {rtol:.2g}·sigma_1, what {precision} "
+            "products resolve"
+            + (" (H's numerical rank)" if SIGMA_ERROR.get(precision, 1.0) == 0.0 else "")
         )
-        sigma = np.where(sigma > floor, sigma, 0.0)
-        u[:, rank:] = 0.0
+        logger.info("keeping %d of %d directions: %s", kept, k_requested, reason)
+        sigma, u = sigma[:kept], u[:, :kept]
+        if est_residual is not None:
+            est_residual = np.asarray(est_residual)[:kept]
     keep = sink is None
     if keep:
         sink = ArraySink(op.shape[1], sigma.size, out_dtype)
@@ -148,6 +182,28 @@ def finalize(
         sink.flush()  # every row of V has landed before the report is made
     timings = dict(timings or {})
     timings["project"] = time.perf_counter() - t0
+    if stats is not None:
+        dev = np.abs(np.sqrt(np.maximum(np.diag(stats["vtv"]), 0.0)) - 1.0)
+        bad = np.flatnonzero(dev > V_UNIT_ATOL)
+        if bad.size:
+            j = int(bad[0])
+            if j == 0:
+                raise ValueError(
+                    f"the first stored direction is not a unit vector (|‖v_1‖ − 1| = {dev[0]:.2e}); "
+                    f"{precision} products do not resolve this H: rerun with --precision float64"
+                )
+            reason = (
+                f"v_{j + 1} of the stored V is not a unit vector (|‖v‖ − 1| = {dev[j]:.2e} > "
+                f"{V_UNIT_ATOL}); {precision} products do not resolve sigma_{j + 1} = {sigma[j]:.3g}"
+            )
+            logger.info("keeping %d of %d directions: %s", j, k_requested, reason)
+            kept = j
+            sigma, u = sigma[:j], u[:, :j]
+            stats = {"hv": stats["hv"][:, :j], "vtv": stats["vtv"][:j, :j], "rt2": stats["rt2"][:j]}
+            if est_residual is not None:
+                est_residual = np.asarray(est_residual)[:j]
+            if keep:
+                sink.array = np.ascontiguousarray(sink.array[:, :j])
     frob2 = op.frob2
     safe = np.where(sigma > 0, sigma, 1.0)
     if stats is not None:
@@ -163,8 +219,14 @@ def finalize(
         )
         res_ht = np.zeros(sigma.size)
         rec2 = frob2 - float((sigma**2).sum())
-    res_h[sigma == 0] = 0.0
     rec = float(np.sqrt(max(rec2, 0.0) / frob2)) if frob2 > 0 else 0.0
+    params = {
+        **(params or {}),
+        "k": int(sigma.size),
+        "k_requested": k_requested,
+        "rank_rtol": rtol,
+        "k_reason": reason,
+    }
     return PcaResult(
         sigma=sigma,
         U=u,
@@ -174,10 +236,10 @@ def finalize(
         residual_h=res_h,
         residual_ht=res_ht,
         reconstruction_error=rec,
-        params=dict(params or {}),
+        params=params,
         history=list(history or []),
         timings=timings,
         source=op.describe(),
         passes=op.passes,
-        rank=rank,
+        rank=kept,
     )

@@ -52,26 +52,17 @@ def parse_rows(text: str | None) -> slice | None:
 
 
 def row_index(rows: RowSelection, n: int) -> slice | np.ndarray:
-    """Normalize a row selection against n available rows; raise on an empty or bad one."""
-    if rows is None:
-        idx: slice | np.ndarray = slice(0, n)
-        count = n
-    elif isinstance(rows, slice):
-        start, stop, step = rows.indices(n)
-        if step < 1:
-            raise ValueError("row slices must have a positive step")
-        idx = slice(start, stop) if step == 1 else np.arange(start, stop, step)
-        count = len(range(start, stop, step))
-    else:
-        idx = np.asarray(rows, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < 0 or idx.max() >= n):
-            raise ValueError(f"row indices must lie in [0, {n}) (the committed rows)")
-        count = int(idx.size)
-    if count == 0:
-        raise ValueError(
-            f"the row selection {describe_rows(rows)} selects no rows of {n}; widen --rows"
-        )
-    return idx
+    """Normalize a row selection against n available rows; raise on an empty or bad one.
+
+    Strict (``gradspec.store._spectrum.resolve_rows``): bounds beyond the n rows are an
+    error, not clipped, so ``--rows 50:200`` of 100 rows never means rows 50..99.
+    """
+    from gradspec.store._spectrum import as_slice, resolve_rows
+
+    idx = resolve_rows(rows, n, what="--rows")
+    if rows is None or isinstance(rows, slice):
+        return as_slice(idx)
+    return np.asarray(rows, dtype=np.int64).reshape(-1)
 
 
 def describe_rows(rows: RowSelection) -> Any:
@@ -149,17 +140,23 @@ class StoreSource:
         self._ranges = _check_ranges(col_ranges, store.p)
         self._idx = row_index(rows, store.n_rows)
         self._store, self._rows_sel, self._params = store, rows, params
-        n = (
-            self._idx.stop - self._idx.start
+        self._committed = int(store.n_rows)
+        self._abs = (
+            np.arange(self._idx.start, self._idx.stop, dtype=np.int64)
             if isinstance(self._idx, slice)
-            else int(self._idx.size)
+            else np.asarray(self._idx, dtype=np.int64)
         )
-        self.shape = (n, sum(b - a for a, b in self._ranges))
+        self._digest: str | None = None
+        self.shape = (int(self._abs.size), sum(b - a for a, b in self._ranges))
         self.dtype = np.dtype(np.float32)
 
     @property
     def chunk_cols(self) -> int:
         return int(self._store.chunks[1])
+
+    def row_indices(self) -> np.ndarray:
+        """Absolute indices of the selected rows in the store."""
+        return self._abs.copy()
 
     def iter_col_blocks(
         self, block_cols: int, prefetch: int = 2
@@ -172,16 +169,38 @@ class StoreSource:
         return self._store.to_dask(rows=self._idx, col_ranges=self._ranges)
 
     def describe(self) -> dict[str, Any]:
+        """What a spectrum records of its source (see ``gradspec.store._spectrum``)."""
+        from gradspec.store._spectrum import (
+            config_digest,
+            describe_row_indices,
+            resolved_path,
+            rows_digest,
+        )
+
+        if self._digest is None:
+            self._digest = rows_digest(self._store, self._abs)
+        config = dict(getattr(self._store, "config", {}) or {})
         return {
             "source": "gradient-store",
             "path": str(self._store.path),
-            "committed_rows": int(self._store.n_rows),
+            "abspath": resolved_path(self._store.path),
+            "committed_rows": self._committed,
             "status": getattr(self._store, "status", None),
             "rows": describe_rows(self._rows_sel),
+            "rows_resolved": describe_row_indices(self._abs),
+            "rows_digest": self._digest,
+            "config_digest": config_digest(config),
             "params": self._params
             if self._params is None or isinstance(self._params, str)
             else list(self._params),
             "col_ranges": self._ranges,
+            "layout": self._store.layout.to_list(),
+            "per_example": bool(getattr(self._store, "per_example", False)),
+            "run": {
+                key: config.get(key)
+                for key in ("n_train", "final_epsilon", "delta", "steps")
+                if config.get(key) is not None
+            },
         }
 
 

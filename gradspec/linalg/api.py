@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +39,46 @@ def _check_k(k: int, shape: tuple[int, int]) -> None:
         )
 
 
+#: Run settings that change the numbers: a resumed run must use the saved ones.
+RESUME_SETTINGS = (
+    "k",
+    "method",
+    "iters",
+    "tol",
+    "oversample",
+    "seed",
+    "precision",
+    "center",
+    "rows",
+    "params",
+    "col_ranges",
+    "v_dtype",
+    "source_path",
+)
+
+
+def _source_rows(op: Any) -> np.ndarray | None:
+    src = getattr(op, "source", None)
+    return src.row_indices() if hasattr(src, "row_indices") else None
+
+
+def _check_not_source(out: Any, desc: dict) -> None:
+    """Refuse an --out that is, holds or lies inside the gradient store being read."""
+    from gradspec.store._spectrum import resolved_path
+    from gradspec.store._zarr import is_url
+
+    src = desc.get("abspath")
+    if src is None or is_url(out) or is_url(src):
+        return
+    o = Path(resolved_path(out))
+    s = Path(src)
+    if o == s or s in o.parents or o in s.parents:
+        raise ValueError(
+            f"--out {str(out)!r} is or contains the gradient store being read ({src}); "
+            "choose another --out"
+        )
+
+
 def _open_output(
     out: Any,
     *,
@@ -49,9 +90,13 @@ def _open_output(
     overwrite: bool,
     v_dtype: str,
 ):
+    """-> (store to write, final path when the store is staged beside a complete one, or None)."""
     from gradspec.store._spectrum import SpectrumStore
+    from gradspec.store._zarr import is_url
 
     r, p = op.shape
+    desc = op.describe()
+    _check_not_source(out, desc)
     if resume and Path(out).exists():
         store = SpectrumStore.open(out, mode="r+")
         if store.status == "complete":
@@ -60,28 +105,102 @@ def _open_output(
             )
         saved = store.params
         mismatch = [
-            f"{name}: saved {saved.get(name)!r}, now {params.get(name)!r}"
-            for name in ("k", "oversample", "seed", "rows", "params", "center")
-            if saved.get(name) != params.get(name)
+            f"{name}: saved {_jsonish(saved.get(name))!r}, now {_jsonish(params.get(name))!r}"
+            for name in RESUME_SETTINGS
+            if _jsonish(saved.get(name)) != _jsonish(params.get(name))
         ]
-        if store.shape != (r, p) or store.method != method.value or mismatch:
-            why = "; ".join(mismatch) or f"shape {store.shape} / method {store.method}"
+        if store.shape != (r, p):
+            mismatch.insert(0, f"shape: saved {store.shape}, now {(r, p)}")
+        if mismatch:
             raise ValueError(
-                f"cannot resume {str(out)!r}: it was started with other settings ({why})"
+                f"cannot resume {str(out)!r}: it was started with other settings "
+                f"({'; '.join(mismatch)}); resume with the saved ones, or --overwrite to start afresh"
             )
-        return store
-    return SpectrumStore.create(
-        out,
+        if store.load_state() is None:
+            logger.info("%r holds no completed pass: starting afresh in it", str(out))
+        return store, None
+    target = out
+    final = None
+    if overwrite and not is_url(out) and Path(out).exists():
+        try:
+            complete = SpectrumStore.open(out).status == "complete"
+        except (ValueError, OSError):
+            complete = False  # check_target refuses what is not a spectrum store
+        if complete:
+            # Write beside it; the complete store is replaced only when this run completes.
+            final = Path(out)
+            target = final.with_name(f".{final.name}.partial-{os.getpid()}")
+            SpectrumStore.check_target(out, overwrite=True)
+    store = SpectrumStore.create(
+        target,
         r=r,
         p=p,
         k=k,
         method=method.value,
         params=params,
-        source=op.describe(),
+        source=desc,
+        source_rows=_source_rows(op),
         v_dtype=v_dtype,
         v_chunk_rows=None,
-        overwrite=overwrite,
+        overwrite=overwrite or final is not None,
     )
+    return store, final
+
+
+def _jsonish(value: Any) -> Any:
+    """Settings as they read back from a store's JSON attributes (tuples as lists)."""
+    import json
+
+    from gradspec.store._spectrum import _jsonable
+
+    return json.loads(json.dumps(_jsonable(value)))
+
+
+class _VSink:
+    """The spectrum store's V writer, created for the k of the first block.
+
+    pca may keep fewer directions than asked for (see ``_result.finalize``): the
+    store's arrays are sized to them before any row of V is written.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.writer: Any = None
+
+    def __call__(self, offset: int, block: np.ndarray) -> None:
+        if self.writer is None:
+            self.store.resize_k(int(block.shape[1]))
+            self.writer = self.store.v_sink()
+        self.writer(offset, block)
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
+
+
+def _give_up(store: Any, exc: BaseException) -> None:
+    """After a failed run: keep a resumable state (marked), else remove the partial store."""
+    status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    try:
+        if store.load_state() is not None:
+            store.mark_unfinished(status, f"{type(exc).__name__}: {exc}")
+            logger.warning(
+                "pca %s; its state is kept in %r: --resume continues it, a plain rerun replaces it",
+                status,
+                store.path,
+            )
+        else:
+            store.discard()
+    except Exception as cleanup:  # never hide the run's own error
+        logger.warning("could not clean up %r after the failed run: %s", store.path, cleanup)
 
 
 def pca(
@@ -188,6 +307,7 @@ def pca(
     _check_k(k, op.shape)
     r, p = op.shape
     reason = f"{meth.value} as requested"
+    explicit = meth is not PcaMethod.AUTO
     if meth is PcaMethod.AUTO:
         meth, reason = choose_method(
             r=r,
@@ -197,11 +317,13 @@ def pca(
             iters=iters or DEFAULT_ITERS[PcaMethod.KRYLOV],
             oversample=oversample,
         )
+    iters, tol = _applicable(meth, explicit=explicit, iters=iters, tol=tol)
     it = iters if iters is not None else DEFAULT_ITERS.get(meth)
     check_memory(meth, r=r, p=p, k=k, memory=budget, iters=it, oversample=oversample)
     logger.info("pca: H is %d×%d, k=%d, method %s (%s)", r, p, k, meth.value, reason)
     run_params = {
         "k": int(k),
+        "k_requested": int(k),
         "method": meth.value,
         "reason": reason,
         "iters": it,
@@ -210,15 +332,20 @@ def pca(
         "seed": seed,
         "rows": desc.get("rows"),
         "params": desc.get("params"),
+        "col_ranges": desc.get("col_ranges"),
+        "source_path": desc.get("abspath", desc.get("path")),
         "center": center,
         "precision": getattr(op, "precision", "float64"),
         "device": str(getattr(op, "device", None) or "dask"),
         "memory": budget,
+        "v_dtype": str(np.dtype(v_dtype)),
+        "verify": bool(verify),
     }
     store = None
+    final = None
     sink = None
     if out is not None:
-        store = _open_output(
+        store, final = _open_output(
             out,
             op=op,
             k=k,
@@ -228,23 +355,30 @@ def pca(
             overwrite=overwrite,
             v_dtype=v_dtype,
         )
-        sink = store.v_sink()
+        sink = _VSink(store)
     common = {"k": k, "sink": sink, "verify": verify, "out_dtype": np.dtype(v_dtype)}
     try:
         result = _run_method(
             meth, op, store=store, resume=resume, iters=it, tol=tol,
             oversample=oversample, seed=seed, **common,
         )
-    except BaseException:
+        if sink is not None:
+            sink.close()
+        result.params = {**run_params, **result.params}
+        result.timings["total"] = time.perf_counter() - t_start
+        if store is not None:
+            store.finish(result)
+            if final is not None:
+                store.move_to(final)
+    except BaseException as exc:
         if sink is not None:
             sink.abort()
+        if store is not None:
+            if final is not None:
+                store.discard()  # the complete store at --out stays as it was
+            else:
+                _give_up(store, exc)
         raise
-    if sink is not None:
-        sink.close()
-    result.params = {**run_params, **result.params}
-    result.timings["total"] = time.perf_counter() - t_start
-    if store is not None:
-        store.finish(result)
     acc = result.accuracy()
     logger.info(
         "pca: done in %.1fs, %d passes; max residual %.1e, reconstruction error %.4f",
@@ -254,6 +388,36 @@ def pca(
         acc["reconstruction_error"],
     )
     return result
+
+
+#: The options each method uses (the others would be silently ignored).
+_USES = {
+    PcaMethod.GRAM: (),
+    PcaMethod.LANCZOS: ("tol",),
+    PcaMethod.ORTHOGONAL: ("iters", "tol"),
+    PcaMethod.KRYLOV: ("iters",),
+}
+
+
+def _applicable(
+    meth: PcaMethod, *, explicit: bool, iters: int | None, tol: float | None
+) -> tuple[int | None, float | None]:
+    """Refuse --iters/--tol that the method would ignore; the exact method needs neither."""
+    given = {"iters": iters, "tol": tol}
+    unused = [f"--{name}" for name, v in given.items() if v is not None and name not in _USES[meth]]
+    if unused and (explicit or meth is not PcaMethod.GRAM):
+        users = {
+            name: [m.value for m, uses in _USES.items() if name in uses] for name in ("iters", "tol")
+        }
+        detail = "; ".join(f"{u} is used by {', '.join(users[u[2:]])}" for u in unused)
+        how = "as requested" if explicit else "chosen by --method auto"
+        raise ValueError(
+            f"method {meth.value} ({how}) does not use {' and '.join(unused)} ({detail}); "
+            "drop it or choose a method that uses it"
+        )
+    if unused:
+        logger.info("the exact method was chosen: %s not needed", " and ".join(unused))
+    return (iters if "iters" in _USES[meth] else None), (tol if "tol" in _USES[meth] else None)
 
 
 def _run_method(

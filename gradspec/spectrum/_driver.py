@@ -2,15 +2,25 @@
 
 It opens nothing itself beyond ``gradspec.store`` (which owns zarr): it reads σ,
 V and the provenance of a spectrum store, finds the rows the spectrum was
-computed from in its source gradient store (same rows, same parameter
-selection), and hands column-block iterators to the pure numerics of
-:func:`analyze_spectrum`.
+computed from in its source gradient store, and hands column-block iterators
+to the pure numerics of :func:`analyze_spectrum`.
+
+What it checks before reading a gradient (each is a one-line ``ValueError``):
+
+* the spectrum is complete, and ``k_max``, ``fit_range``, ``dim`` and ``n`` fit it;
+* the gradient store holds the spectrum's parameters — by name, shape and order
+  (:meth:`ParamLayout.require_same`); a store with more parameters is read at
+  the columns of the selected ones;
+* the source store still holds the spectrum's rows (the recorded row indices,
+  and a digest of their metadata: a store rewritten at the same path is refused);
+* held-out rows lie inside the store and — when the store is the spectrum's
+  source, by resolved path or as a copy of the same run (same config, same rows)
+  — outside the rows the spectrum was computed from.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +29,6 @@ import numpy as np
 from gradspec.spectrum._report import DecayAnalysis, DecayConfig, analyze_spectrum
 
 logger = logging.getLogger(__name__)
-
-
-def rows_from_source(desc: Any, committed: int) -> slice | np.ndarray | None:
-    """The row selection a spectrum recorded (``describe_rows`` format) as a slice or indices.
-
-    ``None`` (all rows) becomes ``slice(0, committed)``: the rows committed when the
-    spectrum was computed. Returns None when only a count of indices was recorded.
-    """
-    if desc is None:
-        return slice(0, committed)
-    if "indices" in desc:
-        return np.asarray(desc["indices"], dtype=np.int64)
-    if "start" in desc or "stop" in desc:
-        return slice(desc.get("start"), desc.get("stop"), desc.get("step"))
-    return None
 
 
 def parse_row_range(text: str | None) -> slice | None:
@@ -50,26 +45,135 @@ def parse_row_range(text: str | None) -> slice | None:
     return slice(*vals)
 
 
-def _describe(rows: slice | np.ndarray | None) -> Any:
-    if rows is None:
-        return None
-    if isinstance(rows, slice):
-        return {"start": rows.start, "stop": rows.stop, "step": rows.step}
-    return {"n_indices": int(np.asarray(rows).size)}
+class _Columns:
+    """The first k columns of a (p × K) row-sliceable basis, still read lazily."""
+
+    def __init__(self, basis: Any, k: int) -> None:
+        self._b, self.shape = basis, (int(basis.shape[0]), int(k))
+
+    def __getitem__(self, key: Any) -> Any:
+        rows, cols = key
+        start, stop, _ = cols.indices(self.shape[1])
+        return self._b[rows, start:stop]
 
 
-def _same_path(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+def _stored_k(spec: Any, notes: list[str]) -> int:
+    """Directions usable from a spectrum: leading σ > 0 (older stores zeroed unresolved ones)."""
+    sigma = spec.sigma
+    k = int(np.argmin(sigma > 0)) if np.any(sigma <= 0) else int(sigma.size)
+    if k < sigma.size:
+        notes.append(
+            f"the spectrum stores {sigma.size} directions but only the first {k} have sigma > 0 "
+            "(an older `gradspec pca` kept unresolved directions as zeros): analysing those"
+        )
+    if k < 3:
+        raise ValueError(
+            f"{spec.path!r} holds only {k} nonzero singular values; a decay analysis needs 3"
+        )
+    return k
+
+
+def _check_config(config: DecayConfig, *, k: int, p: int, run: dict[str, Any]) -> list[str]:
+    """Refuse settings that do not fit the spectrum; return notes on what-if settings."""
+    notes: list[str] = []
+    if config.k_max is not None and not 1 <= config.k_max <= k:
+        raise ValueError(
+            f"--k-max {config.k_max} is outside the {k} directions the spectrum stores; "
+            f"choose 1..{k}"
+        )
+    if config.fit_range is not None:
+        lo, hi = config.fit_range
+        if not 1 <= lo < hi <= k:
+            raise ValueError(
+                f"--fit-range {lo}:{hi} is outside the {k} singular values the spectrum stores; "
+                f"choose A:B with 1 <= A < B <= {k}"
+            )
+    if config.dim is not None and config.dim < p:
+        raise ValueError(
+            f"--dim {config.dim} is below p = {p}, the parameters the spectrum spans; the bounds' "
+            "d is the dimension of the trained parameters (default p)"
+        )
+    n_train = run.get("n_train")
+    if config.n is not None and n_train is not None and int(config.n) != int(n_train):
+        raise ValueError(
+            f"--n {config.n} differs from the {n_train} training examples of the run the gradients "
+            f"come from; pass --n {n_train}"
+        )
+    eps = run.get("final_epsilon")
+    if config.epsilon is not None and eps is not None and abs(config.epsilon - eps) > 1e-6 * eps:
+        notes.append(
+            f"bounds are evaluated at epsilon = {config.epsilon:g}; the run's gradients were "
+            f"collected at epsilon = {eps:.4g} (a what-if for the privacy term)"
+        )
+    return notes
+
+
+def _read_columns(spec: Any, store: Any) -> list[tuple[int, int]]:
+    """Columns of ``store`` holding the spectrum's parameters, in V's row order (or raise)."""
+    from gradspec.store import ParamLayout
+
+    what = f"the gradient store {store.path!r}"
+    src = spec.source
     try:
-        return Path(a).resolve() == Path(b).resolve()
-    except OSError:
-        return str(a) == str(b)
+        expected = spec.param_layout()
+    except ValueError:
+        if not src.get("layout"):
+            raise
+        # The selection cuts through a parameter: only the identical layout will do.
+        ParamLayout.from_list(src["layout"]).require_same(store.layout, what=what)
+        return [(int(a), int(b)) for a, b in src["col_ranges"]]
+    cols = expected.require_same(store.layout, what=what, subset=True)
+    if sum(b - a for a, b in cols) != spec.shape[1]:
+        raise ValueError(f"{what} gives {sum(b - a for a, b in cols)} columns, V has {spec.shape[1]}")
+    return cols
+
+
+def _relation(spec: Any, store: Any) -> str:
+    """``"source"`` (the spectrum's own store, or a copy of the same run) or ``"other"``.
+
+    Raises when the store is at the source's path but no longer holds its rows.
+    """
+    from gradspec.store._spectrum import config_digest, resolved_path, rows_digest, rows_text
+
+    src = spec.source
+    here = resolved_path(store.path)
+    there = src.get("abspath") or (resolved_path(src["path"]) if src.get("path") else None)
+    rows = spec.source_rows
+    digest = src.get("rows_digest")
+    same_path = there is not None and here == there
+    same_run = (
+        not same_path
+        and src.get("config_digest") is not None
+        and config_digest(store.config) == src["config_digest"]
+    )
+    if not (same_path or same_run):
+        return "other"
+    if rows is not None and rows.size and int(rows.max()) >= store.n_rows:
+        if same_run:
+            return "other"
+        raise ValueError(
+            f"the gradient store {store.path!r} has {store.n_rows} committed rows, but the spectrum "
+            f"was computed from its rows {rows_text(rows)}: it was truncated or rewritten since "
+            "`gradspec pca`; rerun pca"
+        )
+    if rows is not None and digest is not None and rows_digest(store, rows) != digest:
+        if same_run:
+            return "other"
+        raise ValueError(
+            f"the rows {rows_text(rows)} of {store.path!r} are not the rows the spectrum was "
+            "computed from (their metadata differs): the store was rewritten since `gradspec pca`; "
+            "rerun pca, or pass the original store with --gradients"
+        )
+    if same_run and (rows is None or digest is None):
+        return "other"
+    return "source"
 
 
 def decay_analysis(
     *,
     spectrum: Any,
     gradients: Any | None = None,
-    heldout_rows: slice | str | None = None,
+    heldout_rows: slice | str | np.ndarray | None = None,
     use_gradients: bool = True,
     config: DecayConfig | None = None,
     progress: bool = False,
@@ -79,108 +183,143 @@ def decay_analysis(
     Args:
         spectrum: a spectrum store path or an open ``SpectrumStore`` (status complete).
         gradients: a gradient store path or ``GradientStore``; default the spectrum's
-            source store. When it *is* the source store, the spectrum's own rows are
-            analysed as ``collected`` and ``heldout_rows`` of it as ``heldout``; for
+            source store. When it *is* the source store (same resolved path, or a copy
+            of the same run), the spectrum's own rows are analysed as ``collected`` and
+            ``heldout_rows`` of it — which must lie outside them — as ``heldout``; for
             another store, ``heldout_rows`` of it (default all) are ``heldout``.
-        heldout_rows: rows of the gradient store to treat as held out (``"A:B"`` or a slice).
+        heldout_rows: rows of the gradient store held out (``"A:B"``, a slice or indices).
         use_gradients: False analyses σ only (no pass over any gradient store).
         config: analysis settings.
         progress: log progress.
 
     Raises:
-        ValueError: an unfinished spectrum, gradient rows whose width differs from V,
-            or a held-out range that selects no rows.
+        ValueError: an unfinished spectrum; settings that do not fit it (``k_max``,
+            ``fit_range``, ``dim``, ``n``); a gradient store with other parameters; a
+            source store rewritten since the spectrum; held-out rows outside the store
+            or overlapping the spectrum's rows; gradients asked for that cannot be read.
     """
     from gradspec.store import GradientStore
-    from gradspec.store._spectrum import SpectrumStore
+    from gradspec.store._spectrum import (
+        SpectrumStore,
+        as_slice,
+        describe_row_indices,
+        resolve_rows,
+        rows_text,
+    )
 
     spec = spectrum if isinstance(spectrum, SpectrumStore) else SpectrumStore.open(spectrum)
     if spec.status != "complete":
         raise ValueError(
             f"{spec.path!r} is not complete (status {spec.status!r}); finish `gradspec pca` first"
         )
+    cfg = config or DecayConfig()
     attrs = spec.attrs
     src = spec.source
+    notes: list[str] = []
+    k = _stored_k(spec, notes)
+    p = int(spec.shape[1])
+    notes += _check_config(cfg, k=k, p=p, run=src.get("run") or {})
+    if isinstance(heldout_rows, str):
+        heldout_rows = parse_row_range(heldout_rows)
+    if not use_gradients and (gradients is not None or heldout_rows is not None):
+        raise ValueError(
+            "--spectrum-only reads no gradients; drop --gradients and --heldout-rows, or "
+            "--spectrum-only"
+        )
     frob2 = attrs.get("gradspec.frob2")
-    V = spec.V
-    p = int(V.shape[0])
     sources: dict[str, Any] = {
         "spectrum": {
             "path": spec.path,
             "method": spec.method,
-            "k": spec.k,
+            "k": k,
+            "k_requested": spec.k_requested,
             "shape": list(spec.shape),
+            "center": bool(src.get("center")),
             "source": src,
             "accuracy": attrs.get("gradspec.accuracy"),
         },
     }
-    kw: dict[str, Any] = {}
-    notes: list[str] = []
     if src.get("center"):
-        notes.append("the spectrum was computed on column-centred rows; G_k uses the raw rows")
-    if isinstance(heldout_rows, str):
-        heldout_rows = parse_row_range(heldout_rows)
+        notes.append(
+            "the spectrum was computed on column-centred rows (its explained variance is relative "
+            "to the centred H's energy); G_k and the explained variance on rows use the raw, "
+            "uncentred rows"
+        )
+    kw: dict[str, Any] = {}
     if use_gradients:
-        grad_path = gradients.path if hasattr(gradients, "path") else gradients
-        if grad_path is None:
-            grad_path = src.get("path")
-            if grad_path is None or not Path(grad_path).exists():
-                logger.warning(
-                    "the spectrum's source store %r is not available; analysing σ only", grad_path
-                )
-                notes.append(f"source gradient store {grad_path!r} not found: G_k not measured")
-                grad_path = None
-        if grad_path is not None:
-            store = (
-                gradients
-                if hasattr(gradients, "iter_col_blocks")
-                else GradientStore.open(grad_path)
-            )
-            ranges = src.get("col_ranges") or [(0, store.p)]
-            ranges = [(int(a), int(b)) for a, b in ranges]
-            width = sum(b - a for a, b in ranges)
-            if width != p:
+        store = None
+        if gradients is not None:
+            store = gradients if hasattr(gradients, "iter_col_blocks") else GradientStore.open(gradients)
+        else:
+            path = src.get("path")
+            if path is not None and Path(path).exists():
+                store = GradientStore.open(path)
+            elif heldout_rows is not None:
                 raise ValueError(
-                    f"{store.path!r} gives {width} columns with the spectrum's parameter selection, "
-                    f"but V has {p} rows; pass the gradient store the spectrum was computed from"
+                    f"--heldout-rows needs a gradient store, and the spectrum's source {path!r} is "
+                    "not available; pass it with --gradients"
                 )
-            is_source = src.get("path") is not None and _same_path(store.path, src["path"])
-            row_sets: dict[str, Any] = {}
-            if is_source:
-                rows = rows_from_source(
-                    src.get("rows"), int(src.get("committed_rows", store.n_rows))
-                )
-                if rows is None:
-                    notes.append(
-                        "the spectrum's row indices were not recorded: collected rows skipped"
-                    )
-                else:
-                    row_sets["collected"] = rows
-                if heldout_rows is not None:
-                    row_sets["heldout"] = heldout_rows
             else:
-                row_sets["heldout"] = (
-                    heldout_rows if heldout_rows is not None else slice(0, store.n_rows)
+                logger.warning(
+                    "the spectrum's source store %r is not available; analysing σ only", path
                 )
-            for name, rows in row_sets.items():
-                n_sel = store.n_selected(rows)
-                if n_sel == 0:
-                    raise ValueError(
-                        f"the {name} row selection {_describe(rows)} of {store.path!r} is empty "
-                        f"({store.n_rows} committed rows)"
+                notes.append(f"source gradient store {path!r} not found: G_k not measured")
+        if store is not None:
+            cols = _read_columns(spec, store)
+            relation = _relation(spec, store)
+            n = store.n_rows
+            row_sets: dict[str, np.ndarray] = {}
+            if relation == "source":
+                own = spec.source_rows
+                if own is None:
+                    notes.append("the spectrum's row indices were not recorded: collected rows skipped")
+                else:
+                    row_sets["collected"] = own
+                if heldout_rows is not None:
+                    held = resolve_rows(heldout_rows, n, what="--heldout-rows")
+                    if own is None:
+                        raise ValueError(
+                            "cannot check that --heldout-rows lie outside the spectrum's rows (not "
+                            "recorded); rerun `gradspec pca`"
+                        )
+                    both = np.intersect1d(held, own)
+                    if both.size:
+                        raise ValueError(
+                            f"--heldout-rows {rows_text(held)} overlap the rows {rows_text(own)} the "
+                            f"spectrum was computed from ({both.size} rows in both, "
+                            f"{rows_text(both)}); held-out rows of {store.path!r} must lie outside them"
+                        )
+                    row_sets["heldout"] = held
+                if src.get("abspath") and src["abspath"] != _abspath(store.path):
+                    notes.append(
+                        f"{store.path!r} holds the same run as the spectrum's source "
+                        f"{src.get('path')!r} (same config and rows): its rows {rows_text(own)} "
+                        "are the spectrum's own"
                     )
+            else:
+                row_sets["heldout"] = resolve_rows(heldout_rows, n, what="--heldout-rows")
+                if bool(getattr(store, "per_example", False)) != bool(src.get("per_example", False)):
+                    kinds = ("step-average", "per-example")
+                    notes.append(
+                        f"the held-out rows are {kinds[bool(store.per_example)]} gradients, the "
+                        f"spectrum's rows {kinds[bool(src.get('per_example'))]} gradients: their "
+                        "G_k are not comparable"
+                    )
+            for name, idx in row_sets.items():
                 sources[name] = {
                     "path": store.path,
-                    "rows": _describe(rows),
-                    "n_rows": n_sel,
-                    "col_ranges": ranges,
+                    "relation": relation,
+                    "rows": describe_row_indices(idx),
+                    "n_rows": int(idx.size),
+                    "col_ranges": cols,
                 }
-                kw[name] = store.iter_col_blocks(rows=rows, col_ranges=ranges)
-                kw[f"{name}_steps"] = store.row_meta(rows)["step"]
+                sel = as_slice(idx)
+                kw[name] = store.iter_col_blocks(rows=sel, col_ranges=cols)
+                kw[f"{name}_steps"] = store.row_meta(sel)["step"]
     analysis = analyze_spectrum(
-        sigma=spec.sigma,
-        config=config,
-        basis=V if kw else None,
+        sigma=spec.sigma[:k],
+        config=cfg,
+        basis=_Columns(spec.V, k) if kw else None,
         gradients=kw.get("collected"),
         gradient_steps=kw.get("collected_steps"),
         heldout=kw.get("heldout"),
@@ -191,3 +330,9 @@ def decay_analysis(
     )
     analysis.notes.extend(notes)
     return analysis
+
+
+def _abspath(path: Any) -> str:
+    from gradspec.store._spectrum import resolved_path
+
+    return resolved_path(path)

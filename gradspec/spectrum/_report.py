@@ -169,7 +169,11 @@ class DecayAnalysis:
                     "fit_eigen": self.fit_eigen.to_dict(),
                     "explained_variance": self.explained_spectrum.tolist(),
                     "explained_variance_denominator": (
-                        "squared Frobenius norm of H"
+                        (
+                            "squared Frobenius norm of the column-centred H"
+                            if self.sources.get("spectrum", {}).get("center")
+                            else "squared Frobenius norm of H"
+                        )
                         if self.total_energy is not None
                         else "sum of the computed sigma^2 (total energy unknown)"
                     ),
@@ -277,6 +281,15 @@ def analyze_spectrum(
     s = np.asarray(sigma, dtype=np.float64).reshape(-1)
     if s.size < 3:
         raise ValueError(f"a decay analysis needs at least 3 singular values, got {s.size}")
+    if cfg.k_max is not None and not 1 <= cfg.k_max <= s.size:
+        raise ValueError(
+            f"k_max must lie in [1, {s.size}] (the stored singular values), got {cfg.k_max}"
+        )
+    if basis is not None and cfg.dim is not None and cfg.dim < int(basis.shape[0]):
+        raise ValueError(
+            f"dim = {cfg.dim} is below p = {int(basis.shape[0])}, the rows of the basis; the "
+            "bounds' d is the dimension of the trained parameters"
+        )
     fit_range = cfg.fit_range or (1, min(s.size, 1000))
     kw = dict(k_range=fit_range, ci=cfg.ci, level=cfg.level, n_boot=cfg.n_boot, seed=cfg.seed)
     analysis = DecayAnalysis(

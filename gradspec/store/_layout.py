@@ -113,6 +113,64 @@ class ParamLayout:
                 ranges.append((s.offset, s.stop))
         return ranges
 
+    def require_same(
+        self, other: ParamLayout, *, what: str = "the other layout", subset: bool = False
+    ) -> list[tuple[int, int]]:
+        """Check that ``other`` holds this layout's parameters; return their columns in ``other``.
+
+        Parameters are compared by name, shape and order (a gradient row is the
+        concatenation of its parameters in order, so equal ``p`` proves nothing).
+        With ``subset=False`` the layouts must be identical; with ``subset=True``
+        ``other`` may hold more parameters, and the returned column ranges are
+        those of this layout's parameters, in this layout's order (merged where
+        contiguous): reading them from a row of ``other`` gives a row of this layout.
+
+        Args:
+            other: the layout found (a held-out gradient store's, a model's).
+            what: names ``other`` in the error message, e.g. ``"the gradient store 'b.zarr'"``.
+            subset: accept extra parameters in ``other``.
+
+        Returns:
+            Half-open column ranges of ``other``; ``[(0, p)]`` when the layouts are identical.
+
+        Raises:
+            ValueError: naming the first parameter that is missing, shaped differently,
+                out of order, or (``subset=False``) extra.
+        """
+        found = {s.name: (i, s) for i, s in enumerate(other.params)}
+        ranges: list[tuple[int, int]] = []
+        last = -1
+        for s in self.params:
+            hit = found.get(s.name)
+            if hit is None:
+                raise ValueError(
+                    f"{what} has no parameter {s.name!r} {s.shape} (it has {len(other)} parameters, "
+                    f"e.g. {', '.join(other.names[:3])}); it holds gradients of another model "
+                    "or parameter selection"
+                )
+            index, o = hit
+            if o.shape != s.shape:
+                raise ValueError(
+                    f"{what} has parameter {s.name!r} with shape {o.shape}, expected {s.shape}"
+                )
+            if index < last:
+                raise ValueError(
+                    f"{what} holds {s.name!r} before {other.names[last]!r}, expected the opposite "
+                    "order (the rows' column layout differs)"
+                )
+            last = index
+            if ranges and ranges[-1][1] == o.offset:
+                ranges[-1] = (ranges[-1][0], o.stop)
+            else:
+                ranges.append((o.offset, o.stop))
+        if not subset and len(other) != len(self):
+            extra = [n for n in other.names if n not in {s.name for s in self.params}]
+            raise ValueError(
+                f"{what} has {len(extra)} parameter(s) the expected layout does not, "
+                f"e.g. {', '.join(repr(n) for n in extra[:3])}"
+            )
+        return ranges
+
     def to_list(self) -> list[dict]:
         return [s.to_dict() for s in self.params]
 

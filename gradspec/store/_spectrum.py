@@ -12,27 +12,58 @@ Layout of a spectrum directory::
     OUT/residual_h     (k,)   ‖H·v_i − σ_i·u_i‖/σ_i
     OUT/residual_ht    (k,)   ‖Hᵀ·u_i − σ_i·v_i‖/σ_i
     OUT/explained_variance_ratio, OUT/cumulative_explained_variance   (k,)
+    OUT/source_rows    (r,)   the absolute row indices of the source gradient store (when it is one)
     OUT/state/…        the resumable state of an iterative run (removed when complete)
 
 V is read back in row (p) blocks with :meth:`SpectrumStore.iter_v_blocks` for
 projections and G_k computations.
+
+k. ``gradspec.k`` is the number of directions stored, which can be fewer than
+were asked for (``gradspec.k_requested``): `gradspec pca` keeps only the
+directions its precision resolves (σ above ``gradspec.rank_rtol``·σ_1, see
+``gradspec.linalg``), so every stored column of V is a unit vector.
+
+The source record (``gradspec.source``) says what the spectrum was computed
+from: the gradient store's path (as given and resolved), its full parameter
+layout and the column ranges selected, the resolved row selection, digests of
+the selected rows' metadata and of the run config (which identify the store's
+rows after the fact: a store rewritten at the same path has other digests), and
+the run's n, ε and δ. :func:`resolve_rows` is the one reading of a row selection
+(strict: rows outside the committed ones are an error, never clipped).
+
+Lifecycle. ``running`` while `gradspec pca` writes it (owner pid and host
+recorded), ``complete`` when finished, ``failed``/``interrupted`` when the run
+stopped with an error and left a resumable state (a run with nothing to resume
+removes its partial store). An unfinished store that no live process owns is
+replaced by a plain rerun; a complete one never is without ``overwrite``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
+import shutil
+import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
 
+from gradspec.store._layout import ParamLayout
 from gradspec.store._rowsink import RowBlockWriter
-from gradspec.store._zarr import create_group, open_checked, size_on_disk
+from gradspec.store._zarr import create_group, is_url, open_checked, size_on_disk
+
+logger = logging.getLogger(__name__)
 
 KIND = "spectrum"
 STATUS_KEY = "gradspec.status"
+#: Statuses of a store that a run left unfinished (a resumable state is kept).
+UNFINISHED = ("failed", "interrupted")
 V_CHUNK_BYTES = 8 * 2**20
 VECTOR_ARRAYS = (
     "residuals",
@@ -57,6 +88,145 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+# ---------------------------------------------------------------------- row selections
+def resolve_rows(rows: Any, n: int, *, what: str = "the row selection") -> np.ndarray:
+    """A row selection (None, a slice, or indices) as absolute int64 indices into ``n`` rows.
+
+    Strict where Python slicing clips: a bound outside ``[-n, n]`` or an index
+    outside ``[0, n)`` is an error, so a selection never silently means fewer
+    rows than it says. Negative bounds count from the end, as in Python.
+
+    Raises:
+        ValueError: out-of-range bounds or indices, a non-positive step, or an empty selection.
+    """
+    if rows is None:
+        idx = np.arange(n, dtype=np.int64)
+    elif isinstance(rows, slice):
+        step = 1 if rows.step is None else int(rows.step)
+        if step < 1:
+            raise ValueError(f"{what} {_slice_text(rows)} needs a positive step")
+        for bound in (rows.start, rows.stop):
+            if bound is not None and not -n <= int(bound) <= n:
+                raise ValueError(
+                    f"{what} {_slice_text(rows)} lies outside the {n} committed rows "
+                    f"(valid bounds are 0..{n})"
+                )
+        idx = np.arange(*rows.indices(n), dtype=np.int64)
+    else:
+        idx = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            bad = idx[(idx < 0) | (idx >= n)]
+            raise ValueError(
+                f"{what} has row index {int(bad[0])} outside the {n} committed rows [0, {n})"
+            )
+    if idx.size == 0:
+        text = _slice_text(rows) if isinstance(rows, slice) else "[]"
+        raise ValueError(f"{what} {text} selects no rows of the {n} committed rows")
+    return idx
+
+
+def _slice_text(s: slice) -> str:
+    text = f"{'' if s.start is None else s.start}:{'' if s.stop is None else s.stop}"
+    return text + (f":{s.step}" if s.step not in (None, 1) else "")
+
+
+def as_slice(idx: np.ndarray) -> slice | np.ndarray:
+    """Indices that are an increasing run (step 1) as a slice (faster reads); others as they are."""
+    idx = np.asarray(idx, dtype=np.int64)
+    if idx.size and np.all(np.diff(idx) == 1):
+        return slice(int(idx[0]), int(idx[-1]) + 1)
+    return idx
+
+
+def describe_row_indices(idx: np.ndarray) -> dict[str, Any]:
+    """``{"start", "stop", "step"}`` for an arithmetic run of rows, else a count and the ends."""
+    idx = np.asarray(idx, dtype=np.int64)
+    if idx.size == 0:
+        return {"n_indices": 0}
+    d = np.diff(idx)
+    if idx.size == 1 or (d[0] > 0 and np.all(d == d[0])):
+        step = int(d[0]) if idx.size > 1 else 1
+        return {"start": int(idx[0]), "stop": int(idx[-1]) + 1, "step": step}
+    return {"n_indices": int(idx.size), "first": int(idx[0]), "last": int(idx[-1])}
+
+
+def rows_text(idx: np.ndarray) -> str:
+    """Rows as a reader writes them: ``40:60``, ``0:100:2``, or ``12 rows in 3..97``."""
+    d = describe_row_indices(idx)
+    if "start" in d:
+        return f"{d['start']}:{d['stop']}" + (f":{d['step']}" if d["step"] != 1 else "")
+    return f"{d['n_indices']} rows in {d.get('first')}..{d.get('last')}"
+
+
+def rows_digest(store: Any, idx: np.ndarray) -> str:
+    """SHA-256 of the selected rows' metadata (step, loss, norms, ...) in order.
+
+    Committed rows never change, so the digest identifies them: a store rewritten
+    at the same path (another run) gives another digest. Cheap: metadata only.
+    """
+    meta = store.row_meta(as_slice(np.asarray(idx, dtype=np.int64)))
+    h = hashlib.sha256()
+    for name in sorted(meta):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(meta[name]).tobytes())
+    return h.hexdigest()
+
+
+def config_digest(config: dict[str, Any]) -> str | None:
+    """SHA-256 of a gradient store's run config without the ``final_*`` items added at the end.
+
+    None for an empty config (stores written through the library without one).
+    """
+    stable = {k: v for k, v in (config or {}).items() if not str(k).startswith("final_")}
+    if not stable:
+        return None
+    return hashlib.sha256(json.dumps(_jsonable(stable), sort_keys=True).encode()).hexdigest()
+
+
+def resolved_path(path: str | os.PathLike) -> str:
+    """The absolute, symlink-free path of a local store (URLs as given)."""
+    return str(path) if is_url(path) else str(Path(path).resolve())
+
+
+# ---------------------------------------------------------------------- owners
+def _owner() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _owner_alive(owner: dict[str, Any] | None) -> bool:
+    """Whether the process that created a ``running`` store may still be writing it.
+
+    True unless it ran on this host and its pid is gone (another host: unknown, assume alive).
+    """
+    if not owner or owner.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(int(owner["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, ValueError, KeyError):
+        return True
+    return True
+
+
+def _create_arrays(
+    g: zarr.Group, *, r: int, p: int, k: int, v_dtype: str, v_chunk_rows: int | None = None
+) -> None:
+    """(Re)create V, U, σ and the per-vector arrays for k directions (all zero)."""
+    for name in ("V", "U", "sigma", *VECTOR_ARRAYS):
+        if name in g:
+            del g[name]
+    itemsize = np.dtype(v_dtype).itemsize
+    rows = v_chunk_rows or max(256, V_CHUNK_BYTES // (itemsize * k))
+    g.create_array(
+        "V", shape=(p, k), chunks=(int(min(rows, p)), k), dtype=v_dtype, fill_value=0,
+        compressors=None,
+    )
+    g.create_array("U", shape=(r, k), chunks=(r, k), dtype="float64", fill_value=0, compressors=None)
+    for name in ("sigma", *VECTOR_ARRAYS):
+        g.create_array(name, shape=(k,), chunks=(k,), dtype="float64", fill_value=0, compressors=None)
+
+
 class SpectrumStore:
     """Top-k singular triplets of a gradient matrix with their accuracy report."""
 
@@ -75,43 +245,102 @@ class SpectrumStore:
         method: str,
         params: dict[str, Any] | None = None,
         source: dict[str, Any] | None = None,
+        source_rows: np.ndarray | None = None,
         v_dtype: str = "float32",
         v_chunk_rows: int | None = None,
         overwrite: bool = False,
     ) -> SpectrumStore:
-        """Create an empty spectrum store for k triplets of an r×p matrix (status ``running``)."""
+        """Create an empty spectrum store for k triplets of an r×p matrix (status ``running``).
+
+        ``overwrite`` replaces an existing *spectrum store* (or an empty directory)
+        only; anything else at ``path`` is refused, never deleted. Without it, an
+        unfinished store that no live process owns (see :meth:`replaceable`) is
+        replaced and anything else at ``path`` is refused.
+        """
         if not 1 <= k <= min(r, p):
             raise ValueError(f"k must lie in [1, min(r, p)] = [1, {min(r, p)}], got {k}")
         if v_dtype not in ("float32", "float64"):
             raise ValueError(f"V dtype must be float32 or float64, got {v_dtype!r}")
-        itemsize = np.dtype(v_dtype).itemsize
-        rows = v_chunk_rows or max(256, V_CHUNK_BYTES // (itemsize * k))
+        if source_rows is not None and np.asarray(source_rows).shape != (r,):
+            raise ValueError(f"source_rows must hold the {r} row indices, got shape "
+                             f"{np.asarray(source_rows).shape}")
+        replace = cls.check_target(path, overwrite=overwrite)
         attrs = {
             STATUS_KEY: "running",
             "gradspec.shape": [int(r), int(p)],
             "gradspec.k": int(k),
+            "gradspec.k_requested": int(k),
             "gradspec.method": str(method),
             "gradspec.params": _jsonable(params or {}),
             "gradspec.source": _jsonable(source or {}),
             "gradspec.created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "gradspec.owner": _owner(),
         }
-        g = create_group(path, KIND, attrs, overwrite)
-        g.create_array(
-            "V",
-            shape=(p, k),
-            chunks=(int(min(rows, p)), k),
-            dtype=v_dtype,
-            fill_value=0,
-            compressors=None,
-        )
-        g.create_array(
-            "U", shape=(r, k), chunks=(r, k), dtype="float64", fill_value=0, compressors=None
-        )
-        for name in ("sigma", *VECTOR_ARRAYS):
+        g = create_group(path, KIND, attrs, overwrite or replace)
+        _create_arrays(g, r=r, p=p, k=k, v_dtype=v_dtype, v_chunk_rows=v_chunk_rows)
+        if source_rows is not None:
             g.create_array(
-                name, shape=(k,), chunks=(k,), dtype="float64", fill_value=0, compressors=None
+                "source_rows", shape=(r,), chunks=(r,), dtype="int64", fill_value=0,
+                compressors=None,
             )
+            g["source_rows"][:] = np.asarray(source_rows, dtype=np.int64)
         return cls(g, str(path), "r+")
+
+    @classmethod
+    def check_target(cls, path: str | os.PathLike, *, overwrite: bool) -> bool:
+        """Whether creating a store at ``path`` replaces one; raise if it must not be touched.
+
+        Returns True when ``path`` holds a spectrum store that may be replaced: any
+        spectrum store with ``overwrite``, else an unfinished one no live process owns.
+
+        Raises:
+            FileExistsError: ``path`` holds something that is not a spectrum store, a
+                complete store (without ``overwrite``), or a run that may still be going.
+        """
+        if is_url(path) or not Path(path).exists():
+            return False
+        p = Path(path)
+        if p.is_dir() and not any(p.iterdir()):
+            return False
+        try:
+            existing = cls.open(path)
+        except (ValueError, FileNotFoundError, OSError):
+            raise FileExistsError(
+                f"{str(path)!r} exists and is not a spectrum store; refusing to replace it "
+                "(--overwrite replaces spectrum stores only): choose another --out"
+            ) from None
+        if overwrite:
+            return True
+        why = existing.replaceable()
+        if why is not None:
+            logger.warning("replacing the unfinished spectrum store %r (%s)", str(path), why)
+            return True
+        if existing.status == "complete":
+            raise FileExistsError(
+                f"{str(path)!r} already exists and holds a complete spectrum; choose another --out, "
+                "or pass --overwrite to replace it"
+            )
+        owner = existing.attrs.get("gradspec.owner") or {}
+        raise FileExistsError(
+            f"{str(path)!r} already exists: a pca run (pid {owner.get('pid', '?')} on "
+            f"{owner.get('host', '?')}) is writing it or was killed; --resume continues it, "
+            "--overwrite replaces it"
+        )
+
+    def replaceable(self) -> str | None:
+        """Why a plain rerun may replace this store (None: it may not).
+
+        A ``failed`` or ``interrupted`` run, or a ``running`` one whose owner process
+        is gone from this host. Never a complete store.
+        """
+        status = self.status
+        if status in UNFINISHED:
+            state = self.attrs.get("gradspec.state") or {}
+            saved = f"; iteration {state.get('iteration')} was saved, --resume would continue it"
+            return f"{status}: {self.attrs.get('gradspec.error', '')}" + (saved if state else "")
+        if status == "running" and not _owner_alive(self.attrs.get("gradspec.owner")):
+            return "its pca process is gone"
+        return None
 
     @classmethod
     def open(cls, path: str | os.PathLike, mode: str = "r") -> SpectrumStore:
@@ -137,6 +366,11 @@ class SpectrumStore:
         return int(self.attrs["gradspec.k"])
 
     @property
+    def k_requested(self) -> int:
+        """The k that `gradspec pca` was asked for (``k`` may be smaller, see the module note)."""
+        return int(self.attrs.get("gradspec.k_requested", self.k))
+
+    @property
     def method(self) -> str:
         return str(self.attrs["gradspec.method"])
 
@@ -147,6 +381,61 @@ class SpectrumStore:
     @property
     def source(self) -> dict[str, Any]:
         return dict(self.attrs.get("gradspec.source", {}))
+
+    @property
+    def source_rows(self) -> np.ndarray | None:
+        """Absolute indices of the source store's rows the spectrum was computed from.
+
+        From the ``source_rows`` array, or the resolved selection of older stores
+        (None when it cannot be known: a source that was not a gradient store).
+        """
+        if "source_rows" in self._group:
+            return np.asarray(self._group["source_rows"][:], dtype=np.int64)
+        src = self.source
+        if src.get("source") not in (None, "gradient-store"):
+            return None
+        desc = src.get("rows")
+        committed = src.get("committed_rows")
+        if desc is None:
+            return None if committed is None else np.arange(int(committed), dtype=np.int64)
+        if "indices" in desc:
+            return np.asarray(desc["indices"], dtype=np.int64)
+        if ("start" in desc or "stop" in desc) and committed is not None:
+            sel = slice(desc.get("start"), desc.get("stop"), desc.get("step"))
+            return np.arange(*sel.indices(int(committed)), dtype=np.int64)
+        return None
+
+    def param_layout(self) -> ParamLayout:
+        """The layout of V's rows: the source's selected parameters, offsets from 0.
+
+        Compare it with a gradient store's or a model's layout through
+        :meth:`ParamLayout.require_same` before applying V to their rows.
+
+        Raises:
+            ValueError: the source recorded no layout (not a gradient store, or an
+                older gradspec), or its column selection cuts through a parameter.
+        """
+        src = self.source
+        if not src.get("layout"):
+            raise ValueError(
+                f"{self.path!r} does not record the parameter layout of its source (it was computed "
+                "from an array, or by an older gradspec); rerun `gradspec pca` on the gradient store"
+            )
+        full = ParamLayout.from_list(src["layout"])
+        ranges = [(int(a), int(b)) for a, b in (src.get("col_ranges") or [(0, full.p)])]
+        names: list[tuple[str, tuple[int, ...]]] = []
+        for a, b in ranges:
+            for spec in full.params:
+                lo, hi = max(a, spec.offset), min(b, spec.stop)
+                if lo >= hi:
+                    continue
+                if lo != spec.offset or hi != spec.stop:
+                    raise ValueError(
+                        f"{self.path!r} covers columns {lo - spec.offset}:{hi - spec.offset} of "
+                        f"parameter {spec.name!r} only; its V rows match no whole-parameter layout"
+                    )
+                names.append((spec.name, spec.shape))
+        return ParamLayout.from_shapes(names)
 
     @property
     def sigma(self) -> np.ndarray:
@@ -178,6 +467,18 @@ class SpectrumStore:
     def _check_writable(self) -> None:
         if self.mode == "r":
             raise ValueError(f"{self.path!r} is open read-only; open it with mode='r+' to write")
+
+    def resize_k(self, k: int) -> None:
+        """Hold ``k`` directions instead (before V is written): arrays recreated, all zero."""
+        self._check_writable()
+        r, p = self.shape
+        if not 1 <= k <= self.k_requested:
+            raise ValueError(f"k must lie in [1, {self.k_requested}] (the k requested), got {k}")
+        if k == self.k and self._group["V"].shape == (p, k):
+            return
+        v_dtype = str(self._group["V"].dtype)
+        _create_arrays(self._group, r=r, p=p, k=k, v_dtype=v_dtype)
+        self._group.attrs.update({"gradspec.k": int(k)})
 
     def v_sink(self) -> RowBlockWriter:
         """A ``sink(offset, rows)`` writing streamed rows of V in whole chunks, behind the caller.
@@ -224,21 +525,69 @@ class SpectrumStore:
             state.setdefault(key, None)
         return state
 
+    def mark_unfinished(self, status: str, error: str) -> None:
+        """Record that the run stopped (``failed`` or ``interrupted``) with its resumable state."""
+        self._check_writable()
+        if status not in UNFINISHED:
+            raise ValueError(f"status must be one of {UNFINISHED}, got {status!r}")
+        self._group.attrs.update({STATUS_KEY: status, "gradspec.error": str(error)[:500]})
+
+    def discard(self) -> None:
+        """Delete this unfinished store from disk (a complete store is never deleted)."""
+        if self.status == "complete":
+            raise ValueError(f"{self.path!r} is complete; it is not discarded")
+        if is_url(self.path):
+            self._group.store.clear()  # type: ignore[union-attr]
+        else:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def move_to(self, path: str | os.PathLike) -> SpectrumStore:
+        """Move this complete store to ``path``, replacing the spectrum store there (local disk).
+
+        The old store is renamed aside first and deleted only after this one is in place.
+        """
+        if self.status != "complete":
+            raise ValueError(f"{self.path!r} is not complete; only a finished run replaces a store")
+        dest = Path(path)
+        old = dest.with_name(f".{dest.name}.replaced-{os.getpid()}")
+        if dest.exists():
+            SpectrumStore.open(dest)  # a spectrum store, or this raises and nothing moves
+            os.replace(dest, old)
+        os.replace(self.path, dest)
+        shutil.rmtree(old, ignore_errors=True)
+        return SpectrumStore.open(dest)
+
     def finish(self, result: Any) -> None:
-        """Write σ, U, the accuracy report and provenance of a finished run; status ``complete``."""
+        """Write σ, U, the accuracy report and provenance of a finished run; status ``complete``.
+
+        ``result.k`` may be below the store's k (directions dropped after V was
+        streamed, see ``gradspec.linalg``): the arrays are cut to it.
+        """
         self._check_writable()
         g = self._group
+        k = int(np.asarray(result.sigma).size)
+        if k < self.k:
+            r, p = self.shape
+            g["V"].resize((p, k))
+            g["U"].resize((r, k))
+            for name in ("sigma", *VECTOR_ARRAYS):
+                g[name].resize((k,))
+        elif k > self.k:
+            raise ValueError(f"the result holds {k} directions, the store {self.k}")
         g["sigma"][:] = result.sigma
         g["U"][:] = result.U
         for name in VECTOR_ARRAYS:
             g[name][:] = getattr(result, name)
         if "state" in g:
             del g["state"]
-        if "gradspec.state" in g.attrs:
-            del g.attrs["gradspec.state"]
+        for key in ("gradspec.state", "gradspec.error"):
+            if key in g.attrs:
+                del g.attrs[key]
         g.attrs.update(
             {
                 STATUS_KEY: "complete",
+                "gradspec.k": k,
+                "gradspec.rank_rtol": result.params.get("rank_rtol"),
                 "gradspec.method": result.method,
                 "gradspec.params": _jsonable(result.params),
                 "gradspec.source": _jsonable(result.source),
@@ -262,6 +611,7 @@ class SpectrumStore:
             "status": self.status,
             "shape": list(self.shape),
             "k": self.k,
+            "k_requested": self.k_requested,
             "method": self.method,
             "params": self.params,
             "source": self.source,

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from gradspec.linalg import choose_method, pca, sign_fix
+from gradspec.linalg._result import rank_rtol
 from tests.linalg.cases import Case, max_principal_angle
 
 METHODS = {
@@ -92,12 +93,23 @@ def test_deterministic_given_seed():
     np.testing.assert_array_equal(a.V, b.V)
 
 
-def test_k_beyond_numerical_rank_gives_zeros(caplog):
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+@pytest.mark.parametrize("method", ["gram", "krylov", "orthogonal"])
+def test_k_beyond_numerical_rank_keeps_only_resolved_directions(method, precision):
+    """Directions below what the precision resolves are not stored (before: zero or noise columns).
+
+    In float32 the null directions of a rank-8 H came out as σ ≈ 2e-4·σ_1 with ‖v‖ ≈ 1e-4 and
+    no warning; in float64 as zero columns that `gradspec decay` then refused.
+    """
     h = Case("lr", r=30, p=200, k=8, spectrum="lowrank").matrix()
-    with caplog.at_level("WARNING"):
-        res = pca(source=h, k=12, method="gram")
-    assert res.rank == 8 and np.all(res.sigma[8:] == 0) and np.all(res.V[:, 8:] == 0)
-    assert "numerical rank 8" in caplog.text
+    res = pca(source=h, k=12, method=method, precision=precision)
+    assert res.k == 8 and res.rank == 8 and res.V.shape == (200, 8)
+    assert res.params["k_requested"] == 12 and res.params["k"] == 8
+    assert "sigma_9" in res.params["k_reason"]
+    assert res.params["rank_rtol"] == pytest.approx(rank_rtol(30, precision))
+    np.testing.assert_allclose(res.V.T.astype(float) @ res.V, np.eye(8), atol=1e-5)
+    ref = np.linalg.svd(h, compute_uv=False)[:8]
+    np.testing.assert_allclose(res.sigma, ref, rtol=1e-5)
 
 
 def test_float32_data_and_precision():
@@ -131,7 +143,11 @@ def test_auto_says_what_it_chose(caplog):
         ({"k": 0}, "positive integer"),
         ({"k": 3, "method": "svd"}, "unknown PCA method 'svd'; choose one of: auto, gram"),
         ({"k": 40, "method": "lanczos"}, "lanczos .* needs k < min"),
-        ({"k": 3, "rows": slice(50, 60)}, "selects no rows"),
+        ({"k": 3, "rows": slice(50, 60)}, "--rows 50:60 lies outside the 40 committed rows"),
+        ({"k": 3, "rows": slice(20, 60)}, "--rows 20:60 lies outside the 40 committed rows"),
+        ({"k": 3, "rows": slice(10, 10)}, "selects no rows of the 40"),
+        ({"k": 3, "method": "gram", "iters": 5}, "gram .* does not use --iters"),
+        ({"k": 3, "method": "krylov", "tol": 1e-6}, "krylov .* does not use --tol"),
         ({"k": 3, "resume": True}, "--resume needs --out"),
         ({"k": 3, "memory": "lots"}, "not a size"),
         ({"k": 3, "method": "orthogonal", "iters": 0}, "iters must be >= 1"),
@@ -143,7 +159,11 @@ def test_auto_says_what_it_chose(caplog):
         "k=0",
         "method",
         "lanczos-k",
+        "rows-beyond",
+        "rows-clipped",
         "empty-rows",
+        "gram-iters",
+        "krylov-tol",
         "resume-no-out",
         "memory-str",
         "iters",

@@ -128,9 +128,21 @@ def test_nan_rows_are_named():
         GradientOperator(x).gram()
 
 
-@pytest.mark.parametrize("rows", [slice(5, 5), [], slice(20, 30)])
-def test_empty_selection(h, rows):
-    with pytest.raises(ValueError, match="selects no rows"):
+@pytest.mark.parametrize(
+    "rows,match",
+    [
+        (slice(5, 5), "selects no rows"),
+        ([], "selects no rows"),
+        (slice(20, 30), "--rows 20:30 lies outside the 10 committed rows"),
+        (slice(5, 30), "--rows 5:30 lies outside the 10 committed rows"),
+        (slice(-30, None), "--rows -30: lies outside"),
+        ([3, 10], "row index 10 outside the 10 committed rows"),
+    ],
+    ids=["empty", "no-indices", "beyond", "clipped-before", "negative-beyond", "index-beyond"],
+)
+def test_empty_or_out_of_range_selection(h, rows, match):
+    """Bounds beyond the rows are an error: before, 5:30 of 10 rows silently meant 5:10."""
+    with pytest.raises(ValueError, match=match):
         GradientOperator(h[:10], rows=rows)
 
 

@@ -65,7 +65,7 @@ def test_decay_writes_report_and_figures(stores, tmp_path):
     assert res.exit_code == 0, res.output
     report = json.loads((out / "report.json").read_text())
     assert report["sources"]["spectrum"]["path"] == str(stores["spec"])
-    assert report["sources"]["collected"]["rows"] == {"start": 0, "stop": 40, "step": None}
+    assert report["sources"]["collected"]["rows"] == {"start": 0, "stop": 40, "step": 1}
     assert report["sources"]["heldout"]["n_rows"] == 20
     H = stores["H"].astype(np.float64)
     assert report["rows"]["collected"]["G_k"]["max"][0] == pytest.approx(
