@@ -36,6 +36,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "layout_for", "select_parameters",
     ),
     "gradspec.collect._hooks": ("StepHooks",),
+    # recording from any training loop (plain PyTorch, Opacus, Hugging Face Trainer)
+    "gradspec.collect._recorder": ("GradientRecorder",),
+    "gradspec.collect._opacus": ("OpacusRecording", "record_opacus"),
+    "gradspec.collect._hf": ("GradientRecorderCallback",),
     # privacy
     "gradspec.privacy": (
         "PrivacyAccountant", "calibrate_noise_multiplier", "clip_per_example", "compute_epsilon",

@@ -27,3 +27,18 @@ def test_import_and_help_do_not_load_heavy_libraries():
     code = "import sys, gradspec, cli.main; print(sorted(m for m in ('torch', 'zarr', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+
+def test_recorder_exports_resolve():
+    import gradspec.collect as collect_pkg
+
+    assert gradspec.GradientRecorderCallback is collect_pkg.GradientRecorderCallback  # lazy in gradspec.collect
+    assert gradspec.GradientRecorder is collect_pkg.GradientRecorder
+    assert gradspec.record_opacus is collect_pkg.record_opacus
+    try:
+        collect_pkg.no_such_name  # noqa: B018
+    except AttributeError as exc:
+        assert "no_such_name" in str(exc)
+    else:
+        raise AssertionError("expected AttributeError")

@@ -16,3 +16,18 @@ __all__ = [
     "layout_for",
     "select_parameters",
 ]
+
+# Recording from any training loop (plain PyTorch, Opacus, Hugging Face Trainer).
+from gradspec.collect._opacus import OpacusRecording, record_opacus  # noqa: E402
+from gradspec.collect._recorder import GradientRecorder  # noqa: E402
+
+__all__ += ["GradientRecorder", "GradientRecorderCallback", "OpacusRecording", "record_opacus"]
+
+
+def __getattr__(name: str):
+    # The Hugging Face callback subclasses transformers' TrainerCallback: imported on first use.
+    if name == "GradientRecorderCallback":
+        from gradspec.collect._hf import GradientRecorderCallback
+
+        return GradientRecorderCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

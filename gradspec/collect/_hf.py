@@ -1,0 +1,268 @@
+"""`GradientRecorderCallback`: record gradients from a Hugging Face ``Trainer``.
+
+Where a step's gradient is visible to a callback (transformers 5,
+``Trainer._inner_training_loop``)::
+
+    on_step_begin
+    training_step(model, inputs) x gradient_accumulation_steps   forward + backward
+    _clip_grad_norm (when args.max_grad_norm > 0)
+    on_pre_optimizer_step    <- p.grad is the step's averaged gradient: recorded here
+    optimizer.step(); on_optimizer_step; zero_grad; global_step += 1; on_step_end
+
+A callback is never handed the batch. It sees it anyway through a forward hook
+(``register_forward_hook(..., with_kwargs=True)``) on the model, which keeps the
+keyword inputs (and the loss) of each forward pass made in train mode with
+gradients on — the passes of ``training_step`` — between ``on_step_begin`` and
+``on_pre_optimizer_step``. Per-example rows are then computed on those batches
+by gradspec's engine (:class:`~gradspec.collect.PerExampleGradients`) at the
+step's weights, before the optimizer moves them. Supported: models called with
+keyword inputs (the Trainer's ``model(**inputs)``); the default per-example loss
+needs ``labels`` among those inputs (not popped by label smoothing or
+``compute_loss_func``), else pass ``loss=``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import TrainerCallback
+
+from gradspec.collect._recorder import GradientRecorder
+
+logger = logging.getLogger(__name__)
+
+_LABEL_KEYS = ("labels", "label", "label_ids")
+
+
+class _HFForward:
+    """``forward(call, batch)`` of a Hugging Face model on the captured inputs: the logits.
+
+    The 2D padding mask is made the 4D additive mask ``vmap`` needs, keeping the
+    model's own (causal or bidirectional) attention pattern.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        from gradspec.collect._per_example import attention_is_causal
+
+        self.model = model
+        self.causal = attention_is_causal(model)
+
+    def __call__(self, call: Callable[..., Any], batch: dict[str, Tensor]) -> Tensor:
+        from gradspec.collect._per_example import attention_mask_4d
+
+        inputs = {k: v for k, v in batch.items() if k not in _LABEL_KEYS}
+        mask = inputs.get("attention_mask")
+        if mask is not None and mask.dim() == 2:
+            inputs["attention_mask"] = attention_mask_4d(mask, self.model.dtype, causal=self.causal)
+        out = call(**inputs)
+        return out.logits if hasattr(out, "logits") else out[0]
+
+
+def sequence_classification_loss(logits: Tensor, batch: dict[str, Tensor]) -> Tensor:
+    """Per-example loss of a sequence classifier, as its Hugging Face model computes it.
+
+    Cross-entropy for integer labels; squared error for one float output (regression).
+    """
+    labels = next((batch[k] for k in _LABEL_KEYS if k in batch), None)
+    if labels is None:
+        raise ValueError(
+            "per-example losses need the labels among the model's inputs (label smoothing and "
+            "compute_loss_func take them out); pass loss= to GradientRecorderCallback"
+        )
+    if logits.dim() == 2 and labels.dim() == 1 and not labels.is_floating_point():
+        return nn.functional.cross_entropy(logits, labels, reduction="none")
+    if logits.dim() == 2 and logits.shape[1] == 1 and labels.is_floating_point():
+        return (logits[:, 0] - labels.to(logits.dtype)) ** 2
+    raise ValueError(
+        f"the default per-example loss covers sequence classification (logits (B, C)); got logits "
+        f"{tuple(logits.shape)} and labels {tuple(labels.shape)}: pass loss=(outputs, batch) -> (B,)"
+    )
+
+
+class GradientRecorderCallback(TrainerCallback):
+    """A ``transformers.TrainerCallback`` that records each step's gradients.
+
+    Per-step rows (default): the gradient of the selected parameters after
+    backward and before the optimizer step — the batch's average gradient (over
+    all gradient-accumulation micro-batches), as the optimizer receives it: when
+    ``TrainingArguments.max_grad_norm > 0`` (the default, 1.0) that is after the
+    Trainer's global-norm clipping; set ``max_grad_norm=0`` to record it unclipped.
+    Per-example rows (``per_example=True``): each example's gradient at the step's
+    weights, by gradspec's per-example engine (dropout off), optionally clipped to
+    ``max_grad_norm``. Rows are committed whenever the Trainer saves a checkpoint.
+
+    Args:
+        out: run directory of a recorder built at ``on_train_begin`` from the
+            Trainer's model (closed at ``on_train_end``).
+        recorder: a ready :class:`GradientRecorder` instead (left open at the end:
+            close it yourself).
+        params: name patterns of the recorded parameters (default: all trainable).
+        per_example: record per-example rows.
+        every: record every ``every``-th optimizer step.
+        resume: continue the store in ``out`` (with ``trainer.train(resume_from_checkpoint=...)``;
+            rows of steps the Trainer redoes are dropped first).
+        overwrite: replace the store in ``out``.
+        forward: per-example mode: ``forward(call, batch) -> outputs`` (default: the
+            model's logits on the captured inputs, with a 4D attention mask).
+        loss: per-example mode: ``loss(outputs, batch) -> (B,)`` (default:
+            :func:`sequence_classification_loss`).
+        backend: per-example backend, ``vmap`` | ``hooks``.
+        microbatch: most examples per per-example call (bounds memory).
+        max_grad_norm: per-example mode: clip each row to this norm (None: unclipped).
+        config: your run config, saved in the store.
+
+    Example:
+        >>> callback = GradientRecorderCallback(out="runs/hf", params="*attention*")  # doctest: +SKIP
+        >>> Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        *,
+        out: str | Path | None = None,
+        recorder: GradientRecorder | None = None,
+        params: str | Sequence[str] | None = None,
+        per_example: bool = False,
+        every: int = 1,
+        resume: bool = False,
+        overwrite: bool = False,
+        forward: Callable[[Callable[..., Any], dict[str, Tensor]], Any] | None = None,
+        loss: Callable[[Any, dict[str, Tensor]], Tensor] | None = None,
+        backend: str = "vmap",
+        microbatch: int | None = None,
+        max_grad_norm: float | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        if (out is None) == (recorder is None):
+            raise ValueError("pass out= (a recorder is built from the Trainer's model) or recorder=, not both")
+        if every < 1:
+            raise ValueError(f"every must be a positive number of steps, got {every}")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be positive or None, got {max_grad_norm}")
+        self.recorder = recorder
+        self._owned = recorder is None
+        self._recorder_args = {
+            "out": out, "params": params, "per_example": per_example, "resume": resume,
+            "overwrite": overwrite, "config": config, "max_grad_norm": max_grad_norm,
+        }
+        self.every, self.max_grad_norm = int(every), max_grad_norm
+        self._forward, self._loss, self._backend, self._microbatch = forward, loss, backend, microbatch
+        self._engine: Any = None
+        self._handle: Any = None
+        self._batches: list[dict[str, Tensor]] = []
+        self._losses: list[Tensor] = []
+        self._busy = False
+
+    # ------------------------------------------------------------------ capture
+    def _capture(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        if self._busy or not module.training or not torch.is_grad_enabled():
+            return
+        tensors = {k: v.detach() for k, v in kwargs.items() if isinstance(v, Tensor) and v.dim() >= 1}
+        if not tensors:
+            return
+        lead = tensors["input_ids"].shape[0] if "input_ids" in tensors else next(iter(tensors.values())).shape[0]
+        self._batches.append({k: v for k, v in tensors.items() if v.shape[0] == lead})
+        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+        if isinstance(loss, Tensor):
+            self._losses.append(loss.detach().float().mean().cpu())
+
+    # ------------------------------------------------------------------ events
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is None:
+            raise ValueError("GradientRecorderCallback needs the Trainer's model (on_train_begin got none)")
+        if self.recorder is None:
+            self.recorder = GradientRecorder(model=model, **self._recorder_args)
+        rec = self.recorder
+        mine = {id(p) for p in model.parameters()}
+        if rec.params is None or any(id(p) not in mine for p in rec.params):
+            raise ValueError("the recorder's parameters are not the Trainer model's: build it with model=trainer.model")
+        if state.global_step and rec.next_step > state.global_step:
+            kept = rec.rewind(state.global_step)
+            logger.info("resumed at step %d: kept %d recorded rows", state.global_step, kept)
+        rec.update_config(
+            source="hf-trainer",
+            hf={
+                "model": type(model).__name__, "per_device_train_batch_size": args.per_device_train_batch_size,
+                "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                "trainer_max_grad_norm": args.max_grad_norm, "learning_rate": args.learning_rate,
+                "optim": str(args.optim), "seed": args.seed, "every": self.every,
+                "row": "per-example gradient (eval mode)" if rec.per_example else
+                "averaged gradient at on_pre_optimizer_step (after the Trainer's clipping, if any)",
+            },
+        )
+        if self._handle is None:
+            self._handle = model.register_forward_hook(self._capture, with_kwargs=True)
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        if self.recorder is not None:
+            self.recorder.epoch = math.floor((state.epoch or 0.0) + 1e-9)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._batches.clear()
+        self._losses.clear()
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        step = state.global_step
+        batches, losses = list(self._batches), list(self._losses)
+        self._batches.clear()
+        self._losses.clear()
+        if step % self.every:
+            return
+        rec = self.recorder
+        n = sum(next(iter(b.values())).shape[0] for b in batches)
+        loss = float(torch.stack(losses).mean()) if losses else None
+        if not rec.per_example:
+            rec.record_step(step=step, loss=loss, batch_size=n)
+            return
+        if not batches:
+            raise ValueError(
+                f"no batch of step {step} was seen: per-example rows need the model called with "
+                "keyword inputs (the Trainer's model(**inputs)) in train mode"
+            )
+        rows, example_losses, norms = self._per_example(model, batches)
+        rec.record_examples(grads=rows, step=step, loss=example_losses, norms=norms, batch_size=n)
+
+    def _per_example(self, model: nn.Module, batches: list[dict[str, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+        from gradspec.collect._per_example import PerExampleGradients
+        from gradspec.privacy import clip_factors
+
+        if self._engine is None:
+            self._engine = PerExampleGradients(
+                model, self._forward or _HFForward(model), self._loss or sequence_classification_loss,
+                self.recorder.names, backend=self._backend, microbatch=self._microbatch,
+            )
+        rows, losses, norms = [], [], []
+        self._busy = True
+        try:
+            for batch in batches:
+                g, loss = self._engine(batch)
+                norm = torch.linalg.vector_norm(g, dim=1)
+                if self.max_grad_norm is not None:
+                    g = g * clip_factors(norm, self.max_grad_norm)[:, None]
+                rows.append(g.detach())
+                losses.append(loss)
+                norms.append(norm)
+        finally:
+            self._busy = False
+        return torch.cat(rows), torch.cat(losses), torch.cat(norms)
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.recorder is not None and not self.recorder.closed:
+            self.recorder.commit(wait=True)  # the checkpoint never gets ahead of the rows
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        if self.recorder is None or self.recorder.closed:
+            return
+        if self._owned:
+            self.recorder.close()
+        else:
+            self.recorder.commit(wait=True)

@@ -1,0 +1,270 @@
+"""Record the clipped gradients of an Opacus ``DPOptimizer`` into a `GradientRecorder`.
+
+An Opacus DP-SGD step (Opacus 1.6, ``DPOptimizer.pre_step``)::
+
+    clip_and_accumulate()    once per physical batch: p.summed_grad += sum_i clip(g_i)
+    (skipped step?)          virtual steps (BatchMemoryManager, signal_skip_step) stop here
+    add_noise(); scale_grad()    p.grad = (p.summed_grad + noise) / (expected_batch_size * k)
+    step_hook(optimizer)     the accountant's hook: one accounting step per real step
+    original_optimizer.step()
+
+``record_opacus`` wraps two of these on the optimizer instance, and replaces
+nothing: the per-physical-batch method (``clip_and_accumulate``; ``accumulate``
+under ghost clipping) is wrapped to note the per-example norms (and, per example,
+each clipped gradient g_i * min(1, C / (||g_i|| + 1e-6)) exactly as Opacus forms
+it), and the step hook is wrapped so that Opacus's own hook (the accountant) runs
+first and then one row is recorded per real step: ``p.summed_grad`` — the clipped
+sum over every physical batch of the step, before noise — divided by
+``expected_batch_size * accumulated_iterations``, the denominator Opacus divides
+the noisy sum by. Skipped (virtual) steps record nothing.
+
+Ghost clipping (``grad_sample_mode="ghost"``, ``DPOptimizerFastGradientClipping``)
+never forms per-example gradients: its double backward leaves the clipped sum in
+``p.grad``, which ``accumulate`` adds into ``p.summed_grad``; per-step rows work the
+same way, per-example rows are refused. Its per-example norms come from the
+parameters' ``_norm_sample``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gradspec.collect._recorder import GradientRecorder
+
+logger = logging.getLogger(__name__)
+
+#: Opacus adds this to a norm before dividing by it (``clip_and_accumulate``).
+_OPACUS_EPS = 1e-6
+
+
+def _find_accountant(hook: Any) -> Any:
+    """The Opacus accountant behind a step hook made by ``accountant.get_optimizer_hook_fn``."""
+    from opacus.accountants import IAccountant
+
+    owner = getattr(hook, "__self__", None)
+    if isinstance(owner, IAccountant):
+        return owner
+    for cell in getattr(hook, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, IAccountant):
+            return value
+    return None
+
+
+def _accounted_steps(accountant: Any) -> int:
+    return int(sum(entry[-1] for entry in getattr(accountant, "history", [])))
+
+
+class OpacusRecording:
+    """The link between an Opacus ``DPOptimizer`` and a :class:`GradientRecorder`.
+
+    Made by :func:`record_opacus`; :meth:`detach` (run at the recorder's close)
+    restores the optimizer. Attributes: ``steps`` (real steps seen), ``ghost``.
+    """
+
+    def __init__(self, optimizer: Any, recorder: GradientRecorder, accountant: Any, delta: float | None) -> None:
+        from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+
+        if not isinstance(optimizer, DPOptimizer):
+            raise ValueError(
+                f"record_opacus needs the optimizer returned by PrivacyEngine.make_private (a DPOptimizer), "
+                f"got {type(optimizer).__name__}"
+            )
+        self.ghost = isinstance(optimizer, DPOptimizerFastGradientClipping)
+        base, method = (DPOptimizerFastGradientClipping, "accumulate") if self.ghost else (DPOptimizer, "clip_and_accumulate")
+        if getattr(type(optimizer), method) is not getattr(base, method) or not isinstance(optimizer.max_grad_norm, float | int):
+            raise ValueError(
+                f"record_opacus supports flat clipping (DPOptimizer, DPOptimizerFastGradientClipping); "
+                f"{type(optimizer).__name__} clips otherwise"
+            )
+        if self.ghost and recorder.per_example:
+            raise ValueError(
+                "ghost clipping never forms per-example gradients: record per-step rows "
+                "(per_example=False) or make_private with grad_sample_mode='hooks'"
+            )
+        if recorder.params is None:
+            raise ValueError("record_opacus needs a recorder built from model= or params= (it reads the parameters)")
+        if optimizer.expected_batch_size is None:
+            raise ValueError("the DPOptimizer has no expected_batch_size; rows are divided by it: set it on the optimizer")
+        position = {id(p): i for i, p in enumerate(optimizer.params)}
+        absent = [n for n, p in zip(recorder.names, recorder.params, strict=True) if id(p) not in position]
+        if absent:
+            raise ValueError(
+                f"recorded parameter {absent[0]!r} is not trained by the DPOptimizer; record a subset of "
+                "its parameters (params= patterns)"
+            )
+        if accountant is not None and hasattr(accountant, "accountant"):  # a PrivacyEngine
+            accountant = accountant.accountant
+        self.accountant = accountant if accountant is not None else _find_accountant(optimizer.step_hook)
+        if delta is not None and self.accountant is None:
+            raise ValueError("no Opacus accountant found on the optimizer: pass accountant=privacy_engine.accountant")
+        if delta is not None and not 0 < delta < 1:
+            raise ValueError(f"delta must lie in (0, 1), got {delta}")
+        self.optimizer, self.recorder, self.delta = optimizer, recorder, delta
+        self._positions = [position[id(p)] for p in recorder.params]
+        self._method = method
+        self._norms: list[Tensor | None] = []
+        self._rows: list[Tensor] = []
+        self.steps = 0
+        self._step = recorder.next_step
+        self._chained: Any = None
+        self._attached = True
+        self._hook = self._on_step  # one bound method, so that it can be recognised on the optimizer
+        setattr(optimizer, method, self._on_physical_batch)
+        self._ensure_hook()
+        recorder.update_config(
+            source="opacus", max_grad_norm=float(optimizer.max_grad_norm),
+            noise_multiplier=float(optimizer.noise_multiplier), opacus=self._describe(),
+        )
+        recorder.add_close_hook(self._finalize)
+
+    # ------------------------------------------------------------------ wrapped methods
+    def _ensure_hook(self) -> None:
+        """Chain the optimizer's step hook (again, if it was replaced since)."""
+        if self.optimizer.step_hook is not self._hook:
+            self._chained = self.optimizer.step_hook
+            self.optimizer.attach_step_hook(self._hook)
+
+    def _on_physical_batch(self) -> None:
+        opt = self.optimizer
+        self._ensure_hook()
+        if self.ghost:
+            samples = [getattr(p, "_norm_sample", None) for p in opt.params]
+            norms = None if any(s is None for s in samples) else torch.stack(
+                [s.reshape(-1) for s in samples], dim=1).norm(2, dim=1)
+        else:
+            grad_samples = opt.grad_samples
+            n = len(grad_samples[0])
+            if n == 0:
+                norms = torch.zeros(0, device=grad_samples[0].device)
+            else:  # the flat norm of each example over every parameter, as Opacus computes it
+                per_param = [g.reshape(n, -1).norm(2, dim=-1) for g in grad_samples]
+                norms = torch.stack([x.to(per_param[0].device) for x in per_param], dim=1).norm(2, dim=1)
+            if self.recorder.per_example:
+                factor = (opt.max_grad_norm / (norms + _OPACUS_EPS)).clamp(max=1.0)
+                params, parts = opt.params, []
+                for i in self._positions:
+                    g = grad_samples[i].to(params[i].dtype)
+                    parts.append((factor.to(g.device, g.dtype)[:, None] * g.reshape(n, -1)).to("cpu", torch.float32))
+                self._rows.append(torch.cat(parts, dim=1))
+        self._norms.append(None if norms is None else norms.detach().to("cpu", torch.float64))
+        getattr(type(opt), self._method)(opt)
+
+    def _on_step(self, optimizer: Any) -> None:
+        if self._chained is not None:
+            self._chained(optimizer)  # Opacus's own hook (the accountant) first
+        self._record()
+
+    def _record(self) -> None:
+        opt, rec = self.optimizer, self.recorder
+        step, self._step = self._step, self._step + 1
+        self.steps += 1
+        known = bool(self._norms) and all(x is not None for x in self._norms)
+        norms = torch.cat(self._norms) if known else None
+        self._norms.clear()
+        c = float(opt.max_grad_norm)
+        if rec.per_example:
+            rows = torch.cat(self._rows) if self._rows else torch.zeros(0, rec.layout.p)
+            self._rows.clear()
+            rec.record_examples(grads=rows, step=step, norms=norms, max_grad_norm=c)
+            return
+        b = None if norms is None else int(norms.numel())
+        if b == 0:  # an empty Poisson batch: no row (as in gradspec's trainer), the step still counts
+            rec._take_losses(0)
+            return
+        denom = opt.expected_batch_size * opt.accumulated_iterations
+        params = opt.params
+        row = torch.cat([params[i].summed_grad.reshape(-1) for i in self._positions]) / denom
+        rec.record_step(grad=row, step=step, norms=norms, max_grad_norm=c, batch_size=b)
+
+    # ------------------------------------------------------------------ end
+    def _describe(self) -> dict[str, Any]:
+        opt = self.optimizer
+        return {
+            "optimizer": type(opt).__name__,
+            "inner_optimizer": type(opt.original_optimizer).__name__,
+            "grad_sample_mode": "ghost" if self.ghost else "per-sample",
+            "expected_batch_size": opt.expected_batch_size,
+            "loss_reduction": opt.loss_reduction,
+            "accountant": None if self.accountant is None else self.accountant.mechanism(),
+            "row": "clipped sum before noise / (expected_batch_size * accumulated_iterations)"
+            if not self.recorder.per_example else "clipped per-example gradient",
+        }
+
+    def detach(self) -> None:
+        """Restore the optimizer's own methods and step hook (rows stop being recorded)."""
+        if not self._attached:
+            return
+        self._attached = False
+        self.optimizer.__dict__.pop(self._method, None)
+        if self.optimizer.step_hook is self._hook:
+            self.optimizer.step_hook = self._chained
+
+    def _finalize(self) -> dict[str, Any]:
+        self.detach()
+        items: dict[str, Any] = {"opacus": {**self._describe(), "real_steps": self.steps}}
+        acc = self.accountant
+        if acc is None:
+            return items
+        history = getattr(acc, "history", [])
+        items.update(accountant=acc.mechanism(), steps=_accounted_steps(acc))
+        if history:
+            items["sample_rate"] = float(history[-1][1])
+        if self.delta is not None:
+            eps = float(acc.get_epsilon(delta=self.delta)) if history else 0.0
+            items.update(delta=float(self.delta), final_epsilon=eps if math.isfinite(eps) else str(eps))
+        return items
+
+
+def record_opacus(
+    optimizer: Any,
+    *,
+    recorder: GradientRecorder,
+    accountant: Any = None,
+    delta: float | None = None,
+) -> OpacusRecording:
+    """Record each real step of an Opacus ``DPOptimizer`` into ``recorder``.
+
+    Per-step recorders get ``sum_i clip(g_i)`` (before noise) / the expected batch
+    size, once per real step, however many physical batches (virtual steps) it
+    took; per-example recorders get each clipped ``g_i``. Opacus's own step hook
+    (its accountant) is chained, not replaced. Works with Poisson sampling, with
+    ``BatchMemoryManager`` and with ghost clipping (per-step rows only).
+
+    Set ``recorder.epoch`` from your loop; give losses with ``recorder.observe_loss``
+    (per-example losses of the recorded examples are stored per example). Dataset
+    indices are unknown to the optimizer: per-example rows store ``example_index`` -1.
+
+    Args:
+        optimizer: the ``DPOptimizer`` from ``PrivacyEngine.make_private``.
+        recorder: a recorder built with the same model (or its parameters).
+        accountant: the Opacus accountant (or the ``PrivacyEngine``); default: the
+            one whose hook ``make_private`` attached to the optimizer.
+        delta: with it, the accountant's epsilon at this delta is written to the
+            run config at close (``final_epsilon``), with its type and step count.
+
+    Returns:
+        An :class:`OpacusRecording` (``detach()`` stops recording).
+
+    Raises:
+        ValueError: not a flat-clipping ``DPOptimizer``, a recorded parameter the
+            optimizer does not train, per-example rows under ghost clipping, a
+            ``delta`` with no accountant.
+
+    Example:
+        >>> model, optimizer, loader = PrivacyEngine().make_private(...)  # doctest: +SKIP
+        >>> with GradientRecorder(out="runs/dp", model=model) as recorder:  # doctest: +SKIP
+        ...     recorder.attach_opacus(optimizer, delta=1e-5)
+        ...     for x, y in loader:
+        ...         loss = criterion(model(x), y)
+        ...         loss.backward(); optimizer.step(); optimizer.zero_grad()
+    """
+    return OpacusRecording(optimizer, recorder, accountant, delta)
