@@ -104,6 +104,10 @@ def decay_command(
 
     parse_choice(TailRule, tail, "--tail")
     parse_choice(CIMethod, ci, "--ci")
+    if (out / "zarr.json").exists():
+        raise ValueError(
+            f"--out {str(out)!r} is a Zarr store; choose a directory for report.json and the figures"
+        )
     analysis = decay_analysis(
         spectrum=spectrum,
         gradients=gradients,
@@ -128,6 +132,8 @@ def decay_command(
 
 def _load_view(path: Path):
     """A report.json, a directory holding one, or a spectrum store → a ReportView."""
+    import numpy as np
+
     from gradspec.plot import ReportView
 
     report = path / "report.json" if path.is_dir() else path
@@ -140,7 +146,9 @@ def _load_view(path: Path):
     if spec.status != "complete":
         raise ValueError(f"{str(path)!r} is not complete (status {spec.status!r})")
     frob2 = spec.attrs.get("gradspec.frob2")
-    a = analyze_spectrum(sigma=spec.sigma, total_energy=float(frob2) if frob2 is not None else None)
+    sigma = spec.sigma
+    sigma = sigma[: int(np.argmin(sigma > 0)) if np.any(sigma <= 0) else sigma.size]
+    a = analyze_spectrum(sigma=sigma, total_energy=float(frob2) if frob2 is not None else None)
     return ReportView.from_analysis(a)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -109,6 +110,12 @@ def _open_output(
             for name in RESUME_SETTINGS
             if _jsonish(saved.get(name)) != _jsonish(params.get(name))
         ]
+        was = store.source
+        for key, label in (("rows_resolved", "rows"), ("rows_digest", "source rows' metadata")):
+            if was.get(key) is not None and was.get(key) != desc.get(key):
+                mismatch.append(
+                    f"{label}: saved {_rows_label(was.get(key))}, now {_rows_label(desc.get(key))}"
+                )
         if store.shape != (r, p):
             mismatch.insert(0, f"shape: saved {store.shape}, now {(r, p)}")
         if mismatch:
@@ -145,6 +152,15 @@ def _open_output(
         overwrite=overwrite or final is not None,
     )
     return store, final
+
+
+def _rows_label(value: Any) -> str:
+    if isinstance(value, dict) and "start" in value:
+        step = value.get("step", 1)
+        return f"{value['start']}:{value['stop']}" + (f":{step}" if step != 1 else "")
+    if isinstance(value, str):
+        return f"digest {value[:12]}…"
+    return repr(value)
 
 
 def _jsonish(value: Any) -> Any:
@@ -276,6 +292,10 @@ def pca(
             raise ValueError(
                 "the Dask backend computes on its workers; drop --device or --scheduler"
             )
+        if precision not in ("auto", "float64"):
+            raise ValueError(
+                f"the Dask backend computes in float64; drop --precision {precision} or --scheduler"
+            )
         op: Any = DaskGradientOperator(
             source,
             scheduler=scheduler,
@@ -374,8 +394,8 @@ def pca(
         if sink is not None:
             sink.abort()
         if store is not None:
-            if final is not None:
-                store.discard()  # the complete store at --out stays as it was
+            if final is not None:  # the complete store at --out stays as it was
+                shutil.rmtree(store.path, ignore_errors=True)
             else:
                 _give_up(store, exc)
         raise

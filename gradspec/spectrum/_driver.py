@@ -251,7 +251,8 @@ def decay_analysis(
         if gradients is not None:
             store = gradients if hasattr(gradients, "iter_col_blocks") else GradientStore.open(gradients)
         else:
-            path = src.get("path")
+            # The resolved path first: a relative one means another store from another cwd.
+            path = src.get("abspath") or src.get("path")
             if path is not None and Path(path).exists():
                 store = GradientStore.open(path)
             elif heldout_rows is not None:
@@ -267,6 +268,11 @@ def decay_analysis(
         if store is not None:
             cols = _read_columns(spec, store)
             relation = _relation(spec, store)
+            if store.p > p:
+                notes.append(
+                    f"the spectrum covers {p} of the {store.p} columns of {store.path!r}: G_k, the "
+                    "explained variance and the bounds are of those parameters' gradients only"
+                )
             n = store.n_rows
             row_sets: dict[str, np.ndarray] = {}
             if relation == "source":

@@ -121,6 +121,7 @@ def project_rows(
         keep_coords: also return ``V_Kᵀ g_i`` (n × K).
         check_orthonormal: check the column norms of ``V_K`` (accumulated in the same pass)
             lie within ``atol`` of 1; the residual formula assumes orthonormal columns.
+            (`gradspec pca` stores only directions that pass this, ``V_UNIT_ATOL`` there.)
         atol: tolerance of that check.
         exact_projector: also accumulate ``M = V_Kᵀ V_K`` (``p·K²`` flops, in the same pass)
             and use the orthogonal projector onto span(V_k), ``‖P_k g‖² = ‖L_k⁻¹ V_kᵀ g‖²`` with
@@ -185,9 +186,13 @@ def project_rows(
     if check_orthonormal and kmax:
         dev = float(np.abs(np.sqrt(col_norm_sq) - 1.0).max())
         if dev > atol:
+            j = int(np.argmax(np.abs(np.sqrt(col_norm_sq) - 1.0) > atol))
             raise ValueError(
-                f"basis columns are not unit vectors (max |‖v_j‖ − 1| = {dev:.2e} > {atol}); "
-                "pass an orthonormal V or check_orthonormal=False"
+                f"basis columns are not unit vectors (|‖v_{j + 1}‖ − 1| = "
+                f"{abs(np.sqrt(col_norm_sq[j]) - 1.0):.2e} > {atol}, max {dev:.2e}): the "
+                f"spectrum's V is not orthonormal beyond rank {j}; rerun `gradspec pca` (it "
+                "stores only resolved directions)"
+                + (f" or analyse ranks up to {j} (--k-max {j})" if j else "")
             )
     if gram is not None and kmax:
         from scipy.linalg import cholesky, solve_triangular

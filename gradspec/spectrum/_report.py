@@ -145,12 +145,17 @@ class DecayAnalysis:
             "eigenvalue_fit": self.fit_eigen.describe(),
         }
         for name, ra in self.rows.items():
+            # In-sample G_k reach 0 at the rank of H: what is built on them is optimistic.
+            caveat = " [in-sample G_k: optimistic]" if name == "collected" else ""
             if ra.decay:
-                out[f"G_k_{name}"] = ra.decay.verdict()
+                out[f"G_k_{name}"] = ra.decay.verdict() + caveat
             for tag, b in ra.bounds.items():
+                unmet = [h for h, ok in b.hypotheses.items() if not ok]
                 out[f"bound_{name}_{tag}"] = (
                     f"Theorem {b.theorem}: min over k at k* = {b.k_star}: {b.bound:.4g} vs "
                     f"dimension-dependent {b.dimension_dependent:.4g} (x{b.improvement:.3g})"
+                    + caveat
+                    + (f" [hypotheses not met: {', '.join(unmet)}]" if unmet else "")
                 )
         return out
 

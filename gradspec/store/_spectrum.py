@@ -550,10 +550,17 @@ class SpectrumStore:
             raise ValueError(f"{self.path!r} is not complete; only a finished run replaces a store")
         dest = Path(path)
         old = dest.with_name(f".{dest.name}.replaced-{os.getpid()}")
+        moved = False
         if dest.exists():
             SpectrumStore.open(dest)  # a spectrum store, or this raises and nothing moves
             os.replace(dest, old)
-        os.replace(self.path, dest)
+            moved = True
+        try:
+            os.replace(self.path, dest)
+        except BaseException:
+            if moved:
+                os.replace(old, dest)  # put the old store back
+            raise
         shutil.rmtree(old, ignore_errors=True)
         return SpectrumStore.open(dest)
 

@@ -293,6 +293,15 @@ def test_resume_with_the_same_settings_finishes_the_run(interrupted):
     np.testing.assert_allclose(a.sigma, b.sigma, rtol=1e-12)
 
 
+def test_resume_after_the_store_grew_names_the_rows(interrupted):
+    """`--rows` unset means "all committed rows": more rows now is another H, not a resume."""
+    tmp, args = interrupted
+    meta = {name: np.zeros(10, dtype=dt) for name, dt in META_FIELDS.items()}
+    GradientStore.open(tmp / "g.zarr", mode="r+").append(power_rows(10, 100, seed=9), meta)
+    one_line_error(invoke(*args, "--resume"), "shape: saved (60, 100), now (70, 100)",
+                   "rows: saved 0:60, now 0:70")
+
+
 def test_a_plain_rerun_replaces_the_interrupted_run(interrupted):
     tmp, args = interrupted
     res = ok(*args)
@@ -435,3 +444,54 @@ def test_decay_of_an_older_spectrum_with_zeroed_directions(run, tmp_path):
     assert len(report["spectrum"]["sigma"]) == 15
     assert report["rows"]["heldout"]["G_k"]["ks"][-1] == 15
     assert any("only the first 15 have sigma > 0" in n for n in report["notes"])
+
+
+def test_decay_summary_says_what_its_numbers_rest_on(run, tmp_path):
+    """Before: in-sample bounds and bounds outside the theorems' hypotheses read like the rest."""
+    res = ok("decay", run["first60"], "--out", tmp_path / "d", "--no-plots", "--heldout-rows",
+             "60:100", "--n", 500, "--epsilon", 2, "--delta", 0.9, "--diameter", 1)
+    lines = {ln.split(":")[0]: ln for ln in res.output.splitlines()}
+    assert "[in-sample G_k: optimistic]" in lines["bound_collected_empirical"]
+    assert "[in-sample G_k: optimistic]" not in lines["bound_heldout_empirical"]
+    assert "hypotheses not met: delta_in_(0,1/2]" in lines["bound_heldout_empirical"]
+
+
+def test_decay_of_a_parameter_subset_says_so(run, tmp_path):
+    ok("pca", run["grads"], "--k", 10, "--rows", "0:60", "--params", "enc.*", "--out",
+       tmp_path / "s.zarr", "--no-progress")
+    ok("decay", tmp_path / "s.zarr", "--out", tmp_path / "d", "--heldout-rows", "60:100",
+       "--no-plots")
+    report = json.loads((tmp_path / "d" / "report.json").read_text())
+    assert any("covers 90 of the 100 columns" in n for n in report["notes"])
+    v = SpectrumStore.open(tmp_path / "s.zarr").read_v().astype(np.float64)
+    got, ks = heldout_G(report)
+    np.testing.assert_allclose(got, dense_G(run["H"][60:, :90], v, ks), rtol=1e-4)
+
+
+def test_decay_finds_the_source_by_its_resolved_path(run, tmp_path, monkeypatch):
+    """Before: a relative source path was opened from the current directory, whatever was there."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    shutil.copytree(run["grads"], tmp_path / "a" / "g.zarr")
+    make_store(tmp_path / "b" / "g.zarr", power_rows(R, 100, seed=3), seed=3)
+    monkeypatch.chdir(tmp_path / "a")
+    ok("pca", "g.zarr", "--k", 10, "--rows", "0:60", "--out", tmp_path / "s.zarr", "--no-progress")
+    monkeypatch.chdir(tmp_path / "b")
+    ok("decay", tmp_path / "s.zarr", "--out", tmp_path / "d", "--no-plots")
+    report = json.loads((tmp_path / "d" / "report.json").read_text())
+    assert report["rows"]["collected"]["G_k"]["max"][0] == pytest.approx(
+        np.linalg.norm(run["H"][:60], axis=1).max(), rel=1e-6)
+
+
+def test_decay_out_must_not_be_a_store(run, tmp_path):
+    shutil.copytree(run["first60"], tmp_path / "s.zarr")
+    res = invoke("decay", tmp_path / "s.zarr", "--out", tmp_path / "s.zarr", "--spectrum-only")
+    one_line_error(res, "is a Zarr store")
+    assert not (tmp_path / "s.zarr" / "report.json").exists()
+
+
+def test_plot_of_an_older_spectrum_with_zeroed_directions(run, tmp_path):
+    shutil.copytree(run["first60"], tmp_path / "s.zarr")
+    g = zarr.open_group(str(tmp_path / "s.zarr"), mode="r+")
+    g["sigma"][15:] = 0.0
+    ok("plot", tmp_path / "s.zarr", "--out", tmp_path / "f", "--format", "png")
