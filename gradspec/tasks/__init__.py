@@ -17,10 +17,20 @@ Example:
     >>> task = make_task("geomedian", d=20, spectrum="linear", n_train=8, n_eval=8, seed=0)
     >>> task.loss(task.forward(task.model, task.train.batch(slice(0, 4))), {}).shape
     torch.Size([4])
+    >>> len(task.public)  # public examples, disjoint from train and eval
+    100
 """
 
 from gradspec.tasks import cnn, geomedian, lowrank, text
-from gradspec.tasks._base import Batch, Task, TensorData, accuracy, cross_entropy_loss
+from gradspec.tasks._base import (
+    Batch,
+    Task,
+    TensorData,
+    accuracy,
+    check_splits,
+    cross_entropy_loss,
+    split_summary,
+)
 from gradspec.tasks._registry import available_tasks, make_task, register_task, task_options
 from gradspec.tasks.geomedian import (
     A_DIAGONALS,
@@ -39,7 +49,9 @@ __all__ = [
     "Task",
     "TensorData",
     "accuracy",
+    "check_splits",
     "cross_entropy_loss",
+    "split_summary",
     # registry
     "available_tasks",
     "make_task",

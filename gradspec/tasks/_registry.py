@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from gradspec.tasks._base import Task
+from gradspec.tasks._base import Task, split_summary
 
 __all__ = ["available_tasks", "make_task", "register_task", "task_options"]
 
@@ -35,7 +35,9 @@ def register_task(name: str) -> Callable[[Factory], Factory]:
 
     The factory must take keyword-only arguments, one of them ``seed``. The
     registered (and returned) function fills ``task.config`` with ``{"task": name}``
-    and every option, defaults included, under whatever the factory recorded itself.
+    and every option, defaults included, under whatever the factory recorded itself,
+    and ``"splits"``: the split sizes and the public examples' ids
+    (:func:`~gradspec.tasks._base.split_summary`).
 
     Args:
         name: the registry name, as passed to :func:`make_task`.
@@ -64,7 +66,7 @@ def register_task(name: str) -> Callable[[Factory], Factory]:
             bound.apply_defaults()
             task = factory(**bound.arguments)
             recorded = {"task": name, **{k: _jsonable(v, k) for k, v in bound.arguments.items()}}
-            task.config = {**recorded, **task.config}
+            task.config = {**recorded, **task.config, "splits": split_summary(task)}
             return task
 
         _FACTORIES[name] = build

@@ -13,23 +13,33 @@ DP-SGD; ``activation="relu"`` gives the original (non-private) variant. 26,010 p
 Data:
 
 - ``"digits"`` (default, offline): scikit-learn's 1,797 handwritten 8 x 8 digits,
-  upsampled bilinearly to 28 x 28, scaled to [0, 1] and standardised with the training
-  split's mean and standard deviation; split into train/eval by a seeded permutation.
-- ``"mnist"``, ``"fashion-mnist"``: via torchvision (``pip install torchvision``),
-  standardised the same way. Zhou et al. train on a random 10,000-example subset
-  (``n_train=10000``) and evaluate on the 10,000 test images.
+  upsampled bilinearly to 28 x 28 and scaled to [0, 1]; a seeded permutation holds out
+  ``n_eval`` of them, the rest is the training pool.
+- ``"mnist"``, ``"fashion-mnist"``: via torchvision (``pip install torchvision``); the
+  60,000 training images are the training pool, the test images the held-out split.
+
+As in Zhou et al. (2021, §5 and Appendix D: 10,000 private examples, 100 public ones
+"from the rest", the 10,000 test images for evaluation), ``n_public`` public examples
+and ``n_train`` private ones are drawn, disjoint, from the training pool by a seeded
+permutation. Images are standardised with the mean and standard deviation of the public
+split (non-sensitive; the private split's statistics would be released without noise),
+or of the private split when ``n_public=0``. Example ids are indices into the dataset:
+digits 0..1796; MNIST training images 0..59999, test images 60000 + i.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
-from gradspec.tasks._base import Batch, Task, TensorData
+from gradspec.tasks._base import Batch, Task, TensorData, carve, permutation
 from gradspec.tasks._registry import register_task
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["DATASETS", "PapernotCNN", "cnn_task"]
 
@@ -67,18 +77,13 @@ def _images_forward(call: Callable[..., Tensor], batch: Batch) -> Tensor:
     return call(batch["images"])
 
 
-def _digits(seed: int, n_eval: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _digits() -> tuple[Tensor, Tensor]:
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     images = torch.as_tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     images = nn.functional.interpolate(images, size=(28, 28), mode="bilinear", align_corners=False)
-    labels = torch.as_tensor(digits.target, dtype=torch.long)
-    if not 1 <= n_eval < len(labels):
-        raise ValueError(f"n_eval must be in [1, {len(labels) - 1}] for digits, got {n_eval}")
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
-    held, kept = order[:n_eval], order[n_eval:]
-    return images[kept], labels[kept], images[held], labels[held]
+    return images, torch.as_tensor(digits.target, dtype=torch.long)
 
 
 def _torchvision(name: str, root: str | None, download: bool) -> tuple[Tensor, ...]:
@@ -98,15 +103,6 @@ def _torchvision(name: str, root: str | None, download: bool) -> tuple[Tensor, .
     return tuple(out)
 
 
-def _subsample(images: Tensor, labels: Tensor, n: int | None, seed: int) -> tuple[Tensor, Tensor]:
-    if n is None or n >= len(labels):
-        return images, labels
-    if n < 1:
-        raise ValueError(f"subset sizes must be positive, got {n}")
-    keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))[:n]
-    return images[keep], labels[keep]
-
-
 @register_task("cnn")
 def cnn_task(
     *,
@@ -115,6 +111,7 @@ def cnn_task(
     activation: str = "tanh",
     n_train: int | None = None,
     n_eval: int | None = None,
+    n_public: int = 100,
     root: str | None = None,
     download: bool = True,
 ) -> Task:
@@ -124,10 +121,13 @@ def cnn_task(
         seed: initialises the network and draws the splits/subsets.
         dataset: ``"digits"`` (offline), ``"mnist"`` or ``"fashion-mnist"`` (torchvision).
         activation: ``"tanh"`` (Papernot et al. 2020) or ``"relu"``.
-        n_train: training subset size; ``None`` keeps all (digits: 1,797 - n_eval;
-            MNIST: 60,000; Zhou et al. use 10,000).
+        n_train: private training examples; ``None`` keeps the whole pool but the public
+            split (digits: 1,797 - n_eval - n_public; MNIST: 60,000 - n_public; Zhou et
+            al. use 10,000).
         n_eval: held-out size; ``None`` means 360 for digits (about 20%) and the full
             10,000-image test set for MNIST/Fashion-MNIST.
+        n_public: public examples carved from the training pool, disjoint from the
+            private ones (Zhou et al.: 100); 0 for none.
         root: torchvision download folder (default ``~/.cache/gradspec/data``).
         download: let torchvision download missing files.
 
@@ -136,27 +136,49 @@ def cnn_task(
         loss and all parameters trained (``params=("*",)``).
 
     Raises:
-        ValueError: for an unknown dataset/activation, or MNIST without torchvision.
+        ValueError: for an unknown dataset/activation, sizes the data cannot supply, or
+            MNIST without torchvision.
     """
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; choose one of {list(DATASETS)}")
     if dataset == "digits":
-        x_tr, y_tr, x_ev, y_ev = _digits(seed, 360 if n_eval is None else n_eval)
+        images, labels = _digits()
+        n_eval = 360 if n_eval is None else n_eval
+        if not 1 <= n_eval < len(labels):
+            raise ValueError(f"n_eval must be in [1, {len(labels) - 1}] for digits, got {n_eval}")
+        order = permutation(len(labels), seed)
+        held, pool = order[:n_eval].sort().values, order[n_eval:].sort().values
+        x_pool, y_pool, x_ev, y_ev, ev_ids = images, labels, images[held], labels[held], held
     else:
-        x_tr, y_tr, x_ev, y_ev = _torchvision(dataset, root, download)
-        x_ev, y_ev = _subsample(x_ev, y_ev, n_eval, seed + 1)
-    x_tr, y_tr = _subsample(x_tr, y_tr, n_train, seed)
-    mean, std = x_tr.mean(), x_tr.std()
-    x_tr, x_ev = (x_tr - mean) / std, (x_ev - mean) / std
+        x_pool, y_pool, x_test, y_test = _torchvision(dataset, root, download)
+        pool = torch.arange(len(y_pool))
+        held = torch.arange(len(y_test))
+        if n_eval is not None:
+            if not 1 <= n_eval <= len(held):
+                raise ValueError(f"n_eval must be in [1, {len(held)}] for {dataset}, got {n_eval}")
+            held = permutation(len(held), seed + 1)[:n_eval].sort().values
+        x_ev, y_ev, ev_ids = x_test[held], y_test[held], len(y_pool) + held
+    private, public = carve(pool, n_train=n_train, n_public=n_public, seed=seed)
+    x_tr, y_tr, x_pub, y_pub = x_pool[private], y_pool[private], x_pool[public], y_pool[public]
+    if n_public:
+        mean, std, source = x_pub.mean(), x_pub.std(), "public"
+    else:
+        logger.warning("cnn task without public data: images are standardised with the private "
+                       "split's mean and std, released without noise")
+        mean, std, source = x_tr.mean(), x_tr.std(), "train"
+    x_tr, x_ev, x_pub = (x_tr - mean) / std, (x_ev - mean) / std, (x_pub - mean) / std
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = PapernotCNN(activation=activation)
     return Task(
         name="cnn",
         model=model,
-        train=TensorData({"images": x_tr, "labels": y_tr}),
-        eval=TensorData({"images": x_ev, "labels": y_ev}),
+        train=TensorData({"images": x_tr, "labels": y_tr}, private),
+        eval=TensorData({"images": x_ev, "labels": y_ev}, ev_ids),
+        public=TensorData({"images": x_pub, "labels": y_pub}, public) if n_public else None,
         forward=_images_forward,
         params=("*",),
-        config={"normalize_mean": mean.item(), "normalize_std": std.item()},
+        config={"normalize_mean": mean.item(), "normalize_std": std.item(),
+                "normalize_from": source,
+                "ids": "digits: index in load_digits(); mnist: training image i, test image 60000 + i"},
     )

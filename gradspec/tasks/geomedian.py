@@ -15,7 +15,9 @@ and A_linear and are constant for A_const.
 Data (Appendix A): the first ``d_min = 10`` coordinates of each ``x_i`` are i.i.d.
 normal with mean 1 and standard deviation 1; all others are 0, so the optimum, and the
 distance to it from ``x = 0``, is the same for every ``d >= d_min``. The paper uses
-``n_train = n_eval = 10000``.
+``n_train = n_eval = 10000``. ``n_public`` public points (same distribution, drawn after
+the others so the training and held-out points do not depend on it) serve the optimizers
+that use public data; example ids: training ``0..n_train-1``, held-out next, public last.
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ def geomedian_task(
     d_min: int = 10,
     n_train: int = 10_000,
     n_eval: int = 10_000,
+    n_public: int = 100,
     eps: float = 1e-6,
 ) -> Task:
     """The generalised geometric median task of Li et al. (2022), §4.1.
@@ -153,6 +156,7 @@ def geomedian_task(
         d_min: number of non-zero data coordinates (Appendix A uses 10); ``<= d``.
         n_train: training points (Appendix A: 10000).
         n_eval: held-out points (Appendix A: 10000).
+        n_public: public points, disjoint from both (0 for none).
         eps: smoothing of the norm at ``x = x_i`` (see :class:`GeometricMedian`).
 
     Returns:
@@ -163,22 +167,27 @@ def geomedian_task(
         raise ValueError(f"unknown spectrum {spectrum!r}; choose one of {list(A_DIAGONALS)}")
     if not 1 <= d_min <= d:
         raise ValueError(f"need 1 <= d_min <= d, got d_min={d_min}, d={d}")
-    if n_train < 1 or n_eval < 1:
-        raise ValueError(f"n_train and n_eval must be positive, got {n_train}, {n_eval}")
+    if n_train < 1 or n_eval < 1 or n_public < 0:
+        raise ValueError(f"n_train and n_eval must be positive and n_public >= 0, got "
+                         f"{n_train}, {n_eval}, {n_public}")
     if not (eps > 0 and math.isfinite(eps)):
         raise ValueError(f"eps must be positive, got {eps}")
     generator = torch.Generator().manual_seed(seed)
     train = _sample_points(n_train, d, d_min, generator)
     held_out = _sample_points(n_eval, d, d_min, generator)
+    public = _sample_points(n_public, d, d_min, generator)
+    ids = torch.arange(n_train + n_eval + n_public)
     a_diag = A_DIAGONALS[spectrum](d)
     return Task(
         name="geomedian",
         model=GeometricMedian(a_diag, eps=eps),
-        train=TensorData({"points": train}),
-        eval=TensorData({"points": held_out}),
+        train=TensorData({"points": train}, ids[:n_train]),
+        eval=TensorData({"points": held_out}, ids[n_train : n_train + n_eval]),
+        public=TensorData({"points": public}, ids[n_train + n_eval :]) if n_public else None,
         forward=_points_forward,
         loss=_identity_loss,
         metrics=_mean_loss,
         params=("x",),
-        config={"lipschitz_g0": restricted_lipschitz_closed_form(a_diag, 0)},
+        config={"lipschitz_g0": restricted_lipschitz_closed_form(a_diag, 0),
+                "ids": "train 0..n_train-1, eval next n_eval, public last (drawn in that order)"},
     )

@@ -13,6 +13,11 @@ standard deviation on the training data):
   data key ``"targets"`` (float).
 - ``kind="logistic"``: ``y ~ Bernoulli(sigmoid(margin * X w*))``, logistic loss;
   data key ``"labels"`` (0/1 long).
+
+Splits: ``n`` private training examples, ``n_eval`` held-out and ``n_public`` public ones,
+all i.i.d. from the same ``W`` and ``w*``; the public examples are drawn after the others,
+so the training and held-out data do not depend on ``n_public``. Example ids: training
+``0..n-1``, held-out ``n..n+n_eval-1``, public from ``n+n_eval`` on.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ def lowrank_task(
     kind: str = "linear",
     n: int = 1000,
     n_eval: int = 1000,
+    n_public: int = 100,
     d: int = 100,
     r: int = 5,
     noise: float = 0.1,
@@ -96,6 +102,8 @@ def lowrank_task(
         kind: ``"linear"`` (squared loss) or ``"logistic"``.
         n: training examples.
         n_eval: held-out examples (same ``W`` and ``w*``).
+        n_public: public examples (same distribution, disjoint from both), for PDP-SGD,
+            noisy AdaGrad and AdaDPS; 0 for none.
         d: the input dimension, which is also the number of parameters ``p``.
         r: the rank of the data, ``1 <= r <= d``.
         noise: standard deviation of the label noise (``kind="linear"``).
@@ -109,32 +117,40 @@ def lowrank_task(
         raise ValueError(f"unknown kind {kind!r}; choose one of {list(KINDS)}")
     if not 1 <= r <= d:
         raise ValueError(f"need 1 <= r <= d, got r={r}, d={d}")
-    if n < 1 or n_eval < 1:
-        raise ValueError(f"n and n_eval must be positive, got {n}, {n_eval}")
+    if n < 1 or n_eval < 1 or n_public < 0:
+        raise ValueError(f"n and n_eval must be positive and n_public >= 0, got {n}, {n_eval}, {n_public}")
     if noise < 0:
         raise ValueError(f"noise must be >= 0, got {noise}")
     generator, w = _factors(d=d, r=r, seed=seed)
     x = torch.randn(n + n_eval, r, generator=generator, dtype=torch.float64) @ w
     w_star = torch.randn(d, generator=generator, dtype=torch.float64)
-    signal = x @ w_star
-    signal = signal / signal[:n].std()
-    if kind == "linear":
-        y = signal + noise * torch.randn(n + n_eval, generator=generator, dtype=torch.float64)
-        key, y, loss, metrics = "targets", y.float(), _squared_loss, _mse
-    else:
-        u = torch.rand(n + n_eval, generator=generator, dtype=torch.float64)
-        key, y = "labels", (u < torch.sigmoid(margin * signal)).long()
-        loss, metrics = _logistic_loss, _binary_accuracy
+    scale = (x[:n] @ w_star).std()
+
+    def labelled(x: Tensor) -> tuple[str, Tensor]:
+        signal = x @ w_star / scale
+        if kind == "linear":
+            y = signal + noise * torch.randn(len(x), generator=generator, dtype=torch.float64)
+            return "targets", y.float()
+        u = torch.rand(len(x), generator=generator, dtype=torch.float64)
+        return "labels", (u < torch.sigmoid(margin * signal)).long()
+
+    key, y = labelled(x)
+    x_pub = torch.randn(n_public, r, generator=generator, dtype=torch.float64) @ w
+    _, y_pub = labelled(x_pub)  # drawn last: train and eval do not depend on n_public
+    loss, metrics = (_squared_loss, _mse) if kind == "linear" else (_logistic_loss, _binary_accuracy)
     model = nn.Linear(d, 1, bias=False)
     nn.init.zeros_(model.weight)
-    x = x.float()
+    x, x_pub = x.float(), x_pub.float()
+    ids = torch.arange(n + n_eval + n_public)
     return Task(
         name="lowrank",
         model=model,
-        train=TensorData({"inputs": x[:n], key: y[:n]}),
-        eval=TensorData({"inputs": x[n:], key: y[n:]}),
+        train=TensorData({"inputs": x[:n], key: y[:n]}, ids[:n]),
+        eval=TensorData({"inputs": x[n:], key: y[n:]}, ids[n : n + n_eval]),
+        public=TensorData({"inputs": x_pub, key: y_pub}, ids[n + n_eval :]) if n_public else None,
         forward=_linear_forward,
         loss=loss,
         metrics=metrics,
         params=("weight",),
+        config={"ids": "train 0..n-1, eval n..n+n_eval-1, public n+n_eval.. (drawn in that order)"},
     )

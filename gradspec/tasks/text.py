@@ -17,10 +17,17 @@ Models (``model=``):
 Data (``dataset=``):
 
 - ``None`` (default, offline): the synthetic reviews of :mod:`gradspec.tasks._textdata`,
-  2,000 train / 500 eval by default, 115-word vocabulary;
+  2,000 train / 500 eval / 100 public by default (independent streams of the generator),
+  115-word vocabulary;
 - ``"glue/sst2"`` (alias ``"sst2"``) or any Hugging Face datasets name with a text and a
   label column, through ``datasets.load_dataset`` (needs ``pip install datasets`` and
-  network access or a local cache).
+  network access or a local cache). The public examples are carved from the training
+  split, disjoint from the private ones (AdaDPS, Li et al. 2022 §6.1, takes 1% of the
+  training data); the held-out split is another split of the dataset.
+
+Example ids: synthetic, training ``0..n_train-1``, held-out next, public last; Hugging
+Face, row ``i`` of the training split is ``i`` and row ``j`` of the held-out split is
+``len(training split) + j``.
 
 Models are loaded with ``attn_implementation="eager"`` and called with a 4-D additive
 attention mask, so ``torch.func.vmap`` over ``functional_call`` works (the SDPA path and
@@ -37,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gradspec.tasks._base import Batch, Task, TensorData
+from gradspec.tasks._base import Batch, Task, TensorData, carve, permutation
 from gradspec.tasks._registry import register_task
 from gradspec.tasks._textdata import VOCABULARY_SIZE, generate_sentiment
 
@@ -269,10 +276,13 @@ def _load_hf_splits(
     return splits[train_split], splits[eval_split]
 
 
-def _subset(dataset: Any, n: int | None, seed: int) -> Any:
-    if n is None or n >= len(dataset):
-        return dataset
-    return dataset.shuffle(seed=seed).select(range(n))
+def _held_out_rows(n_rows: int, n: int | None, seed: int) -> Tensor:
+    """Sorted rows of a held-out split: all, or ``n`` drawn by a seeded permutation."""
+    if n is None:
+        return torch.arange(n_rows)
+    if n > n_rows:
+        raise ValueError(f"n_eval={n} exceeds the {n_rows} examples of the held-out split")
+    return permutation(n_rows, seed)[:n].sort().values
 
 
 class _TextForward:
@@ -316,6 +326,7 @@ def text_task(
     eval_split: str | None = None,
     n_train: int | None = None,
     n_eval: int | None = None,
+    n_public: int = 100,
     max_length: int = 64,
     padding: str = "longest",
     train_head: bool = False,
@@ -335,8 +346,12 @@ def text_task(
         label_column: the integer label column.
         train_split: the training split.
         eval_split: the held-out split (default "validation", else "test").
-        n_train: training examples; ``None``: 2,000 synthetic or the whole split.
+        n_train: private training examples; ``None``: 2,000 synthetic, or the whole
+            training split but the public examples.
         n_eval: held-out examples; ``None``: 500 synthetic or the whole split.
+        n_public: public examples, disjoint from the private and held-out ones
+            (synthetic: their own stream; a dataset: carved from the training split);
+            0 for none.
         max_length: truncation length in tokens.
         padding: ``"longest"`` (per split) or ``"max_length"``.
         train_head: also train :data:`HEAD_PATTERNS` (else they stay as initialised).
@@ -359,6 +374,8 @@ def text_task(
     for key, n in (("n_train", n_train), ("n_eval", n_eval)):
         if n is not None and n < 1:
             raise ValueError(f"{key} must be positive or None, got {n}")
+    if n_public < 0:
+        raise ValueError(f"n_public must be >= 0, got {n_public}")
     if max_length < 2:
         raise ValueError(f"max_length must be >= 2, got {max_length}")
     extra: dict[str, Any] = {}
@@ -366,11 +383,21 @@ def text_task(
         n_train, n_eval = n_train or 2000, n_eval or 500
         train_texts, train_labels = generate_sentiment(n_train, seed=seed, stream=0)
         eval_texts, eval_labels = generate_sentiment(n_eval, seed=seed, stream=1)
+        public_texts, public_labels = generate_sentiment(n_public, seed=seed, stream=2)
+        sizes = (len(train_texts), len(eval_texts), len(public_texts))
+        train_ids, eval_ids, public_ids = torch.arange(sum(sizes)).split(sizes)
         num_labels = 2
         extra["vocabulary_size"] = VOCABULARY_SIZE
+        extra["ids"] = "train 0..n_train-1 (stream 0), eval next (stream 1), public last (stream 2)"
     else:
         train_ds, eval_ds = _load_hf_splits(dataset, dataset_config, train_split, eval_split)
-        train_ds, eval_ds = _subset(train_ds, n_train, seed), _subset(eval_ds, n_eval, seed + 1)
+        train_ids, public_ids = carve(torch.arange(len(train_ds)), n_train=n_train,
+                                      n_public=n_public, seed=seed, what="training split")
+        eval_rows = _held_out_rows(len(eval_ds), n_eval, seed + 1)
+        eval_ids = len(train_ds) + eval_rows
+        public_ds = train_ds.select(public_ids.tolist())
+        train_ds, eval_ds = train_ds.select(train_ids.tolist()), eval_ds.select(eval_rows.tolist())
+        extra["ids"] = "row i of the training split: i; row j of the held-out split: n + j"
         if label_column not in train_ds.column_names:
             raise ValueError(
                 f"column {label_column!r} not in the dataset; it has {train_ds.column_names}"
@@ -389,6 +416,13 @@ def text_task(
         held_out = tokenize_texts(
             tokenizer, eval_texts, eval_labels, max_length=max_length, padding=padding
         )
+        public = (
+            tokenize_texts(
+                tokenizer, public_texts, public_labels, max_length=max_length, padding=padding
+            )
+            if n_public
+            else None
+        )
     else:
         kwargs = dict(
             text_column=text_column,
@@ -398,6 +432,10 @@ def text_task(
         )
         train = dataset_to_tensordata(train_ds, tokenizer, **kwargs)
         held_out = dataset_to_tensordata(eval_ds, tokenizer, **kwargs)
+        public = dataset_to_tensordata(public_ds, tokenizer, **kwargs) if n_public else None
+    train, held_out = TensorData(train.tensors, train_ids), TensorData(held_out.tensors, eval_ids)
+    if public is not None:
+        public = TensorData(public.tensors, public_ids)
     if params is None:
         params = list(QV_PATTERNS + HEAD_PATTERNS) if train_head else list(QV_PATTERNS)
     _freeze_except(net, params)
@@ -406,6 +444,7 @@ def text_task(
         model=net,
         train=train,
         eval=held_out,
+        public=public,
         forward=_TextForward(net),
         params=tuple(params),
         config={
@@ -413,6 +452,7 @@ def text_task(
             "num_labels": num_labels,
             "n_train": len(train),
             "n_eval": len(held_out),
+            "n_public": len(public) if public is not None else 0,
             **extra,
         },
     )

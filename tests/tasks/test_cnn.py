@@ -30,8 +30,14 @@ def test_architecture_matches_the_paper():
 
 def test_digits_data(digits):
     images, labels = digits.train.tensors["images"], digits.train.tensors["labels"]
-    assert images.shape == (1797 - 100, 1, 28, 28) and len(digits.eval) == 100
-    assert abs(images.mean().item()) < 1e-4 and abs(images.std().item() - 1) < 1e-4
+    # 100 held out, 100 public carved from the rest (Zhou et al.), the remainder private
+    assert images.shape == (1797 - 100 - 100, 1, 28, 28) and len(digits.eval) == 100
+    assert len(digits.public) == 100
+    # standardised with the public split's statistics, not the private split's
+    public = digits.public.tensors["images"]
+    assert abs(public.mean().item()) < 1e-4 and abs(public.std().item() - 1) < 1e-4
+    assert digits.config["normalize_from"] == "public"
+    assert abs(images.mean().item()) < 0.1 and abs(images.std().item() - 1) < 0.1
     assert set(labels.tolist()) == set(range(10))
     assert digits.params == ("*",)
     assert digits.forward(digits.model, digits.train.batch(range(4))).shape == (4, 10)
@@ -44,8 +50,8 @@ def test_seed_fixes_split_and_init(digits):
     assert torch.equal(same.model.features[0].weight, digits.model.features[0].weight)
     assert not torch.equal(other.eval.tensors["labels"], digits.eval.tensors["labels"])
     assert not torch.equal(other.model.features[0].weight, digits.model.features[0].weight)
-    small = make_task("cnn", n_train=50, n_eval=20, seed=0)
-    assert (len(small.train), len(small.eval)) == (50, 20)
+    small = make_task("cnn", n_train=50, n_eval=20, n_public=10, seed=0)
+    assert (len(small.train), len(small.eval), len(small.public)) == (50, 20, 10)
 
 
 def test_bad_options():
@@ -53,6 +59,9 @@ def test_bad_options():
         make_task("cnn", dataset="cifar")
     with pytest.raises(ValueError, match="n_eval"):
         make_task("cnn", n_eval=5000)
+    # a private set larger than the pool is refused, not silently cut to the pool
+    with pytest.raises(ValueError, match="fewer than n_train \\+ n_public"):
+        make_task("cnn", n_eval=360, n_train=1400)
 
 
 @pytest.mark.skipif(

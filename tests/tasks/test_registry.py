@@ -72,7 +72,8 @@ def test_registered_factory_records_its_options(monkeypatch):
         return base
 
     task = make_task("mine", seed=3)
-    assert task.config == {"task": "mine", "seed": 3, "shape": [2, 3], "extra": 1}
+    splits = {"n_train": 4, "n_eval": 2, "n_public": 100, "public_ids": list(range(6, 106))}
+    assert task.config == {"task": "mine", "seed": 3, "shape": [2, 3], "extra": 1, "splits": splits}
     with pytest.raises(TypeError, match="JSON"):
         make_task("mine", shape=object())
 

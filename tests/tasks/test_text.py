@@ -92,7 +92,7 @@ def test_synthetic_data_layout(tiny):
     assert fixed.train.tensors["input_ids"].shape == (4, 40)
 
 
-def test_defaults_are_2000_and_500(monkeypatch):
+def test_defaults_are_2000_500_and_100_public(monkeypatch):
     seen = []
     real = text_mod.generate_sentiment
 
@@ -102,7 +102,8 @@ def test_defaults_are_2000_and_500(monkeypatch):
 
     monkeypatch.setattr(text_mod, "generate_sentiment", spy)
     task = make_task("text", model="tiny-bert")
-    assert seen == [2000, 500] and task.config["n_train"] == 4  # the effective size
+    assert seen == [2000, 500, 100] and task.config["n_train"] == 4  # the effective size
+    assert task.config["n_public"] == 4 and len(task.public) == 4
 
 
 def test_padding_does_not_change_logits(tiny):
