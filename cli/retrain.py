@@ -18,26 +18,49 @@ def _csv(text: str | None, cast) -> list:
         raise ValueError(f"expected a comma-separated list of numbers, got {text!r}") from None
 
 
+def _check_applicable(names: list[str], given: dict[str, object]) -> None:
+    """Refuse an option that none of the chosen algorithms uses (it would be ignored)."""
+    from gradspec.optim import Algorithm
+    from gradspec.optim._registry import PROJECTED
+
+    projected = set(PROJECTED)
+    users = {
+        "--projector": projected, "--no-layout-check": projected, "--period": projected,
+        "--public-size": projected | {Algorithm.ADADPS}, "--noise-in": {Algorithm.SUBSPACE},
+        "--start-epoch": {Algorithm.PDP_SGD, Algorithm.RPDP_SGD},
+        "--precond-sigma": {Algorithm.NOISY_ADAGRAD}, "--diagonal": {Algorithm.NOISY_ADAGRAD},
+        "--rule": {Algorithm.ADADPS}, "--side-information": {Algorithm.ADADPS},
+        "--rank": projected,
+    }
+    chosen = {Algorithm(n) for n in names}
+    for option, value in given.items():
+        if value is not None and value is not False and not chosen & users[option]:
+            valid = ", ".join(sorted(str(a) for a in users[option]))
+            raise ValueError(f"{option} applies to {valid}, not to {', '.join(names)}: it would be ignored")
+
+
 @user_errors
 def retrain_command(
     out: Path = typer.Option(Path("runs/retrain"), "--out", "-o", help="Run (or sweep) directory."),
     algorithm: list[str] = typer.Option(["subspace"], "--algorithm", "-a", help="dp-sgd, subspace, pdp-sgd, rpdp-sgd, noisy-adagrad, adadps, dp-adam (repeatable with --sweep)."),
     projector: str = typer.Option(None, "--projector", metavar="SPECTRUM|public|random", help="A spectrum store (gradspec pca output), or 'public' / 'random'. Default per algorithm."),
-    rank: int = typer.Option(None, "--rank", "-k", help="Subspace rank k."),
+    no_layout_check: bool = typer.Option(False, "--no-layout-check", help="Use a spectrum store that does not record its parameters, comparing p only."),
+    rank: int = typer.Option(None, "--rank", "-k", help="Subspace rank k (one run; a sweep takes --ranks)."),
     sweep: bool = typer.Option(False, "--sweep", help="Run a grid over --ranks, --seeds and --sigmas or --epsilons."),
-    ranks: str = typer.Option("10,20,100", help="Ranks of a sweep (comma-separated)."),
+    ranks: str = typer.Option(None, help="Ranks of a sweep (comma-separated; default 10,20,100)."),
     seeds: str = typer.Option(None, help="Seeds of a sweep (comma-separated; default --seed)."),
     sigmas: str = typer.Option(None, help="Noise multipliers of a sweep (comma-separated)."),
     epsilons: str = typer.Option(None, help="Target epsilons of a sweep (comma-separated)."),
-    noise_in: str = typer.Option("full", help="subspace retraining: noise in all p dims (full) or the subspace."),
-    public_size: int = typer.Option(100, help="Public examples m (public projector, AdaDPS)."),
-    period: int = typer.Option(1, help="Recompute the public subspace every s steps."),
-    start_epoch: float = typer.Option(0.0, help="PDP-SGD: epochs of plain DP-SGD before projecting."),
-    precond_sigma: float = typer.Option(1.0, help="noisy-adagrad: noise multiplier of the preconditioner."),
+    noise_in: str = typer.Option(None, help="subspace retraining: noise in all p dims (full, default) or the subspace."),
+    public_size: int = typer.Option(None, help="Public examples m (public projector, AdaDPS; default 100), drawn from the task's public split (-t n_public=M)."),
+    period: int = typer.Option(None, help="Recompute the public subspace every s steps (default 1)."),
+    start_epoch: float = typer.Option(None, help="PDP-SGD: epochs of plain DP-SGD before projecting (default 0)."),
+    precond_sigma: float = typer.Option(None, help="noisy-adagrad: noise multiplier of the preconditioner (default 1)."),
     diagonal: bool = typer.Option(False, "--diagonal", help="noisy-adagrad: diagonal preconditioner."),
-    rule: str = typer.Option("rmsprop", help="AdaDPS preconditioner: rmsprop, adam, adagrad."),
+    rule: str = typer.Option(None, help="AdaDPS preconditioner: rmsprop (default), adam, adagrad (public data), or fixed (side information)."),
+    side_information: str = typer.Option(None, "--side-information", metavar="FILE|frequency", help="AdaDPS without public data (Option 2): a file of p positive values (.npy, .pt, .txt), or 'frequency' (feature/token frequencies of the public examples)."),
     task: str = typer.Option("text", help="Task: text, cnn, geomedian, lowrank."),
-    task_option: list[str] = typer.Option([], "--task-option", "-t", help="Task option KEY=VALUE (repeatable)."),
+    task_option: list[str] = typer.Option([], "--task-option", "-t", help="Task option KEY=VALUE (repeatable), e.g. -t n_public=200."),
     params: list[str] = typer.Option([], "--params", help="Parameter name patterns to train (as for collect)."),
     steps: int = typer.Option(None, help="Training steps (default 200 unless --epochs)."),
     epochs: float = typer.Option(None, help="Training epochs (instead of --steps)."),
@@ -53,28 +76,53 @@ def retrain_command(
     microbatch: int = typer.Option(32, help="Examples per per-example-gradient call."),
     eval_every: int = typer.Option(20, help="Evaluate every N steps."),
     log_every: int = typer.Option(10, help="Log every N steps."),
-    seed: int = typer.Option(0, help="Random seed."),
+    seed: int = typer.Option(0, help="Random seed (also of the random projector and the public examples drawn)."),
     device: str = typer.Option("cpu", help="cpu, cuda or auto."),
+    train_metrics: bool = typer.Option(True, "--train-metrics/--no-train-metrics", help="Also report loss and accuracy on the training set at the end."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing runs."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Write figures of a sweep."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
     """Retrain in a subspace, or run PDP-SGD, noisy AdaGrad, AdaDPS, DP-Adam, DP-SGD."""
     from cli.collect import training_config
+    from gradspec._enums import parse_choice
     from gradspec.optim import Algorithm
     from gradspec.optim import retrain as run_retrain
     from gradspec.optim import sweep as run_sweep
     from gradspec.optim._registry import PROJECTED, ProjectorKind
 
+    if sigma is not None and epsilon is not None:
+        raise ValueError("give --sigma or --epsilon, not both")
+    if steps is not None and epochs is not None:
+        raise ValueError("give --steps or --epochs, not both")
+    names = [str(parse_choice(Algorithm, a, "algorithm")) for a in algorithm]
+    if not sweep:
+        if len(names) != 1:
+            raise ValueError("give one --algorithm, or --sweep to run several")
+        for option, value in (("--ranks", ranks), ("--seeds", seeds), ("--sigmas", sigmas),
+                              ("--epsilons", epsilons)):
+            if value is not None:
+                raise ValueError(f"{option} is for --sweep; one run takes --rank, --seed, --sigma, --epsilon")
+    elif rank is not None:
+        raise ValueError("a sweep takes its ranks from --ranks, not --rank")
+    _check_applicable(names, {
+        "--projector": projector, "--no-layout-check": no_layout_check, "--period": period,
+        "--public-size": public_size, "--noise-in": noise_in, "--start-epoch": start_epoch,
+        "--precond-sigma": precond_sigma, "--diagonal": diagonal, "--rule": rule,
+        "--side-information": side_information, "--rank": rank,
+    })
+
     config = training_config(
         task=task, task_option=task_option, params=params, steps=steps, epochs=epochs,
         batch_size=batch_size, sampling=sampling, max_grad_norm=max_grad_norm,
-        sigma=sigma if epsilon is None else None, epsilon=epsilon, delta=delta, accounting=accounting, optimizer=optimizer, lr=lr,
+        sigma=sigma, epsilon=epsilon, delta=delta, accounting=accounting, optimizer=optimizer, lr=lr,
         microbatch=microbatch, eval_every=eval_every, log_every=log_every,
         checkpoint_every=max(eval_every, 50), seed=seed, device=device,
     )
 
     def options(name: str) -> dict:
+        # No "seed" here: retrain/sweep take it from each run's seed, so the random
+        # projector and the public examples differ across the seeds of a sweep.
         alg = Algorithm(name)
         opts: dict = {}
         if alg in PROJECTED:
@@ -82,38 +130,53 @@ def retrain_command(
                 opts.update(projector="spectrum", spectrum=projector)
             elif projector is not None:
                 opts["projector"] = projector
-            opts.update(public_size=public_size, period=period, seed=seed)
-            if rank is not None and not sweep:
+            opts.update(public_size=100 if public_size is None else public_size,
+                        period=1 if period is None else period)
+            if no_layout_check:
+                opts["check_layout"] = False
+            if rank is not None:
                 opts["rank"] = rank
         if alg == Algorithm.SUBSPACE:
-            opts["noise"] = noise_in
+            opts["noise"] = noise_in or "full"
         elif alg in (Algorithm.PDP_SGD, Algorithm.RPDP_SGD):
-            opts["start_epoch"] = start_epoch
+            opts["start_epoch"] = 0.0 if start_epoch is None else start_epoch
         elif alg == Algorithm.NOISY_ADAGRAD:
-            opts.update(precond_noise_multiplier=precond_sigma, diagonal=diagonal)
+            opts.update(precond_noise_multiplier=1.0 if precond_sigma is None else precond_sigma,
+                        diagonal=diagonal)
         elif alg == Algorithm.ADADPS:
-            opts.update(rule=rule, public_size=public_size, seed=seed)
+            opts.update(public_size=100 if public_size is None else public_size)
+            if rule is not None:
+                opts["rule"] = rule
+            if side_information is not None:
+                opts["side_information"] = side_information
         return opts
 
-    from gradspec._enums import parse_choice
-
-    names = [str(parse_choice(Algorithm, a, "algorithm")) for a in algorithm]
     if not sweep:
-        if len(names) != 1:
-            raise ValueError("give one --algorithm, or --sweep to run several")
         res = run_retrain(config=config, algorithm=names[0], options=options(names[0]), out=out,
-                          overwrite=overwrite, progress=not no_progress)
+                          overwrite=overwrite, progress=not no_progress, train_metrics=train_metrics)
         eps = "inf (non-private)" if res.epsilon == float("inf") else f"{res.epsilon:.3f}"
         typer.echo(f"run      {res.out}  ({res.algorithm}, k = {res.rank}, {res.steps} steps)")
         typer.echo(f"privacy  epsilon = {eps} at delta = {res.delta:.3g}   sigma = {res.noise_multiplier:.4g}")
-        if res.final_metrics:
-            typer.echo("eval     " + "  ".join(f"{k} = {v:.4f}" for k, v in res.final_metrics.items()))
+        final = res.final_metrics
+        held = {k: v for k, v in final.items() if k.startswith("eval_") and k not in
+                ("eval_examples", "eval_accuracy_se")}
+        if held:
+            note = f"   (n = {int(final['eval_examples'])}"
+            note += f", accuracy se {final['eval_accuracy_se']:.4f})" if "eval_accuracy_se" in final else ")"
+            typer.echo("eval     " + "  ".join(f"{k} = {v:.4f}" for k, v in held.items()) + note)
+        train = {k: v for k, v in final.items() if k.startswith("train_")}
+        if train:
+            typer.echo("train    " + "  ".join(f"{k} = {v:.4f}" for k, v in train.items()))
+        public = res.hooks.get("projector", res.hooks) if isinstance(res.hooks, dict) else {}
+        if public.get("public_size"):
+            typer.echo(f"public   {public['public_size']} examples of the task's public split; "
+                       f"their ids in {res.out / 'retrain.json'}")
         return
     rows = run_sweep(
         config=config, algorithms=[(n, options(n)) for n in names], out=out,
-        ranks=_csv(ranks, int), seeds=_csv(seeds, int) or [seed],
+        ranks=_csv(ranks or "10,20,100", int), seeds=_csv(seeds, int) or [seed],
         noise_multipliers=_csv(sigmas, float), epsilons=_csv(epsilons, float),
-        overwrite=overwrite, progress=not no_progress,
+        overwrite=overwrite, progress=not no_progress, train_metrics=train_metrics,
     )
     typer.echo(f"sweep    {len(rows)} runs in {out}; summary: {out / 'summary.csv'}")
     if plot:

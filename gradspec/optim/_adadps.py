@@ -15,25 +15,36 @@ gradient at the current parameters, and
   A(g) = (beta g + (1 - beta) M_t) / (sqrt(v_t) + eps), with beta = 1 - beta1 (the weight
   Adam gives a fresh gradient; the paper leaves beta^t open).
 
-Option 2 (no public data): a fixed ``side_information`` vector A (e.g. token
-frequencies), A(g) = g / A. An all-ones A is DP-SGD. The side information and public
-statistics are non-sensitive, so the privacy is DP-SGD's (the paper's Theorem 1).
+Option 2 (no public data): a fixed ``side_information`` vector A, A(g) = g / A. An
+all-ones A is DP-SGD. A is given as a tensor, as a file of p values, or as
+``"frequency"``: feature/token frequencies (the paper's §4 and §6.1.2:
+A_j = E|x_j| + eps, "rare features are more informative") estimated on public
+examples (:func:`frequency_side_information`). The side information and public
+statistics are non-sensitive, so the privacy is DP-SGD's (the paper's Theorem 1) —
+which is why frequencies are never computed on the private training data.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from gradspec._enums import parse_choice
 from gradspec.optim._base import OptimHooks
-from gradspec.optim._projectors import public_gradients, public_split
+from gradspec.optim._projectors import checked_public, public_gradients, public_ids
 from gradspec.tasks._base import TensorData
 
-__all__ = ["AdaDPS", "AdaDPSRule"]
+__all__ = ["FREQUENCY", "AdaDPS", "AdaDPSRule", "frequency_side_information", "load_side_information"]
+
+FREQUENCY = "frequency"
+_NOT_FEATURES = ("labels", "targets", "attention_mask", "token_type_ids")
 
 
 class AdaDPSRule(StrEnum):
@@ -45,13 +56,131 @@ class AdaDPSRule(StrEnum):
     FIXED = "fixed"  # fixed side information, no public data (Option 2)
 
 
+def load_side_information(path: str | os.PathLike, p: int | None = None) -> Tensor:
+    """Side information A from a file: ``.npy``, ``.pt``/``.pth`` (a tensor) or text
+    (``.txt``/``.csv``, whitespace- or comma-separated), flattened; float32.
+
+    Raises:
+        ValueError: if the file is missing or unreadable, or A has not ``p`` entries, or
+            has an entry that is not positive and finite.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"side information file {str(path)!r} not found; give a file of p positive "
+                         f"values (.npy, .pt, .txt) or {FREQUENCY!r}")
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        values = torch.from_numpy(np.load(path))
+    elif suffix in (".pt", ".pth"):
+        values = torch.as_tensor(torch.load(path, map_location="cpu", weights_only=True))
+    else:
+        text = path.read_text().replace(",", " ")
+        values = torch.from_numpy(np.array(text.split(), dtype=np.float64))
+    return _checked_side(values, p, f"the side information in {str(path)!r}")
+
+
+def _checked_side(values: Tensor, p: int | None, what: str) -> Tensor:
+    values = torch.as_tensor(values).flatten().to(torch.float32)
+    if p is not None and values.numel() != p:
+        raise ValueError(f"{what} has {values.numel()} entries, the run trains {p} parameters")
+    if not bool(torch.isfinite(values).all()) or not bool((values > 0).all()):
+        raise ValueError(f"{what} must be positive and finite (gradients are divided by it)")
+    return values
+
+
+def frequency_side_information(
+    model: nn.Module, names: list[str], data: TensorData, *, eps: float | None = None
+) -> Tensor:
+    """AdaDPS Option 2 side information from feature/token frequencies of ``data``.
+
+    Li et al. (2022, §5.1.1 and §6.1.2) set A_j = E|x_j| + eps for the weight of input
+    feature j of a generalised linear model, and A proportional to token frequencies
+    in language tasks. Here, per trained parameter (in ``names`` order, C-flattened):
+
+    * the input embedding (``model.get_input_embeddings()``, else the model's only
+      ``nn.Embedding``): row j gets the mean count of token j per example (padding,
+      ``attention_mask == 0``, not counted);
+    * the weight of an ``nn.Linear`` reading the raw input features (its
+      ``in_features`` equal the width of the data's one floating-point tensor): column j
+      gets E|x_j|; its bias gets 1 (the constant feature).
+
+    Then ``A = (A + eps) / max(A + eps)``, with ``eps`` default 1/m (m = len(data)): an
+    unseen token counts as one occurrence in m examples, and the most frequent feature
+    is left as DP-SGD would (A = 1). Rare features are scaled up before clipping.
+
+    ``data`` must be non-sensitive (the public split): frequencies of the private
+    training data would leak outside the privacy accounting.
+
+    Raises:
+        ValueError: for a parameter that is neither, naming it.
+    """
+    m = len(data)
+    if m < 1:
+        raise ValueError("frequency side information needs at least one public example")
+    eps = 1.0 / m if eps is None else float(eps)
+    modules = dict(model.named_modules())
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embed is None:
+        embeddings = [mod for mod in modules.values() if isinstance(mod, nn.Embedding)]
+        embed = embeddings[0] if len(embeddings) == 1 else None
+    parts = []
+    for name in names:
+        owner, _, leaf = name.rpartition(".")
+        module = modules.get(owner)
+        param = model.get_parameter(name)
+        if module is not None and module is embed and leaf == "weight":
+            tokens = _token_tensor(data)
+            if tokens is None:
+                raise ValueError(f"token frequencies for {name!r} need an integer token tensor "
+                                 f"(input_ids) in the data; it has {sorted(data.tensors)}")
+            keep = data.tensors.get("attention_mask", torch.ones_like(tokens)).bool()
+            counts = torch.bincount(tokens[keep].flatten(), minlength=param.shape[0])[: param.shape[0]]
+            freq = counts.double() / m
+            parts.append(freq[:, None].expand(param.shape).flatten())
+            continue
+        if isinstance(module, nn.Linear):
+            features = _feature_tensor(data)
+            if features is not None and features.shape[1] == module.in_features:
+                if leaf == "weight":
+                    parts.append(features.abs().mean(0).double().expand(param.shape).flatten())
+                    continue
+                if leaf == "bias":
+                    parts.append(torch.ones(param.numel(), dtype=torch.float64))
+                    continue
+        raise ValueError(
+            f"frequency side information covers the input embedding (token frequencies) and "
+            f"linear layers on the raw input features (feature frequencies); {name!r} is neither: "
+            "pass the side information as a file of p values"
+        )
+    a = torch.cat(parts) + eps
+    return (a / a.max()).float()
+
+
+def _token_tensor(data: TensorData) -> Tensor | None:
+    if "input_ids" in data.tensors:
+        return data.tensors["input_ids"]
+    ints = [v for k, v in data.tensors.items()
+            if k not in _NOT_FEATURES and not v.dtype.is_floating_point and v.ndim == 2]
+    return ints[0] if len(ints) == 1 else None
+
+
+def _feature_tensor(data: TensorData) -> Tensor | None:
+    floats = [v for k, v in data.tensors.items() if k not in _NOT_FEATURES and v.dtype.is_floating_point]
+    return floats[0].reshape(len(data), -1) if len(floats) == 1 else None
+
+
 class AdaDPS(OptimHooks):
     """AdaDPS: per-example preconditioning before clipping and noise.
 
     Args:
-        rule: ``rmsprop`` (the paper's main choice), ``adam``, ``adagrad`` or ``fixed``.
-        side_information: the fixed A (p,) for ``rule="fixed"``; positive entries.
-        public_size: m, public examples (taken by :func:`public_split`).
+        rule: ``rmsprop`` (the paper's main choice), ``adam``, ``adagrad`` or ``fixed``
+            (Option 2); default ``fixed`` with side information, else ``rmsprop``.
+        side_information: the fixed A for ``rule="fixed"``: a tensor (p,) of positive
+            entries, a file of p values (:func:`load_side_information`), or
+            ``"frequency"``: feature/token frequencies of ``public_size`` public examples
+            (:func:`frequency_side_information`).
+        public_size: m, public examples (taken by :func:`public_split` from the task's
+            public split).
         public_batch: b', public examples per step (default: min(m, the batch size)).
         beta1, beta2: moment decay rates.
         eps: added to the square root of the second moment.
@@ -62,17 +191,26 @@ class AdaDPS(OptimHooks):
     name = "adadps"
 
     def __init__(
-        self, *, rule: AdaDPSRule | str = AdaDPSRule.RMSPROP, side_information: Tensor | None = None,
+        self, *, rule: AdaDPSRule | str | None = None,
+        side_information: Tensor | str | os.PathLike | None = None,
         public_size: int = 100, public_batch: int | None = None, beta1: float = 0.9,
         beta2: float = 0.999, eps: float = 1e-8, seed: int = 0, public: TensorData | None = None,
     ) -> None:
+        if rule is None:
+            rule = AdaDPSRule.FIXED if side_information is not None else AdaDPSRule.RMSPROP
         self.rule = parse_choice(AdaDPSRule, rule, "AdaDPS rule")
         if (self.rule == AdaDPSRule.FIXED) != (side_information is not None):
-            raise ValueError("side_information is given exactly when rule='fixed'")
-        if side_information is not None:
-            side_information = torch.as_tensor(side_information, dtype=torch.float32).flatten()
-            if not bool((side_information > 0).all()):
-                raise ValueError("side information A must be positive (gradients are divided by it)")
+            raise ValueError("side_information is given exactly when rule='fixed' (Option 2); the "
+                             "other rules estimate A on public data (Option 1)")
+        if isinstance(side_information, str | os.PathLike):
+            self.side_source = os.fspath(side_information)
+            if self.side_source != FREQUENCY:
+                side_information = load_side_information(self.side_source)
+        elif side_information is not None:
+            self.side_source = "tensor"
+            side_information = _checked_side(side_information, None, "side information A")
+        else:
+            self.side_source = None
         for name, beta in (("beta1", beta1), ("beta2", beta2)):
             if not 0 <= beta < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {beta}")
@@ -88,17 +226,19 @@ class AdaDPS(OptimHooks):
         super().setup(run)
         p = run.layout.p
         if self.rule == AdaDPSRule.FIXED:
-            if self.side_information.numel() != p:
-                raise ValueError(f"side information has {self.side_information.numel()} entries, "
-                                 f"the run trains {p} parameters")
-            self.A = self.side_information.to(run.device)
+            if isinstance(self.side_information, str):  # "frequency", from public examples
+                self.public = checked_public(run, self.public, self.public_size, self.seed)
+                self.side_information = frequency_side_information(
+                    run.model, list(run.names), self.public)
+            side = _checked_side(self.side_information, p, "side information A")
+            self.A = side.to(run.device)
             return
-        if self.public is None:
-            self.public = public_split(run.task, self.public_size, seed=self.seed)
+        self.public = checked_public(run, self.public, self.public_size, self.seed)
         m = len(self.public)
-        self.b_pub = min(m, self.public_batch or run.config.batch_size)
-        if not 1 <= self.b_pub <= m:
-            raise ValueError(f"public batch size must be in [1, {m}], got {self.b_pub}")
+        if self.public_batch is not None and not 1 <= self.public_batch <= m:
+            raise ValueError(f"public batch size b' must be in [1, m={m}] (the public examples), "
+                             f"got {self.public_batch}")
+        self.b_pub = self.public_batch or min(m, run.config.batch_size)
         self._pub_gen = torch.Generator().manual_seed(self.seed + 1)
         self.v = torch.zeros(p, device=run.device)
         self.M = torch.zeros(p, device=run.device)
@@ -131,18 +271,33 @@ class AdaDPS(OptimHooks):
             return (beta * grads + (1 - beta) * m_hat) / self.A
         return grads / self.A
 
+    def describe(self) -> dict[str, Any]:
+        """What a run records: the rule, where A came from, the public examples used."""
+        return {"rule": str(self.rule), "side_information": self.side_source,
+                "public_size": None if self.public is None else len(self.public),
+                "public_ids": public_ids(self.public)}
+
+    def _fingerprint(self) -> str:
+        return hashlib.sha1(self.A.detach().cpu().numpy().tobytes()).hexdigest()
+
     def state_dict(self) -> dict[str, Any]:
         if self.rule == AdaDPSRule.FIXED:
-            return {"rule": str(self.rule)}
+            return {"rule": str(self.rule), "fingerprint": self._fingerprint(),
+                    "public_ids": public_ids(self.public)}
         return {"rule": str(self.rule), "t": self.t, "v": self.v.cpu().clone(),
                 "M": self.M.cpu().clone(), "A": self.A.cpu().clone(),
-                "generator": self._pub_gen.get_state()}
+                "generator": self._pub_gen.get_state(), "public_ids": public_ids(self.public)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("rule") != str(self.rule):
             raise ValueError(f"the checkpoint used AdaDPS rule {state.get('rule')!r}, "
                              f"this run {str(self.rule)!r}")
+        if "public_ids" in state and state["public_ids"] != public_ids(self.public):
+            raise ValueError("the checkpoint's AdaDPS used other public examples (their ids "
+                             "differ): resume with the same task and public split")
         if self.rule == AdaDPSRule.FIXED:
+            if "fingerprint" in state and state["fingerprint"] != self._fingerprint():
+                raise ValueError("the checkpoint's AdaDPS used other side information A")
             return
         if state["v"].shape != self.v.shape:
             raise ValueError("the checkpoint's AdaDPS statistics have the wrong size")

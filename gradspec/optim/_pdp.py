@@ -61,6 +61,10 @@ class PDPSGD(OptimHooks):
     def after_noise(self, grad: Tensor) -> Tensor:
         return self.projector.project(grad) if self.active else grad
 
+    def describe(self) -> dict[str, Any]:
+        """What a run records: the start epoch and the projector (its public examples or seed)."""
+        return {"start_epoch": self.start_epoch, "projector": self.projector.describe()}
+
     def state_dict(self) -> dict[str, Any]:
         return {"projector": self.projector.state_dict(), "start_epoch": self.start_epoch}
 

@@ -22,12 +22,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from gradspec.tasks._base import TensorData
+from gradspec.tasks._base import TensorData, check_splits
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ __all__ = [
     "Projector",
     "PublicProjector",
     "RandomProjector",
+    "public_ids",
     "public_split",
     "top_eigenvectors_from_rows",
 ]
@@ -88,6 +90,10 @@ class Projector:
         return self.lift(self.coords(x)).to(x.dtype)
 
     # ------------------------------------------------------------------ state
+    def describe(self) -> dict[str, Any]:
+        """What a run records about the subspace (JSON-able)."""
+        return {"kind": self.kind, "rank": self.rank}
+
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "rank": self.rank}
 
@@ -109,6 +115,54 @@ def _orthonormal(v: Tensor, what: str, atol: float) -> None:
         )
 
 
+Layout = Sequence[tuple[str, Sequence[int]]]
+
+
+def _layout_pairs(layout: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """``[(name, shape), ...]`` of a ParamLayout (its ``params``) or of such pairs."""
+    items = layout.params if hasattr(layout, "params") else layout
+    pairs = []
+    for item in items:
+        name, shape = (item.name, item.shape) if hasattr(item, "name") else item
+        pairs.append((str(name), tuple(int(x) for x in shape)))
+    return pairs
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _check_layout(basis: Layout, run: Layout, p: int) -> None:
+    """Refuse a basis whose rows are other parameters than the run trains.
+
+    A row of V is one column of the gradient matrix: equal p proves nothing (the
+    query and the value weights of a layer have the same p). Names, shapes and their
+    order must all agree.
+    """
+    expected, found = _layout_pairs(basis), _layout_pairs(run)
+    if expected == found:
+        return
+    exp_names, got_names = [n for n, _ in expected], [n for n, _ in found]
+    only_basis = [n for n in exp_names if n not in set(got_names)]
+    only_run = [n for n in got_names if n not in set(exp_names)]
+    advice = "retrain the parameters the spectrum was computed on (--params)"
+    if only_basis or only_run:
+        raise ValueError(
+            f"the fixed subspace is of other parameters than the run trains (equal p={p} is not "
+            f"enough): the basis covers {_names(only_basis) or 'no others'}, the run trains "
+            f"{_names(only_run) or 'no others'}; {advice}")
+    shapes = dict(expected)
+    bad = [n for n, shape in found if shapes[n] != shape]
+    if bad:
+        raise ValueError(f"the fixed subspace has parameter {bad[0]!r} with shape {shapes[bad[0]]}, "
+                         f"the run trains it with shape {dict(found)[bad[0]]}; {advice}")
+    first = next(i for i, (a, b) in enumerate(zip(exp_names, got_names, strict=True)) if a != b)
+    raise ValueError(f"the fixed subspace orders its parameters differently from the run (position "
+                     f"{first}: {exp_names[first]!r} in the basis, {got_names[first]!r} in the run), "
+                     f"so its rows would be read as the wrong coordinates; {advice}")
+
+
 def _fingerprint(v: Tensor) -> str:
     return hashlib.sha1(v.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()).hexdigest()
 
@@ -122,13 +176,17 @@ class FixedProjector(Projector):
         orthonormalize: re-orthonormalise with a QR decomposition (for a basis
             stored in low precision); by default the basis is checked instead.
         atol: tolerance of the orthonormality check.
+        layout: the parameters the basis rows belong to, in order: a ``ParamLayout`` or
+            ``(name, shape)`` pairs. When given, :meth:`setup` refuses a run that trains
+            other parameters (names, shapes or order differ), even of the same p.
+        source: where the basis came from (recorded by :meth:`describe`).
     """
 
     kind = "fixed"
 
     def __init__(
         self, basis: Tensor, *, rank: int | None = None, orthonormalize: bool = False,
-        atol: float = 1e-3,
+        atol: float = 1e-3, layout: Any = None, source: str | None = None,
     ) -> None:
         basis = torch.as_tensor(basis)
         if basis.ndim != 2:
@@ -143,6 +201,12 @@ class FixedProjector(Projector):
         else:
             _orthonormal(v, "the given basis", atol)
         self._source = v
+        self.layout = None if layout is None else _layout_pairs(layout)
+        self.source = source
+        if self.layout is not None:
+            p = sum(math.prod(shape) for _, shape in self.layout)
+            if p != v.shape[0]:
+                raise ValueError(f"the basis has {v.shape[0]} rows but its layout {p} parameters")
 
     def setup(self, run: Any) -> None:
         super().setup(run)
@@ -151,8 +215,14 @@ class FixedProjector(Projector):
                 f"the basis has {self._source.shape[0]} rows but the run trains {run.layout.p} "
                 "parameters: retrain the same parameters (--params) that the spectrum was computed on"
             )
+        if self.layout is not None and hasattr(run.layout, "params"):
+            _check_layout(self.layout, run.layout, run.layout.p)
         dtype = run.params[0].dtype if getattr(run, "params", None) else torch.float32
         self._basis = self._source.to(device=run.device, dtype=dtype)  # moved once
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "fingerprint": _fingerprint(self._source), "source": self.source,
+                "parameters": None if self.layout is None else [n for n, _ in self.layout]}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "fingerprint": _fingerprint(self._source)}
@@ -185,6 +255,9 @@ class RandomProjector(Projector):
         pdtype = run.params[0].dtype if getattr(run, "params", None) else torch.float32
         self._basis = q.to(device=run.device, dtype=pdtype)
 
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "seed": self.seed}
+
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "seed": self.seed}
 
@@ -195,19 +268,53 @@ class RandomProjector(Projector):
 
 
 def public_split(task: Any, size: int, *, seed: int = 0) -> TensorData:
-    """``size`` public examples: the task's ``public`` data if it has one, else a seeded
-    random subset of its held-out split (disjoint from the private training data, as in
-    Zhou et al. 2021 §5 and Li et al. 2022 AdaDPS §6.1).
+    """``size`` public examples: a seeded random subset of the task's ``public`` split.
+
+    The public split is disjoint from the private training data and from the held-out
+    data that evaluation scores (Zhou et al. 2021 §5 draw 100 examples from the rest of
+    the training set; AdaDPS, Li et al. 2022 §6.1, 1% of the training data). There is no
+    fallback: a task without a public split is refused, and so is one whose public
+    split overlaps its training or held-out split (checked again here, at first use).
+
+    Returns:
+        The examples, with their ids (``ids`` of the task's public split, if it has them).
 
     Raises:
-        ValueError: if fewer than ``size`` examples are available.
+        ValueError: if the task has no public split, it overlaps ``train``/``eval``, or it
+            holds fewer than ``size`` examples.
     """
-    source = getattr(task, "public", None) or task.eval
-    n = len(source)
+    public = getattr(task, "public", None)
+    name = getattr(task, "name", "?")
+    if public is None or len(public) == 0:
+        raise ValueError(
+            f"task {name!r} has no public split to draw public examples from: build it with one "
+            "(bundled tasks: make_task(..., n_public=M), CLI -t n_public=M; your own task: "
+            "Task(..., public=TensorData(...)) disjoint from train and eval)"
+        )
+    check_splits(task)
+    n = len(public)
     if size < 1 or size > n:
-        raise ValueError(f"public set size m={size} must be in [1, {n}] (the examples available)")
+        raise ValueError(f"public set size m={size} must be in [1, {n}]: the task's public split "
+                         f"holds {n} examples (give it more with n_public=M, CLI -t n_public=M)")
     idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:size]
-    return TensorData(source.batch(idx.sort().values))
+    return public.subset(idx.sort().values)
+
+
+def checked_public(run: Any, public: TensorData | None, size: int, seed: int) -> TensorData:
+    """The public examples of a hook: ``public`` if given (checked disjoint from the run's
+    task's training and held-out data), else :func:`public_split` of the run's task."""
+    if public is None:
+        return public_split(run.task, size, seed=seed)
+    if getattr(run, "task", None) is not None:
+        check_splits(run.task, public)
+    return public
+
+
+def public_ids(public: TensorData | None) -> list[int] | None:
+    """The ids of public examples as a list (what runs record), or None without ids."""
+    if public is None or public.ids is None:
+        return None
+    return [int(i) for i in public.ids.tolist()]
 
 
 def public_gradients(run: Any, data: TensorData, index: Tensor | slice | None = None) -> Tensor:
@@ -259,10 +366,12 @@ class PublicProjector(Projector):
 
     Args:
         rank: k.
-        public_size: m, the number of public examples (taken by :func:`public_split`).
+        public_size: m, the number of public examples (taken by :func:`public_split`
+            from the task's public split); at least the rank k.
         period: recompute the basis every ``period`` steps (s; 1 = every step, as in Alg. 1).
         seed: chooses the public examples.
-        public: the public examples themselves (overrides ``public_size``/``seed``).
+        public: the public examples themselves (overrides ``public_size``/``seed``);
+            checked disjoint from the run's training and held-out data.
     """
 
     kind = "public"
@@ -281,17 +390,33 @@ class PublicProjector(Projector):
 
     def setup(self, run: Any) -> None:
         super().setup(run)
-        if self.public is None:
-            self.public = public_split(run.task, self.public_size, seed=self.seed)
+        self.public = checked_public(run, self.public, self.public_size, self.seed)
         self.public_size = len(self.public)
+        if self.rank > self.public_size:
+            raise ValueError(
+                f"rank k={self.rank} exceeds the public set size m={self.public_size}: the public "
+                f"second moment has rank <= m, so {self.rank - self.public_size} directions would be "
+                "random; use k <= m or more public examples"
+            )
         self._device = run.device
         self._fill = torch.Generator().manual_seed(self.seed + 1)
+        self._warned = False
+
+    def describe(self) -> dict[str, Any]:
+        """What a run records: the public examples used (ids into the task's pool)."""
+        return {**super().describe(), "seed": self.seed, "period": self.period,
+                "public_size": self.public_size, "public_ids": public_ids(self.public)}
 
     def update(self, step: int, run: Any) -> bool:
         if self.last_update is not None and step - self.last_update < self.period:
             return False
         rows = public_gradients(run, self.public)
         lam, v = top_eigenvectors_from_rows(rows, self.rank, generator=self._fill)
+        filled = int((lam == 0).sum())
+        if filled and not self._warned:
+            logger.warning("step %d: the public gradients span only %d of the k=%d directions; "
+                           "the other %d are random", step, self.rank - filled, self.rank, filled)
+            self._warned = True
         self.eigenvalues = lam.cpu()
         self._basis = v.to(device=run.device, dtype=rows.dtype)
         self.last_update = step
@@ -299,7 +424,8 @@ class PublicProjector(Projector):
 
     def state_dict(self) -> dict[str, Any]:
         state = {**super().state_dict(), "last_update": self.last_update, "seed": self.seed,
-                 "public_size": self.public_size, "fill_generator": self._fill.get_state()}
+                 "public_size": self.public_size, "public_ids": public_ids(self.public),
+                 "fill_generator": self._fill.get_state()}
         state["basis"] = None if self._basis is None else self._basis.detach().cpu().clone()
         return state
 
@@ -309,6 +435,9 @@ class PublicProjector(Projector):
             if state.get(key) != getattr(self, key):
                 raise ValueError(f"the checkpoint's public projector has {key}={state.get(key)}, "
                                  f"this run {getattr(self, key)}")
+        if "public_ids" in state and state["public_ids"] != public_ids(self.public):
+            raise ValueError("the checkpoint's public projector used other public examples "
+                             "(their ids differ): resume with the same task and public split")
         self.last_update = state["last_update"]
         self._fill.set_state(state["fill_generator"])
         basis = state["basis"]

@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 from enum import StrEnum
 from typing import Any
@@ -26,9 +27,11 @@ from gradspec.optim._subspace import SubspaceRetrain
 __all__ = [
     "Algorithm",
     "ProjectorKind",
+    "algorithm_options",
     "make_algorithm",
     "make_projector",
     "spectrum_basis",
+    "spectrum_layout",
 ]
 
 
@@ -60,7 +63,8 @@ PROJECTED = {
     Algorithm.NOISY_ADAGRAD: ProjectorKind.PUBLIC,
 }
 
-_PROJECTOR_OPTIONS = ("projector", "rank", "spectrum", "basis", "public_size", "period", "seed")
+_PROJECTOR_OPTIONS = ("projector", "rank", "spectrum", "basis", "public_size", "period", "seed",
+                      "check_layout")
 _OPTIONS: dict[Algorithm, tuple[str, ...]] = {
     Algorithm.DP_SGD: (),
     Algorithm.SUBSPACE: ("noise",),
@@ -72,6 +76,12 @@ _OPTIONS: dict[Algorithm, tuple[str, ...]] = {
                        "beta2", "eps", "seed"),
     Algorithm.DP_ADAM: ("betas", "eps"),
 }
+
+
+def algorithm_options(name: Algorithm | str) -> tuple[str, ...]:
+    """The options :func:`make_algorithm` takes for ``name``."""
+    algorithm = parse_choice(Algorithm, name, "algorithm")
+    return _OPTIONS[algorithm] + (_PROJECTOR_OPTIONS if algorithm in PROJECTED else ())
 
 
 def spectrum_basis(path: str | os.PathLike, rank: int) -> torch.Tensor:
@@ -92,9 +102,67 @@ def spectrum_basis(path: str | os.PathLike, rank: int) -> torch.Tensor:
     return v
 
 
+def spectrum_layout(path: str | os.PathLike) -> list[tuple[str, tuple[int, ...]]] | None:
+    """The parameters (name, shape), in order, whose gradients the rows of a spectrum
+    store's V belong to; ``None`` if the store does not tell.
+
+    Read from the store's recorded source: the source gradient store's layout (recorded
+    in the spectrum store, or read from the source store at its recorded path, or next to
+    the spectrum store under the same name), restricted to the recorded column ranges.
+
+    Raises:
+        ValueError: if the recorded columns cut a parameter in two, or do not add up to
+            the store's p.
+    """
+    from gradspec.store._layout import ParamLayout
+    from gradspec.store._spectrum import SpectrumStore
+
+    store = SpectrumStore.open(path)
+    src, p = store.source, store.shape[1]
+    if src.get("layout"):
+        full = ParamLayout.from_list(src["layout"])
+    else:
+        full = _source_store_layout([src.get("path"), src.get("abspath")], path)
+        if full is None:
+            return None
+    ranges = [(int(a), int(b)) for a, b in (src.get("col_ranges") or [(0, full.p)])]
+    pairs = []
+    for spec in full.params:
+        inside = [(a, b) for a, b in ranges if a < spec.stop and spec.offset < b]
+        if not inside:
+            continue
+        if not any(a <= spec.offset and spec.stop <= b for a, b in inside):
+            raise ValueError(f"the spectrum store {os.fspath(path)!r} covers only part of parameter "
+                             f"{spec.name!r}; a subspace of part of a parameter cannot be retrained")
+        pairs.append((spec.name, tuple(spec.shape)))
+    total = sum(math.prod(shape) for _, shape in pairs)
+    if total != p:
+        raise ValueError(f"the spectrum store {os.fspath(path)!r} has p={p} columns but its recorded "
+                         f"source parameters hold {total}")
+    return pairs
+
+
+def _source_store_layout(recorded: list[str | None], spectrum: str | os.PathLike) -> Any:
+    """The layout of a spectrum's source gradient store, if it can be opened here."""
+    from pathlib import Path
+
+    from gradspec.store._gradients import GradientStore
+
+    candidates = [Path(r) for r in recorded if r]
+    candidates += [Path(spectrum).parent / c.name for c in candidates]
+    for candidate in candidates:
+        if candidate.exists():
+            try:
+                return GradientStore.open(candidate, mode="r").layout
+            except (OSError, ValueError, KeyError):
+                continue
+    return None
+
+
 def make_projector(
     kind: ProjectorKind | str, *, rank: int, spectrum: str | os.PathLike | None = None,
     basis: torch.Tensor | None = None, public_size: int = 100, period: int = 1, seed: int = 0,
+    check_layout: bool = True,
 ) -> Projector:
     """A projector of rank k.
 
@@ -107,18 +175,32 @@ def make_projector(
         public_size: m, for ``public``.
         period: s, the recompute period in steps, for ``public``.
         seed: chooses the public examples (``public``) or the random basis (``random``).
+        check_layout: a ``spectrum`` projector checks at setup that the run trains the
+            parameters (names, shapes, order) the spectrum was computed on; a store that
+            does not record them is refused unless ``check_layout=False``, which
+            compares p only.
 
     Raises:
-        ValueError: for an unknown kind or missing inputs.
+        ValueError: for an unknown kind or missing inputs, or a spectrum store whose
+            parameters are unknown (with ``check_layout``).
     """
     kind = parse_choice(ProjectorKind, kind, "projector")
     if kind == ProjectorKind.SPECTRUM:
         if (spectrum is None) == (basis is None):
             raise ValueError("a spectrum projector needs exactly one of a spectrum store path "
                              "(--projector PATH) or a basis")
+        layout = None
         if spectrum is not None:
             basis = spectrum_basis(spectrum, rank)
-        return FixedProjector(basis, rank=rank, orthonormalize=spectrum is not None)
+            layout = spectrum_layout(spectrum) if check_layout else None
+            if layout is None and check_layout:
+                raise ValueError(
+                    f"the spectrum store {os.fspath(spectrum)!r} does not record which parameters its "
+                    "columns are (no layout, and its source gradient store is not readable here), so "
+                    "the run's parameters cannot be checked against it; pass check_layout=False "
+                    "(CLI --no-layout-check) to compare p only")
+        return FixedProjector(basis, rank=rank, orthonormalize=spectrum is not None, layout=layout,
+                              source=None if spectrum is None else os.fspath(spectrum))
     if kind == ProjectorKind.PUBLIC:
         return PublicProjector(rank, public_size=public_size, period=period, seed=seed)
     return RandomProjector(rank, seed=seed)
@@ -130,7 +212,8 @@ def make_algorithm(name: Algorithm | str, **options: Any) -> StepHooks:
     Projected algorithms (``subspace``, ``pdp-sgd``, ``rpdp-sgd``, ``noisy-adagrad``)
     take ``projector`` (a :class:`Projector`, or a kind: ``spectrum``, ``public``,
     ``random``; default per algorithm) and the options of :func:`make_projector`
-    (``rank``, ``spectrum``, ``basis``, ``public_size``, ``period``, ``seed``).
+    (``rank``, ``spectrum``, ``basis``, ``public_size``, ``period``, ``seed``,
+    ``check_layout``).
     Algorithm options: ``subspace``: ``noise``; ``pdp-sgd``/``rpdp-sgd``: ``start_epoch``;
     ``noisy-adagrad``: ``precond_noise_multiplier``, ``diagonal``, ``lipschitz``, ``rcond``,
     ``noise_seed``; ``adadps``: ``rule``, ``side_information``, ``public_size``,
@@ -140,7 +223,7 @@ def make_algorithm(name: Algorithm | str, **options: Any) -> StepHooks:
         ValueError: for an unknown algorithm or option, naming the valid ones.
     """
     algorithm = parse_choice(Algorithm, name, "algorithm")
-    valid = _OPTIONS[algorithm] + (_PROJECTOR_OPTIONS if algorithm in PROJECTED else ())
+    valid = algorithm_options(algorithm)
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for algorithm {str(algorithm)!r}; "

@@ -5,26 +5,42 @@ optimizer's hooks and no gradient store, and writes ``retrain.json`` (algorithm,
 options, epsilon, final metrics) next to the run's ``metrics.jsonl``. :func:`sweep`
 runs a grid over algorithms, ranks, seeds and sigma or epsilon, one directory each,
 and writes ``summary.csv`` and ``summary.json``.
+
+``retrain.json`` also records what the optimizer used (``hooks``: the public examples'
+ids into the task's pool under ``public_ids``, the random projector's seed, the fixed
+subspace's source and parameters, AdaDPS's side information) and the settings the run
+was asked for (``settings``), which a resumed sweep compares before reusing a run.
+Final metrics hold ``eval_*`` (held-out), ``train_*`` (the private training set, at
+the final parameters), the held-out size ``eval_examples`` and, for an accuracy, its
+binomial standard error ``eval_accuracy_se`` = sqrt(a (1 - a) / n_eval): differences
+between runs well below twice it are noise of the evaluation set.
+
+Randomness of the optimizer (the random projector, the choice of public examples)
+follows the run's seed unless the options fix ``seed``, so the runs of a sweep over
+seeds differ in it.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import logging
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from gradspec.collect._config import CollectConfig
 from gradspec.collect._hooks import StepHooks
-from gradspec.optim._registry import PROJECTED, Algorithm, make_algorithm
+from gradspec.optim._projectors import Projector
+from gradspec.optim._registry import PROJECTED, Algorithm, algorithm_options, make_algorithm
 from gradspec.tasks._base import Task
 
 logger = logging.getLogger(__name__)
@@ -50,6 +66,8 @@ class RetrainResult:
     steps: int
     final_metrics: dict[str, float]
     metrics: Path
+    hooks: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def to_row(self) -> dict[str, Any]:
         """A flat summary-table row."""
@@ -65,7 +83,8 @@ class RetrainResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RetrainResult:
-        d = dict(d)
+        names = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in names}
         d["out"], d["metrics"] = Path(d["out"]), Path(d["metrics"])
         return cls(**d)
 
@@ -89,6 +108,53 @@ def _rank(hooks: StepHooks, options: dict[str, Any]) -> int | None:
     return projector.rank if projector is not None else options.get("rank")
 
 
+def _describe(hooks: StepHooks) -> dict[str, Any]:
+    """What the hooks used (public example ids, projector seed, ...), JSON-able."""
+    out: dict[str, Any] = {"name": hooks.name}
+    describe = getattr(hooks, "describe", None)
+    if callable(describe):
+        out.update(describe())
+    projector = getattr(hooks, "projector", None)
+    if "projector" not in out and callable(getattr(projector, "describe", None)):
+        out["projector"] = projector.describe()
+    return _jsonable(out)
+
+
+def _seeded_options(name: str | Algorithm, options: dict[str, Any], seed: int) -> dict[str, Any]:
+    """``options`` with ``seed`` set to the run's seed when the algorithm takes one and it is
+    not given: the random projector and the public examples then differ across seeds."""
+    if "seed" in options or "seed" not in algorithm_options(name):
+        return options
+    if isinstance(options.get("projector"), Projector):
+        return options
+    return {**options, "seed": seed}
+
+
+def _held_out_report(task: Task, final: dict[str, float]) -> dict[str, float]:
+    """The held-out size and the binomial standard error of the held-out accuracy."""
+    n = len(task.eval)
+    out: dict[str, float] = {"eval_examples": n}
+    acc = final.get("eval_accuracy")
+    if acc is not None and n:
+        out["eval_accuracy_se"] = math.sqrt(max(acc * (1 - acc), 0.0) / n)
+    return out
+
+
+def _train_metrics(task: Task, config: CollectConfig) -> dict[str, float]:
+    """Loss and metrics on the private training set at the current parameters (``train_*``)."""
+    from gradspec.collect._loop import evaluate, resolve_device
+
+    device = resolve_device(config.device)
+    view = SimpleNamespace(eval=task.train, forward=task.forward, loss=task.loss, metrics=task.metrics)
+    was_training = task.model.training
+    task.model.eval()
+    try:
+        found = evaluate(view, task.model, device)
+    finally:
+        task.model.train(was_training)
+    return {f"train_{k.removeprefix('eval_')}": v for k, v in found.items()}
+
+
 def retrain(
     *,
     config: CollectConfig,
@@ -99,6 +165,7 @@ def retrain(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = False,
+    train_metrics: bool = True,
 ) -> RetrainResult:
     """Train one configuration with a private optimizer and report its metrics and epsilon.
 
@@ -110,11 +177,14 @@ def retrain(
         config: the training run (task, steps, batch size, sigma or epsilon, lr, ...).
         algorithm: a name (see :class:`Algorithm`) or ready hooks.
         out: run directory (``metrics.jsonl``, ``config.json``, ``retrain.json``).
-        options: options of :func:`make_algorithm` when ``algorithm`` is a name.
+        options: options of :func:`make_algorithm` when ``algorithm`` is a name; ``seed``
+            (random projector, public examples) defaults to ``config.seed``.
         task: a user's own task (default: built from ``config``).
         resume: continue the run in ``out`` from its last checkpoint.
         overwrite: replace a run in ``out``.
         progress: progress bar on stderr.
+        train_metrics: also report loss and metrics on the private training set at the
+            end (``train_*``; one pass over it).
 
     Returns:
         A :class:`RetrainResult` (also written to ``out/retrain.json``).
@@ -126,11 +196,16 @@ def retrain(
     from gradspec.collect._loop import collect
 
     options = dict(options or {})
+    requested = config.to_dict()
     if isinstance(algorithm, StepHooks):
         if options:
             raise ValueError("options are for an algorithm given by name; configure the hooks instead")
         hooks = algorithm
     else:
+        options = _seeded_options(algorithm, options, config.seed)
+        if options.get("noise_seed") is not None and int(options["noise_seed"]) == config.seed + 2:
+            raise ValueError(f"noise_seed={options['noise_seed']} is the seed of the gradient noise "
+                             f"(run seed + 2): the preconditioner noise would repeat it; choose another")
         hooks = make_algorithm(algorithm, **options)
     if getattr(hooks, "own_direction", False) and (config.optimizer != "sgd" or config.momentum):
         logger.info("%s computes its own direction: outer optimizer set to sgd, momentum 0", hooks.name)
@@ -140,26 +215,61 @@ def retrain(
             f"{hooks.name} spends privacy beyond the gradient noise, so a target epsilon cannot be "
             "met by calibrating sigma alone: give the noise multiplier (and the preconditioner's)"
         )
+    if task is None:
+        from gradspec.tasks import make_task
+
+        task = make_task(config.task, seed=config.seed, **config.task_options)
+    settings = {"config": requested, "options": _jsonable(options),
+                "algorithm": hooks.name if isinstance(algorithm, StepHooks) else str(algorithm)}
     result = collect(config, out=out, task=task, resume=resume, overwrite=overwrite,
                      progress=progress, hooks=hooks, write_store=False)
+    final = dict(result.final_metrics)
+    final.update(_held_out_report(task, final))
+    if train_metrics and result.steps:
+        final.update(_train_metrics(task, config))
     res = RetrainResult(
         out=Path(out), algorithm=hooks.name, options=_jsonable(options), rank=_rank(hooks, options),
         seed=config.seed, noise_multiplier=result.noise_multiplier, epsilon=result.epsilon,
-        delta=result.delta, steps=result.steps, final_metrics=dict(result.final_metrics),
-        metrics=result.metrics,
+        delta=result.delta, steps=result.steps, final_metrics=final, metrics=result.metrics,
+        hooks=_describe(hooks), settings=settings,
     )
     (Path(out) / RESULT_NAME).write_text(json.dumps(res.to_dict(), indent=2, default=str))
     return res
 
 
 def _run_name(algorithm: str, rank: int | None, seed: int, sigma: float | None,
-              epsilon: float | None) -> str:
-    parts = [algorithm] + ([f"k{rank}"] if rank is not None else []) + [f"seed{seed}"]
+              epsilon: float | None, tag: str | None = None) -> str:
+    parts = [algorithm] + ([tag] if tag else []) + ([f"k{rank}"] if rank is not None else [])
+    parts.append(f"seed{seed}")
     if sigma is not None:
         parts.append(f"sigma{sigma:g}")
     if epsilon is not None:
         parts.append(f"eps{epsilon:g}")
     return "-".join(parts)
+
+
+def _options_tag(options: dict[str, Any]) -> str:
+    """A short stable tag of an entry's options (for an algorithm listed twice in a sweep)."""
+    text = json.dumps(_jsonable(options), sort_keys=True, default=str)
+    return "o" + hashlib.sha1(text.encode()).hexdigest()[:6]
+
+
+def _check_reusable(saved: dict[str, Any], settings: dict[str, Any], run_dir: Path) -> None:
+    """Refuse to reuse a finished sweep run that was asked for with other settings."""
+    old = saved.get("settings")
+    settings = json.loads(json.dumps(settings, default=str))  # as it would be saved
+    if not old:
+        raise ValueError(f"{str(run_dir)!r} holds a run that does not record its settings, so it "
+                         "cannot be reused safely; pass overwrite=True (CLI --overwrite) or another out")
+    diff = [f"{k}: {old['config'].get(k)!r} -> {v!r}" for k, v in settings["config"].items()
+            if old.get("config", {}).get(k) != v]
+    if old.get("algorithm") != settings["algorithm"]:
+        diff.append(f"algorithm: {old.get('algorithm')!r} -> {settings['algorithm']!r}")
+    if old.get("options") != settings["options"]:
+        diff.append(f"options: {old.get('options')} -> {settings['options']}")
+    if diff:
+        raise ValueError(f"{str(run_dir)!r} holds a finished run with other settings ({'; '.join(diff)}); "
+                         "pass overwrite=True (CLI --overwrite) to rerun it, or use another out")
 
 
 def sweep(
@@ -174,12 +284,16 @@ def sweep(
     task_factory: Callable[[int], Task] | None = None,
     overwrite: bool = False,
     progress: bool = False,
+    train_metrics: bool = True,
 ) -> list[dict[str, Any]]:
     """Run a grid of :func:`retrain` configurations and write a summary table.
 
     Projected algorithms run once per rank; the others (DP-SGD, DP-Adam, AdaDPS) once
     per seed and privacy level, as the full-dimensional baselines. Finished runs
-    (with ``retrain.json``) are reused unless ``overwrite``, so a sweep resumes.
+    (with ``retrain.json``) are reused unless ``overwrite``, so a sweep resumes; a
+    finished run asked for with other settings is refused, not reused. The optimizer's
+    ``seed`` follows each run's seed unless an entry's options fix it. An algorithm
+    listed twice (with different options) gets an options tag in its run names.
 
     Args:
         config: the base run; ``seed`` and sigma/epsilon are replaced per grid point.
@@ -192,6 +306,7 @@ def sweep(
         task_factory: builds the task for a seed (default: from the config).
         overwrite: rerun finished runs.
         progress: progress bar per run.
+        train_metrics: report ``train_*`` metrics (see :func:`retrain`).
 
     Returns:
         The summary rows (also in ``out/summary.csv`` and ``out/summary.json``).
@@ -204,8 +319,12 @@ def sweep(
         [(s, None) for s in noise_multipliers] or [(None, e) for e in epsilons] or [(None, None)]
     )
     rows = []
-    for entry in algorithms:
-        name, base = (entry, {}) if isinstance(entry, str) else (entry[0], dict(entry[1]))
+    entries = [(e, {}) if isinstance(e, str) else (e[0], dict(e[1])) for e in algorithms]
+    counts: dict[str, int] = {}
+    for name, _ in entries:
+        counts[name] = counts.get(name, 0) + 1
+    for name, base in entries:
+        tag = _options_tag(base) if counts[name] > 1 else None
         projected = Algorithm(name) in PROJECTED if name in set(Algorithm) else False
         if projected and not ranks and "rank" not in base and "projector" not in base:
             raise ValueError(f"{name!r} is projected: give ranks to sweep over")
@@ -220,16 +339,20 @@ def sweep(
                             None if sigma is not None else config.target_epsilon),
                     )
                     options = {**base, **({"rank": rank} if rank is not None else {})}
-                    run_dir = out / _run_name(name, rank, seed, sigma, eps)
+                    options = _seeded_options(name, options, seed)
+                    run_dir = out / _run_name(name, rank, seed, sigma, eps, tag)
                     done = run_dir / RESULT_NAME
                     if done.is_file() and not overwrite:
+                        saved = json.loads(done.read_text())
+                        _check_reusable(saved, {"config": cfg.to_dict(), "algorithm": name,
+                                                "options": _jsonable(options)}, run_dir)
                         logger.info("reusing finished run %s", run_dir)
-                        res = RetrainResult.from_dict(json.loads(done.read_text()))
+                        res = RetrainResult.from_dict(saved)
                     else:
                         logger.info("sweep run %s", run_dir.name)
                         res = retrain(config=cfg, algorithm=name, options=options, out=run_dir,
                                       task=task_factory(seed) if task_factory else None,
-                                      overwrite=True, progress=progress)
+                                      overwrite=True, progress=progress, train_metrics=train_metrics)
                     rows.append(res.to_row())
     write_summary(rows, out)
     return rows

@@ -39,6 +39,7 @@ def fake_run(p: int, *, sigma: float = 1.0, q: float = 0.25, n: int = 40, task=N
         run.grads = PerExampleGradients(task.model, task.forward, task.loss, names)
         run.layout = layout_for(task.model, names)
         run.params = [task.model.get_parameter(nm) for nm in names]
+        run.model, run.names = task.model, names
     return run
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ import torch
 import gradspec.optim as optim
 from gradspec.optim import make_algorithm, retrain, spectrum_basis, sweep
 
-from ._cases import config, lowrank_task, orthonormal
+from ._cases import LOWRANK, config, lowrank_task
 
 
 def test_every_name_in_all_imports():
@@ -61,30 +60,29 @@ def test_sweep_writes_one_run_per_point_and_a_summary(tmp_path):
 
 
 def test_spectrum_store_projector(tmp_path):
+    import gradspec
+    from gradspec.collect import collect
     from gradspec.store._spectrum import SpectrumStore
 
-    p, k = 16, 4
-    v = orthonormal(p, k)
-    store = SpectrumStore.create(tmp_path / "s.zarr", r=10, p=p, k=k, method="gram")
-    with store.v_sink() as sink:
-        sink(0, v.numpy().astype("float32"))
+    p, k = LOWRANK["d"], 4
+    SpectrumStore.create(tmp_path / "running.zarr", r=10, p=p, k=k, method="gram")
     with pytest.raises(ValueError, match="not complete"):
-        spectrum_basis(tmp_path / "s.zarr", 2)
-    zeros = np.zeros(k)
-    store.finish(SimpleNamespace(
-        sigma=np.arange(k, 0, -1.0), U=np.zeros((10, k)), residuals=zeros, residual_h=zeros,
-        residual_ht=zeros, explained_variance_ratio=zeros, cumulative_explained_variance=zeros,
-        method="gram", params={}, source={}, accuracy=lambda: {}, frob2=1.0, rank=k, history=[],
-        timings={}, passes=1,
-    ))
-    basis = spectrum_basis(tmp_path / "s.zarr", 3)
-    np.testing.assert_allclose(basis.numpy(), v[:, :3].numpy(), atol=1e-6)
+        spectrum_basis(tmp_path / "running.zarr", 2)
+    collect(config(steps=12, noise_multiplier=0.0), out=tmp_path / "grads", task=lowrank_task())
+    result = gradspec.pca(source=tmp_path / "grads" / "gradients.zarr", k=k, out=tmp_path / "s.zarr")
+    v = spectrum_basis(tmp_path / "s.zarr", 3)
+    assert v.shape == (p, 3) and v.dtype == torch.float64
+    store = SpectrumStore.open(tmp_path / "s.zarr")
+    np.testing.assert_allclose(v.numpy(), store.read_v()[:, :3], atol=1e-7)
+    assert result.sigma[0] > 0
     with pytest.raises(ValueError, match="exceeds"):
-        spectrum_basis(tmp_path / "s.zarr", 5)
+        spectrum_basis(tmp_path / "s.zarr", store.k + 1)
     hooks = make_algorithm("subspace", projector="spectrum", spectrum=tmp_path / "s.zarr", rank=3)
     res = retrain(config=config(steps=3), algorithm=hooks, out=tmp_path / "run", task=lowrank_task())
     assert res.rank == 3 and res.algorithm == "subspace"
-    torch.testing.assert_close(hooks.projector.basis.double(), v[:, :3], atol=1e-6, rtol=0)
+    assert res.hooks["projector"]["parameters"] == ["weight"]
+    q, _ = torch.linalg.qr(v)
+    torch.testing.assert_close(hooks.projector.basis.double().abs(), q.abs(), atol=1e-6, rtol=0)
 
 
 def test_sweep_figures_and_cli(tmp_path):
