@@ -23,13 +23,33 @@ def _size(n: int | None) -> str:
 def info_command(
     store: Path = typer.Argument(..., help="A gradient store (collect) or spectrum store (pca)."),
     as_json: bool = typer.Option(False, "--json", help="Print everything as JSON."),
+    verify: bool = typer.Option(
+        False, "--verify",
+        help="Read every chunk of every committed row and all metadata; exit 1 if one is missing, "
+        "truncated, the wrong size, undecodable or holds NaN/inf.",
+    ),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar for --verify."),
 ) -> None:
-    """Show a store's shape, dtype, size, layout, config and row summary."""
+    """Show a store's shape, dtype, size, layout, config and row summary.
+
+    Exits 1 when the store is damaged: without --verify, when a chunk of a committed
+    row is missing (a listing, nothing is read); with --verify, on any damage found.
+    """
     from gradspec.store import open_store
 
-    summary = open_store(store).summary()
+    opened = open_store(store)
+    summary = opened.summary()
+    checked = None
+    if verify:
+        if not hasattr(opened, "verify"):
+            raise ValueError(f"--verify checks gradient stores; {str(store)!r} is a {summary['kind']} store")
+        checked = opened.verify(progress=not no_progress and not as_json)
+        summary["verify"] = checked
+    damaged = summary.get("status") == "damaged" or (checked is not None and not checked["ok"])
     if as_json:
         echo_json(summary)
+        if damaged:
+            raise typer.Exit(1)
         return
     typer.echo(f"{summary['kind']} store  {summary['path']}  [{summary.get('status', '')}]")
     if summary["kind"] == "gradients":
@@ -60,8 +80,62 @@ def info_command(
                 f"{rows['loss_first_last'][1]:.4f}  grad norm mean {rows['grad_norm_mean']:.3g} max "
                 f"{rows['grad_norm_max']:.3g}  clipped {rows['frac_clipped_mean']:.0%}"
             )
+        _precision(summary.get("dtype_report"))
+        _missing(summary)
     else:
         _spectrum(summary)
+    if checked is not None:
+        _verified(checked)
+    if damaged:
+        raise typer.Exit(1)
+
+
+def _precision(rep: dict | None) -> None:
+    if not rep or not rep.get("rows"):
+        return
+    from gradspec.store._precision import material
+
+    flag = "  (material: see the warning when it was written)" if material(rep) else ""
+    typer.echo(
+        f"dtype    {rep['dtype']}: {rep['underflowed_share']:.2%} of nonzero entries flushed to 0, "
+        f"{rep['subnormal_share']:.2%} subnormal; relative error {rep['rel_error']:.2e} "
+        f"(worst row {rep['max_row_rel_error']:.2e}){flag}"
+    )
+
+
+def _missing(summary: dict) -> None:
+    missing = summary.get("missing_chunks") or []
+    if not missing:
+        return
+    shown = ", ".join(f"{m['array']}/{m['chunk']} (rows {m['rows'][0]}..{m['rows'][1]})" for m in missing[:3])
+    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    if summary.get("all_chunks_written", True):
+        typer.echo(f"DAMAGED  {len(missing)} chunk(s) of committed rows are missing: {shown}{more}; "
+                   "they would read as zeros. Restore them, or truncate the store before them")
+    else:
+        typer.echo(f"absent   {len(missing)} chunk(s) of committed rows read as zeros: {shown}{more}; this "
+                   "store predates gradspec writing all-zero chunks, so they may be zero or lost")
+    if summary.get("meta_error"):
+        typer.echo(f"         {summary['meta_error']}")
+
+
+def _verified(rep: dict) -> None:
+    bad = rep["damaged"]
+    nonfinite = rep["non_finite"]
+    verdict = "ok" if rep["ok"] else (
+        f"{len(bad)} damaged chunk(s), {sum(v['count'] for v in nonfinite.values())} non-finite value(s)"
+    )
+    typer.echo(f"verify   {rep['chunks']:,} chunks of committed rows read ({_size(rep['bytes'])}): {verdict}")
+    for d in bad[:20]:
+        typer.echo(f"           {d['array']}/{d['chunk']}  rows {d['rows'][0]}..{d['rows'][1]}  {d['problem']}")
+    if len(bad) > 20:
+        typer.echo(f"           ... and {len(bad) - 20} more")
+    for name, v in nonfinite.items():
+        rows = ", ".join(str(r) for r in v["rows"][:10])
+        typer.echo(f"           {name}: {v['count']:,} NaN/inf values, in rows {rows}{' ...' if len(v['rows']) > 10 else ''}")
+    if rep.get("absent_zero_chunks"):
+        typer.echo(f"           {rep['absent_zero_chunks']} metadata chunk(s) absent: all-zero in a store that "
+                   "predates gradspec writing them, or lost")
 
 
 def _spectrum(summary: dict) -> None:

@@ -1,6 +1,7 @@
 """Stores on disk: the only package that imports zarr."""
 
 from gradspec.store._gradients import META_FIELDS, GradientStore
+from gradspec.store._integrity import StoreDamagedError
 from gradspec.store._layout import ParamLayout, ParamSpec, match_names
 from gradspec.store._spectrum import SpectrumStore
 from gradspec.store._writer import BackgroundWriter, WriterError
@@ -12,6 +13,7 @@ __all__ = [
     "ParamLayout",
     "ParamSpec",
     "SpectrumStore",
+    "StoreDamagedError",
     "WriterError",
     "match_names",
 ]
@@ -25,7 +27,7 @@ def open_store(path, mode: str = "r"):
     if kind == "gradients":
         return GradientStore.open(path, mode)
     if kind == "spectrum":
-        return SpectrumStore.open(path)
+        return SpectrumStore.open(path, mode)
     raise ValueError(f"{str(path)!r} is a gradspec store of unknown kind {kind!r}; upgrade gradspec")
 
 

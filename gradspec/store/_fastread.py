@@ -13,39 +13,65 @@ chunk that holds one of them once. Everything else — compressed or remote
 stores — goes through zarr.
 
 Chunks are replaced atomically on local disk (``_zarr``), so a file is read
-whole in its old or new version; a missing chunk file is all fill value.
+whole in its old or new version. A chunk file that is missing, short or long
+goes to the ``on_damage`` callback, which raises (a gradient store whose rows
+are committed: see ``_integrity``) or, for a missing file, returns to read it
+as the fill value.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 
+def local_root(array: Any) -> str | None:
+    """The directory of ``array``'s files when it lives in a local zarr store, else None."""
+    try:
+        from zarr.storage import LocalStore
+
+        store = array.store_path.store
+    except (ImportError, AttributeError):
+        return None
+    if not isinstance(store, LocalStore):
+        return None
+    return os.path.join(str(store.root), array.path) if array.path else str(store.root)
+
+
+#: ``on_damage(i, j, problem)``: raise, or return to read a missing chunk as fill.
+OnDamage = Callable[[int, int, str], None]
+
+
 class ChunkFileReader:
     """Direct reads of row-slice × column-range selections of one local, uncompressed 2-D array."""
 
-    def __init__(self, root: str, array: Any) -> None:
+    def __init__(self, root: str, array: Any, on_damage: OnDamage | None = None) -> None:
         self._a = array
         self._root = root
         self._rc, self._cc = (int(c) for c in array.chunks)
         self._dtype = np.dtype(array.dtype)
         self._fill = array.fill_value
         self._chunk_bytes = self._rc * self._cc * self._dtype.itemsize
+        self._on_damage = on_damage
 
     @classmethod
-    def for_array(cls, array: Any) -> ChunkFileReader | None:
-        """A reader when ``array`` qualifies for direct reads, else None (use zarr)."""
+    def for_array(cls, array: Any, on_damage: OnDamage | None = None) -> ChunkFileReader | None:
+        """A reader when ``array`` qualifies for direct reads, else None (use zarr).
+
+        ``on_damage(i, j, problem)`` hears of a missing (``problem == "missing"``) or
+        wrong-sized chunk file; it raises, or returns to read a missing one as fill.
+        Without it a missing chunk reads as fill and a wrong-sized one raises ``OSError``.
+        """
         try:
             from zarr.codecs import BytesCodec
-            from zarr.storage import LocalStore
 
             meta = array.metadata
-            store = array.store_path.store
-            if not isinstance(store, LocalStore) or len(array.shape) != 2:
+            root = local_root(array)
+            if root is None or len(array.shape) != 2:
                 return None
             codecs = tuple(meta.codecs)
             if len(codecs) != 1 or not isinstance(codecs[0], BytesCodec):
@@ -56,8 +82,7 @@ class ChunkFileReader:
                 return None
             if getattr(meta.chunk_grid, "chunk_shape", None) is None:
                 return None
-            root = os.path.join(str(store.root), array.path) if array.path else str(store.root)
-            return cls(root, array)
+            return cls(root, array, on_damage)
         except Exception:  # any zarr internals we do not recognise: the general path
             return None
 
@@ -75,14 +100,18 @@ class ChunkFileReader:
                     if not n:
                         break
                     got += n
+                longer = got == self._chunk_bytes and f.read(1)  # one syscall per chunk file
         except FileNotFoundError:
+            if self._on_damage is not None:
+                self._on_damage(i, j, "missing")
             into.fill(self._fill)
             return
-        if got != self._chunk_bytes:
-            raise OSError(
-                f"chunk {i}/{j} of {self._root!r} has {got} bytes, expected {self._chunk_bytes}; "
-                "the store is damaged"
-            )
+        if got != self._chunk_bytes or longer:
+            problem = (f"truncated ({got} of {self._chunk_bytes} bytes)" if got < self._chunk_bytes
+                       else f"longer than the {self._chunk_bytes} bytes of a chunk")
+            if self._on_damage is not None:
+                self._on_damage(i, j, problem)
+            raise OSError(f"chunk {i}/{j} of {self._root!r} is {problem}; the store is damaged")
 
     def read(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
         """Rows [r0, r1) × columns [c0, c1) as a new C-order array of the stored dtype."""

@@ -104,12 +104,17 @@ class BackgroundWriter:
         self._raise_if_failed()
 
     def close(self, callback: Callable[[int], None] | None = None) -> None:
-        """Commit everything (running ``callback``), stop the thread, re-raise any error."""
+        """Commit everything (running ``callback``), stop the thread, re-raise any error.
+
+        Then shrink the store's arrays to its committed rows (``GradientStore.finalize``), so
+        that plain zarr reads exactly them; writing more later grows them again.
+        """
         self.commit(callback, wait=True)
         if self._thread is not None:
             self._queue.put(_STOP)
             self._thread.join()
         self._raise_if_failed()
+        self.store.finalize()
 
     @property
     def rows_written(self) -> int:

@@ -11,6 +11,7 @@ process killed mid-write leaves at most a stray ``*.partial`` file.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,10 @@ def open_checked(path: str | os.PathLike, kind: str | None, mode: str = "r") -> 
         raise ValueError(f"{str(path)!r} is a Zarr group but not a gradspec store (no {KIND_KEY})")
     if kind is not None and found != kind:
         raise ValueError(f"{str(path)!r} is a {found} store, not a {kind} store")
-    if int(attrs.get(FORMAT_KEY, 0)) > FORMAT:
+    fmt = attrs.get(FORMAT_KEY, 0)
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 0:
+        raise ValueError(f"{str(path)!r} has {FORMAT_KEY} = {fmt!r}, not a format number; the store is damaged")
+    if fmt > FORMAT:
         raise ValueError(f"{str(path)!r} was written by a newer gradspec; upgrade gradspec to read it")
     return group
 
@@ -94,7 +98,12 @@ def to_disk_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "float32":
         return np.ascontiguousarray(x, dtype=np.float32)
     if dtype == "float16":
-        return x.astype(np.float16)
+        # torch's conversion (F16C) is exact IEEE round-to-nearest-even like numpy's, and
+        # 40x faster on subnormal values (numpy: ~5 s for 32 rows of 1.8M entries near 4e-6).
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        return t.to(torch.float16).numpy()
     if dtype == "bfloat16":
         import torch
 
@@ -107,7 +116,16 @@ def from_disk_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
     """On-disk rows -> float32."""
     if dtype == "bfloat16":
         return (x.astype(np.uint32) << 16).view(np.float32)
+    if dtype == "float16" and x.dtype == np.float16:
+        # A table of all 65,536 values: exact, and unlike numpy's cast (which takes 3-5x
+        # longer on subnormal values) the same speed for every value.
+        return _float16_table()[x.view(np.uint16)]
     return x.astype(np.float32, copy=False)
+
+
+@functools.cache
+def _float16_table() -> np.ndarray:
+    return np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 def disk_numpy_dtype(dtype: str) -> str:

@@ -57,13 +57,18 @@ def test_direct_reads_of_16_bit_stores(tmp_path, dtype):
     np.testing.assert_allclose(store.read(), data, rtol=1e-2, atol=1e-2)
 
 
-def test_missing_chunks_read_as_fill_value(tmp_path):
-    store, _ = build(tmp_path / "g", 8, 20, 4, 10)
-    chunk = store._direct._path(1, 1)
+def test_a_missing_chunk_goes_to_on_damage(tmp_path):
+    """The reader asks its caller; the gradient store raises (tests/store/test_integrity.py)."""
     import os
 
-    os.remove(chunk)
-    got = store._direct.read(0, 8, 0, 20)
+    store, _ = build(tmp_path / "g", 8, 20, 4, 10)
+    os.remove(store._direct._path(1, 1))
+    with pytest.raises(OSError, match=r"c/1/1.*rows 4\.\.7.*missing"):
+        store._direct.read(0, 8, 0, 20)
+    heard = []
+    lenient = ChunkFileReader.for_array(store._grads, on_damage=lambda i, j, problem: heard.append((i, j, problem)))
+    got = lenient.read(0, 8, 0, 20)  # a callback that returns reads the chunk as fill
+    assert heard == [(1, 1, "missing")]
     assert not got[4:8, 10:20].any() and got[:4].any()
 
 

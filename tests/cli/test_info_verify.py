@@ -1,0 +1,99 @@
+"""`gradspec info` and `info --verify` on healthy and damaged stores; `pca` refuses a damaged one."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from gradspec.store import GradientStore
+
+runner = CliRunner()
+
+LOWRANK = ["--task", "lowrank", "-t", "n=200", "-t", "d=40", "-t", "r=3", "--batch-size", "20",
+           "--lr", "0.05", "--optimizer", "sgd", "--eval-every", "0", "--checkpoint-every", "20",
+           "--no-progress"]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A finished 40-step run: 40 rows in two row chunks of 32."""
+    out = tmp_path_factory.mktemp("run")
+    res = invoke("collect", "--out", out, "--steps", 40, *LOWRANK)
+    assert res.exit_code == 0, res.output
+    return out / "gradients.zarr"
+
+
+@pytest.fixture
+def store(run, tmp_path):
+    """A private copy of the run's store, to damage."""
+    import shutil
+
+    path = tmp_path / "g.zarr"
+    shutil.copytree(run, path)
+    return path
+
+
+def chunk(path, key):
+    return os.path.join(path, *key.split("/"))
+
+
+def test_a_healthy_store(store):
+    res = invoke("info", store)
+    assert res.exit_code == 0 and "[complete]" in res.output and "DAMAGED" not in res.output
+    res = invoke("info", store, "--verify", "--no-progress")
+    assert res.exit_code == 0, res.output
+    assert "verify   9 chunks of committed rows read" in res.output and ": ok" in res.output
+
+
+def test_a_deleted_chunk_is_reported_and_pca_refuses(store, tmp_path):
+    os.remove(chunk(store, "grads/c/1/0"))
+    res = invoke("info", store)
+    assert res.exit_code == 1 and "[complete]" not in res.output and "[damaged]" in res.output
+    assert "grads/c/1/0 (rows 32..39)" in res.output
+    res = invoke("info", store, "--verify", "--no-progress")
+    assert res.exit_code == 1 and "grads/c/1/0  rows 32..39  missing" in res.output
+    as_json = invoke("info", store, "--verify", "--json")
+    assert as_json.exit_code == 1
+    assert json.loads(as_json.output)["verify"]["damaged"] == [
+        {"array": "grads", "chunk": "c/1/0", "rows": [32, 39], "problem": "missing"}
+    ]
+    # before: pca read the lost rows as zeros and exited 0 with a smaller sigma_1
+    res = invoke("pca", store, "-k", 2, "--out", tmp_path / "spec.zarr", "--no-progress")
+    assert res.exit_code != 0
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "grads/c/1/0" in errors[0] and "rows 32..39" in errors[0], res.output
+    assert "Traceback" not in res.output
+
+
+def test_a_truncated_chunk_and_non_finite_values(store):
+    with open(chunk(store, "grads/c/0/0"), "r+b") as f:
+        f.truncate(100)
+    res = invoke("info", store, "--verify", "--no-progress")
+    assert res.exit_code == 1 and "grads/c/0/0  rows 0..31  truncated: 100 bytes, expected 5120" in res.output
+    # a NaN written into a committed row (bytes intact, value not)
+    with open(chunk(store, "meta/loss/c/0"), "r+b") as f:
+        loss = np.frombuffer(f.read(), np.float32).copy()
+        loss[5] = np.nan
+        f.seek(0)
+        f.write(loss.tobytes())
+    res = invoke("info", store, "--verify", "--no-progress")
+    assert "meta/loss: 1 NaN/inf values, in rows 5" in res.output
+
+
+def test_a_float16_store_shows_what_the_conversion_lost(tmp_path):
+    out = tmp_path / "run"
+    res = invoke("collect", "--out", out, "--steps", 8, "--dtype", "float16", *LOWRANK)
+    assert res.exit_code == 0, res.output
+    res = invoke("info", out / "gradients.zarr")
+    assert res.exit_code == 0 and "dtype    float16: " in res.output and "relative error" in res.output
+    rep = GradientStore.open(out / "gradients.zarr").dtype_report
+    assert rep["rows"] == 8 and rep["rel_error"] < 1e-3
