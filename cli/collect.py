@@ -9,6 +9,19 @@ import typer
 
 from cli._common import user_errors
 
+# Options that set a CollectConfig field: option parameter -> field. On --resume only the
+# options a user actually passed are compared with (or applied to) the saved run.
+SETTINGS = {
+    "task": "task", "task_option": "task_options", "params": "params", "mode": "mode",
+    "every": "every", "steps": "steps", "epochs": "epochs", "batch_size": "batch_size",
+    "sampling": "sampling", "max_grad_norm": "max_grad_norm", "no_clip": "clip",
+    "sigma": "noise_multiplier", "epsilon": "target_epsilon", "delta": "delta",
+    "accounting": "accounting", "optimizer": "optimizer", "lr": "lr", "dtype": "dtype",
+    "backend": "backend", "microbatch": "microbatch", "eval_every": "eval_every",
+    "log_every": "log_every", "checkpoint_every": "checkpoint_every",
+    "skip_nonfinite": "skip_nonfinite", "seed": "seed", "device": "device", "compressor": "compressor",
+}
+
 
 def _parse_options(items: list[str]) -> dict:
     options = {}
@@ -40,8 +53,33 @@ def training_config(*, task_option: list[str], params: list[str], sigma: float |
     )
 
 
+def passed_options(ctx: typer.Context, names) -> list[str]:
+    """The option parameters among ``names`` that the user gave (not left at their defaults)."""
+    # By name: typer may carry its own copy of click's ParameterSource enum.
+    given = ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
+    return [n for n in names if getattr(ctx.get_parameter_source(n), "name", None) in given]
+
+
+def resume_settings(ctx: typer.Context, values: dict) -> dict:
+    """The CollectConfig fields the user passed on a --resume, with their values."""
+    given = {}
+    for name in passed_options(ctx, SETTINGS):
+        value = values[name]
+        if name == "task_option":
+            value = _parse_options(value)
+        elif name == "params":
+            value = tuple(value) or None
+        elif name == "no_clip":
+            value = not value
+        given[SETTINGS[name]] = value
+    if "epochs" in given and "steps" not in given:
+        given["steps"] = None  # the new length in epochs decides
+    return given
+
+
 @user_errors
 def collect_command(
+    ctx: typer.Context,
     out: Path = typer.Option(Path("runs/default"), "--out", "-o", help="Run directory (store, metrics, checkpoint)."),
     task: str = typer.Option("text", help="Task: text, cnn, geomedian, lowrank."),
     task_option: list[str] = typer.Option([], "--task-option", "-t", help="Task option KEY=VALUE (repeatable), e.g. -t n_train=2000."),
@@ -70,16 +108,21 @@ def collect_command(
     seed: int = typer.Option(0, help="Random seed."),
     device: str = typer.Option("cpu", help="cpu, cuda or auto."),
     compressor: str = typer.Option(None, help="Store compression: zstd or blosc (default none)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint. Options given with it must match the run, except the run's length (--steps/--epochs), --eval-every, --log-every, --checkpoint-every, --skip-nonfinite, --microbatch."),
+    allow_larger_epsilon: bool = typer.Option(False, "--allow-larger-epsilon", help="With --resume: run more steps than the sigma of an --epsilon run was calibrated for (its epsilon then exceeds the target)."),
     stop_after: int = typer.Option(None, "--stop-after", help="Stop (checkpointed) after N steps of this call; continue later with --resume."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run in --out."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
     """Train a model and stream clipped gradients into OUT/gradients.zarr."""
-    from gradspec.collect import collect
+    from gradspec.collect import collect, merge_resume, read_run_config
 
-    config = None
-    if not resume:
+    if resume:
+        # (with --overwrite too, collect() refuses the pair before reading anything)
+        config = None if overwrite else merge_resume(read_run_config(out), resume_settings(ctx, ctx.params))
+    else:
+        if allow_larger_epsilon:
+            raise ValueError("--allow-larger-epsilon applies to --resume (extending a run); drop it")
         config = training_config(
             task=task, task_option=task_option, params=params, mode=mode, every=every, steps=steps,
             epochs=epochs, batch_size=batch_size, sampling=sampling, max_grad_norm=max_grad_norm,
@@ -89,7 +132,7 @@ def collect_command(
             skip_nonfinite=skip_nonfinite, seed=seed, device=device, compressor=compressor,
         )
     result = collect(config, out=out, resume=resume, overwrite=overwrite, progress=not no_progress,
-                     stop_after=stop_after)
+                     stop_after=stop_after, allow_larger_epsilon=allow_larger_epsilon)
     eps = "inf (non-private)" if result.epsilon == float("inf") else f"{result.epsilon:.3f}"
     typer.echo(f"store    {result.store}  ({result.rows} rows)")
     typer.echo(f"steps    {result.steps}   q = {result.sample_rate:.4g}   sigma = {result.noise_multiplier:.4g}")

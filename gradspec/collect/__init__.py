@@ -1,11 +1,13 @@
 """Training that streams clipped (per-example) gradients into a gradient store."""
 
-from gradspec.collect._config import CollectConfig
+from gradspec.collect._checkpoint import is_run_dir, read_run_config
+from gradspec.collect._config import RESUMABLE, CollectConfig, merge_resume, resume_conflicts
 from gradspec.collect._loop import CollectResult, collect, evaluate
 from gradspec.collect._per_example import PerExampleGradients, layout_for, select_parameters
 from gradspec.collect._sampling import PoissonSampler, ShuffleSampler
 
 __all__ = [
+    "RESUMABLE",
     "CollectConfig",
     "CollectResult",
     "PerExampleGradients",
@@ -13,7 +15,11 @@ __all__ = [
     "ShuffleSampler",
     "collect",
     "evaluate",
+    "is_run_dir",
     "layout_for",
+    "merge_resume",
+    "read_run_config",
+    "resume_conflicts",
     "select_parameters",
 ]
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradspec._enums import (
     Accounting,
@@ -16,12 +18,38 @@ from gradspec._enums import (
     parse_choice,
 )
 
+if TYPE_CHECKING:
+    from gradspec.tasks import Task
+
+logger = logging.getLogger(__name__)
+
 _ENUMS = {
     "mode": (CollectMode, "collection mode"),
     "sampling": (Sampling, "sampling"),
     "accounting": (Accounting, "accounting method"),
     "dtype": (GradDtype, "gradient dtype"),
     "backend": (PerExampleBackend, "per-example backend"),
+}
+
+#: Prefix of ``task`` for a task built in Python (not by the registry): such a run
+#: can be resumed only from Python, with the same task object passed again.
+CUSTOM_PREFIX = "custom:"
+
+#: Settings a resumed run may change: how long it runs, how often it reports and
+#: checkpoints, and how it uses memory — not what a step computes. Everything else
+#: is fixed by the saved run. (``microbatch`` changes only the order of float sums,
+#: so rows after such a resume may differ from an uninterrupted run's in the last bits.)
+RESUMABLE = frozenset(
+    {"steps", "epochs", "eval_every", "log_every", "checkpoint_every", "skip_nonfinite",
+     "microbatch", "writer_queue"}
+)
+
+# Command-line names of the settings whose flag is not --<name-with-dashes>.
+_FLAGS = {
+    "noise_multiplier": "--sigma",
+    "target_epsilon": "--epsilon",
+    "clip": "--no-clip",
+    "task_options": "--task-option",
 }
 
 
@@ -133,6 +161,10 @@ class CollectConfig:
             raise ValueError(f"microbatch must be >= 1, got {self.microbatch}")
         if self.checkpoint_every < 1 or self.log_every < 1 or self.eval_every < 0:
             raise ValueError("checkpoint_every and log_every must be >= 1, eval_every >= 0")
+        if self.compressor not in (None, "none", "zstd", "blosc"):
+            raise ValueError(f"unknown compressor {self.compressor!r}; choose none, zstd or blosc")
+        if self.writer_queue < 1:
+            raise ValueError(f"writer_queue must be >= 1, got {self.writer_queue}")
         if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
             raise ValueError(f"unknown device {self.device!r}; choose cpu, cuda or auto")
 
@@ -157,3 +189,138 @@ class CollectConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @property
+    def custom_task(self) -> bool:
+        """The task was built in Python (``task = "custom:<name>"``), not by the registry."""
+        return self.task.startswith(CUSTOM_PREFIX)
+
+
+def flag(name: str) -> str:
+    """The command-line flag of setting ``name`` (``noise_multiplier`` -> ``--sigma``)."""
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def _normal(name: str, value: Any) -> Any:
+    """``value`` of setting ``name`` in the form ``to_dict`` writes (enums as str, tuples as lists)."""
+    if name in _ENUMS and value is not None:
+        enum, what = _ENUMS[name]
+        return str(parse_choice(enum, value, what))
+    if name == "params" and value is not None:
+        return list(value) if not isinstance(value, str) else [value]
+    if name == "task_options":
+        return json.loads(json.dumps(dict(value or {}), default=str))
+    return value
+
+
+def _task_options_with_defaults(task: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A registered task's options with its defaults filled in (so ``-t d=40`` equals the default 40)."""
+    if task.startswith(CUSTOM_PREFIX):
+        return options
+    import inspect
+
+    from gradspec.tasks import task_options
+
+    try:
+        defaults = task_options(task)
+    except ValueError:
+        return options
+    filled = {k: v for k, v in defaults.items() if v is not inspect.Parameter.empty and k != "seed"}
+    return _normal("task_options", {**filled, **options})
+
+
+def resume_conflicts(saved: CollectConfig, given: Mapping[str, Any]) -> list[str]:
+    """The settings in ``given`` that a resume of the run ``saved`` may not change.
+
+    Args:
+        saved: the run's saved settings.
+        given: settings asked for (a whole ``to_dict()``, or only those a user passed).
+
+    Returns:
+        One ``"--flag (saved X, given Y)"`` per conflicting setting; empty if none.
+    """
+    old = saved.to_dict()
+    unknown = sorted(set(given) - set(old))
+    if unknown:
+        raise ValueError(f"unknown collect settings {unknown}; valid: {sorted(old)}")
+    out = []
+    for name, value in given.items():
+        if name in RESUMABLE:
+            continue
+        new = _normal(name, value)
+        before = old[name]
+        if name == "task_options":
+            task = _normal("task", given.get("task", saved.task))
+            same = _task_options_with_defaults(task, new) == _task_options_with_defaults(saved.task, before)
+        else:
+            same = new == before
+        if not same:
+            out.append(f"{flag(name)} (saved {before!r}, given {new!r})")
+    return out
+
+
+def merge_resume(saved: CollectConfig, given: Mapping[str, Any]) -> CollectConfig:
+    """The settings of a resumed run: ``saved`` with the resumable settings of ``given`` applied.
+
+    Settings outside :data:`RESUMABLE` must equal the saved ones. Giving ``epochs``
+    without ``steps`` makes the run's length follow the new epochs.
+
+    Raises:
+        ValueError: naming every setting that differs from the saved run, in one line.
+    """
+    conflicts = resume_conflicts(saved, given)
+    if conflicts:
+        raise ValueError(
+            "--resume continues the saved run, and these settings differ from it: "
+            + ", ".join(conflicts)
+            + "; drop them, or start a new run (another --out, or --overwrite) to change them"
+        )
+    d = saved.to_dict()
+    d.update({k: _normal(k, v) for k, v in given.items() if k in RESUMABLE})
+    if "epochs" in given and "steps" not in given:
+        d["steps"] = None
+    return CollectConfig.from_dict(d)
+
+
+def _task_identity(task: Task, seed: int) -> tuple[str, dict[str, Any]] | None:
+    """(registry name, options) if ``task`` was built by the registry with ``seed``; else None."""
+    from gradspec.tasks import available_tasks, task_options
+
+    name, built = getattr(task, "name", None), getattr(task, "config", None) or {}
+    if not isinstance(name, str) or built.get("task") != name or name not in available_tasks():
+        return None
+    if built.get("seed", seed) != seed:
+        logger.info("task %r was built with seed %s, the run's seed is %s: recorded as a custom task",
+                    name, built.get("seed"), seed)
+        return None
+    return name, {k: built[k] for k in task_options(name) if k in built and k != "seed"}
+
+
+def bind_task(config: CollectConfig, task: Task | None) -> tuple[CollectConfig, Task]:
+    """The config that says what the task really is, and the task (built from the config if None).
+
+    A task built by the registry is recorded by its name and options, so the CLI can
+    rebuild it; any other task as ``custom:<name>``, which only a Python resume that
+    passes the task again can continue.
+    """
+    if task is None:
+        if config.custom_task:
+            raise ValueError(
+                f"this run's task {config.task[len(CUSTOM_PREFIX):]!r} was built in Python, not by the task "
+                "registry, so it cannot be rebuilt from its name: resume it from Python with "
+                "gradspec.collect(config, out=..., resume=True, task=your_task)"
+            )
+        from gradspec.tasks import make_task
+
+        return config, make_task(config.task, seed=config.seed, **config.task_options)
+    identity = _task_identity(task, config.seed)
+    if identity is None:
+        custom = CUSTOM_PREFIX + str(getattr(task, "name", "task"))
+        return dataclasses.replace(config, task=custom, task_options={}), task
+    name, options = identity
+    bound = dataclasses.replace(config, task=name, task_options=options)
+    if config.task == name and not resume_conflicts(config, {"task": name, "task_options": options}):
+        return config, task  # the config already says it (perhaps with fewer, default-valued options)
+    if config.task != name:
+        logger.info("the config names task %r but the task given is %r: recorded as %r", config.task, name, name)
+    return bound, task

@@ -12,20 +12,32 @@ One step (Abadi et al. 2016; Li et al. 2022 §4.2):
 6. the accountant records the step.
 
 A run directory holds ``gradients.zarr`` (the store), ``metrics.jsonl``,
-``config.json`` and ``checkpoint.pt``. Rows are committed together with a
-checkpoint every ``checkpoint_every`` steps, so ``resume=True`` continues from
-the last checkpoint and reproduces the rows of an uninterrupted run.
+``config.json`` and ``checkpoint.pt``, and is owned by one process at a time
+(:class:`gradspec.store._lock.RunLock`, taken before anything in it is created,
+replaced or removed, and held until the run ends). Rows are committed together
+with a checkpoint every ``checkpoint_every`` steps, so ``resume=True`` continues
+from the last checkpoint and reproduces the rows of an uninterrupted run.
+
+A resume keeps everything that decides what a step computes; it may change only
+the settings in :data:`~gradspec.collect._config.RESUMABLE` (the run's length,
+how often it evaluates, logs and checkpoints, memory use). Changing the length
+of a run whose sigma was calibrated for a target epsilon keeps that sigma (the
+steps already taken used it): the run becomes a fixed-sigma run, and extending it
+past the steps sigma was calibrated for needs ``allow_larger_epsilon=True``
+(``--allow-larger-epsilon``), because its epsilon then exceeds the target.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import math
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -34,19 +46,39 @@ from typing import Any
 import numpy as np
 import torch
 
-from gradspec._enums import CollectMode, Sampling
-from gradspec.collect._checkpoint import load_checkpoint, save_checkpoint
-from gradspec.collect._config import CollectConfig
+from gradspec._enums import CollectMode, GradDtype, Sampling
+from gradspec.collect._checkpoint import (
+    CHECKPOINT_NAME,
+    CONFIG_NAME,
+    METRICS_NAME,
+    RUN_NAME,
+    STORE_NAME,
+    check_new_run,
+    clear_run,
+    layout_difference,
+    load_checkpoint,
+    open_resumable,
+    read_run_config,
+    save_checkpoint,
+    saved_run_config,
+    write_text_atomic,
+)
+from gradspec.collect._config import (
+    CollectConfig,
+    bind_task,
+    flag,
+    merge_resume,
+)
 from gradspec.collect._hooks import StepHooks
 from gradspec.collect._sampling import PoissonSampler, ShuffleSampler
 from gradspec.tasks._base import Task
 
 logger = logging.getLogger(__name__)
 
-STORE_NAME = "gradients.zarr"
-METRICS_NAME = "metrics.jsonl"
-CONFIG_NAME = "config.json"
-CHECKPOINT_NAME = "checkpoint.pt"
+__all__ = ["CHECKPOINT_NAME", "CONFIG_NAME", "METRICS_NAME", "STORE_NAME", "CollectResult", "collect",
+           "evaluate"]
+
+FLOAT16_MAX = 65504.0
 
 
 @dataclass(frozen=True)
@@ -117,8 +149,10 @@ class _Run:
     """The state of one collect run (built fresh or restored from a checkpoint)."""
 
     def __init__(
-        self, config: CollectConfig, task: Task, out: Path, progress: bool, hooks: StepHooks | None = None
+        self, config: CollectConfig, task: Task, out: Path, progress: bool, hooks: StepHooks | None = None,
+        *, sigma: float | None = None,
     ) -> None:
+        """Build the run; ``sigma`` (a resumed run's noise multiplier) skips the calibration."""
         from gradspec.collect._per_example import PerExampleGradients, layout_for, select_parameters
         from gradspec.privacy import PrivacyAccountant, calibrate_noise_multiplier, default_delta
 
@@ -146,14 +180,22 @@ class _Run:
             steps_per_epoch = self.sampler.steps_per_epoch
         self.steps = config.steps if config.steps is not None else math.ceil(config.epochs * steps_per_epoch)
         self.q = self.sampler.q
+        # Under shuffling the accountant counts epochs of n // B steps; calibrate and plan on the same.
+        self.acct_q = self.q if config.sampling == Sampling.POISSON else 1.0 / self.sampler.steps_per_epoch
         self.delta = config.delta if config.delta is not None else default_delta(n)
-        if config.noise_multiplier is not None:
+        if config.private and self.delta >= 1.0 / n:
+            raise ValueError(
+                f"delta = {self.delta:g} is not below 1/n = {1.0 / n:.3g} (n = {n} training examples): "
+                "a guarantee with delta >= 1/n allows publishing a training example outright; "
+                f"give a smaller --delta (the default is n^-1.1 = {default_delta(n):.3g})"
+            )
+        if sigma is not None:
+            self.sigma = float(sigma)
+        elif config.noise_multiplier is not None:
             self.sigma = float(config.noise_multiplier)
         else:
-            # Under shuffling the accountant counts epochs of n // B steps; calibrate on the same.
-            acct_q = self.q if config.sampling == Sampling.POISSON else 1.0 / self.sampler.steps_per_epoch
             self.sigma = calibrate_noise_multiplier(
-                target_epsilon=config.target_epsilon, sample_rate=acct_q, steps=self.steps,
+                target_epsilon=config.target_epsilon, sample_rate=self.acct_q, steps=self.steps,
                 delta=self.delta, sampling=config.sampling, method=config.accounting,
             )
             logger.info("calibrated sigma = %.4f for epsilon = %g", self.sigma, config.target_epsilon)
@@ -169,14 +211,28 @@ class _Run:
         )
         self.step = 0
         self.n = n
+        self.run_id = uuid.uuid4().hex
+        self.last_eval: dict[str, float] = {}
         self.hooks = hooks or StepHooks()
         self.hooks.setup(self)
+
+    def planned_epsilon(self, steps: int) -> float:
+        """epsilon after ``steps`` gradient steps at this run's sigma, q and delta (privacy the
+        hooks spend beyond the gradient noise is not included)."""
+        from gradspec.privacy import compute_epsilon
+
+        if self.sigma <= 0:
+            return math.inf
+        return compute_epsilon(noise_multiplier=self.sigma, sample_rate=self.acct_q, steps=max(1, steps),
+                               delta=self.delta, sampling=self.config.sampling, method=self.config.accounting)
 
     def run_config(self) -> dict[str, Any]:
         c = self.config
         return {
             "collect": c.to_dict(),
+            "run_id": self.run_id,
             "task": self.task.name,
+            "task_registered": not c.custom_task,
             "task_config": self.task.config,
             "parameters": self.names,
             "p": self.layout.p,
@@ -207,13 +263,34 @@ class _Run:
             "metrics_offset": metrics_offset,
             "layout": self.layout.to_list(),
             "hooks": copy.deepcopy(self.hooks.state_dict()),
+            # What a resume checks and keeps (rather than recomputes):
+            "run_id": self.run_id,
+            "noise_multiplier": self.sigma,
+            "total_steps": self.steps,
+            "n_train": self.n,
+            "device": self.device.type,
+            "task": {"name": self.task.name, "registered": not self.config.custom_task},
+            "last_eval": dict(self.last_eval),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        if state["layout"] != self.layout.to_list():
+        diff = layout_difference(state["layout"], self.layout.to_list())
+        if diff:
             raise ValueError(
-                "the checkpoint's parameter layout differs from this model's: "
+                f"the checkpoint's parameter layout differs from this model's ({diff}): "
                 "resume with the same task, model and --params"
+            )
+        device = state.get("device")
+        if device is not None and device != self.device.type:
+            raise ValueError(
+                f"the run was checkpointed on {device} and would resume on {self.device.type}: its noise "
+                f"generator is device-specific; resume with --device {device}"
+            )
+        n = state.get("n_train")
+        if n is not None and int(n) != self.n:
+            raise ValueError(
+                f"the task has {self.n} training examples but the run was started with {n} (they decide "
+                "q = B/n, delta and the sampler): resume with the same task and --task-option"
             )
         with torch.no_grad():
             for name, param in zip(self.names, self.params, strict=True):
@@ -224,6 +301,8 @@ class _Run:
         self.noise_gen.set_state(state["noise_generator"])
         self.hooks.load_state_dict(state.get("hooks", {}))
         self.step = int(state["step"])
+        self.run_id = state.get("run_id", self.run_id)
+        self.last_eval = dict(state.get("last_eval") or {})
 
     # ------------------------------------------------------------------ one step
     def train_step(self, store_row: bool):
@@ -297,6 +376,14 @@ class _Run:
                 meta = {k: np.full(b, v) for k, v in common.items()}
                 meta["loss"] = loss_t.detach().cpu().numpy()
                 meta["example_index"] = idx.numpy()
+            if c.dtype == GradDtype.FLOAT16:
+                top = float(np.abs(rows).max(initial=0.0))
+                if top > FLOAT16_MAX:
+                    raise ValueError(
+                        f"step {self.step}: a gradient entry of size {top:.3g} overflows --dtype float16 "
+                        f"(largest {FLOAT16_MAX:g}) and would be stored as inf; use --dtype bfloat16 or "
+                        "float32, or clip to a smaller norm"
+                    )
         self.step += 1
         return rows, meta, stats
 
@@ -319,91 +406,188 @@ def collect(
     stop_after: int | None = None,
     hooks: StepHooks | None = None,
     write_store: bool = True,
+    allow_larger_epsilon: bool = False,
 ) -> CollectResult:
     """Train with DP-SGD and stream clipped gradients into ``out/gradients.zarr``.
 
+    The run owns ``out`` while it runs: a second writer (another process, or another
+    thread) is refused with a :class:`~gradspec.store._lock.DirectoryBusyError`
+    naming the owner's pid. The lock cannot go stale: the kernel drops it when the
+    owner exits or is killed.
+
     Args:
-        config: run settings (default: ``CollectConfig()``, the text task).
-        out: run directory (store, metrics, config, checkpoint).
+        config: run settings (default: ``CollectConfig()``, the text task). On resume:
+            None (continue as saved), or the saved settings with only those in
+            :data:`~gradspec.collect._config.RESUMABLE` changed (e.g. more ``steps``).
+        out: run directory (store, metrics, config, checkpoint): new, empty, or a
+            gradspec run directory.
         task: a user's own :class:`~gradspec.tasks.Task`; default builds ``config.task``.
-        resume: continue the run in ``out`` from its last checkpoint; ``config``
-            must then be None or equal to the saved one.
-        overwrite: replace an existing run in ``out``.
+            A task not built by the registry is saved as ``custom:<name>``; resume such a
+            run by passing the same task again.
+        resume: continue the run in ``out`` from its last checkpoint.
+        overwrite: replace the run in ``out`` (only its own files; a directory that is
+            not a gradspec run directory is never cleared).
         progress: show a progress bar on stderr.
         writer: write rows on a background thread (``False``: synchronously).
-        stop_after: stop (with a checkpoint) after this many steps in this call;
+        stop_after: stop (with a checkpoint) after this many steps in this call (>= 1);
             for splitting long runs and for tests.
         hooks: changes to the DP-SGD step (the private optimizers of ``gradspec.optim``).
         write_store: write a gradient store; ``False`` only trains (metrics and
             checkpoints are still written), as ``gradspec retrain`` does.
+        allow_larger_epsilon: on resume, allow more steps than a target-epsilon run's
+            sigma was calibrated for (its epsilon then exceeds the target; it is reported).
 
     Returns:
         A :class:`CollectResult`.
 
     Raises:
-        ValueError: bad settings, a mismatched resume, non-finite gradients.
-        FileExistsError: ``out`` holds a run and neither resume nor overwrite was asked.
+        ValueError: bad settings, a resume whose settings or task differ from the saved run,
+            a damaged run, non-finite gradients.
+        FileExistsError: ``out`` holds a run and neither resume nor overwrite was asked, or
+            ``out`` is not empty and not a run directory.
+        DirectoryBusyError: another process is writing to ``out``.
     """
-    from gradspec.store import BackgroundWriter, GradientStore
+    from gradspec.store import GradientStore
+    from gradspec.store._lock import RunLock
 
     out = Path(out)
-    config_path, store_path = out / CONFIG_NAME, out / STORE_NAME
-    metrics_path, ckpt_path = out / METRICS_NAME, out / CHECKPOINT_NAME
+    if resume and overwrite:
+        raise ValueError("--resume continues the run in --out and --overwrite replaces it: give one of them")
+    if stop_after is not None and stop_after < 1:
+        raise ValueError(f"--stop-after must be >= 1, got {stop_after}")
+    if config is not None and not isinstance(config, CollectConfig):
+        raise TypeError(f"config must be a CollectConfig, got {type(config).__name__}")
+    # Refuse what can be refused before the lock file is created (a foreign directory gets none).
     if resume:
-        if not config_path.is_file():
-            raise FileNotFoundError(f"no run to resume in {str(out)!r} (no {CONFIG_NAME}); drop --resume")
-        saved = CollectConfig.from_dict(json.loads(config_path.read_text()))
-        if config is not None and config != saved:
-            diff = sorted(k for k, v in config.to_dict().items() if saved.to_dict().get(k) != v)
-            raise ValueError(f"--resume continues the saved run; its settings differ in {diff}")
-        config = saved
+        read_run_config(out)
     else:
-        config = config or CollectConfig()
-        if (store_path.exists() or config_path.exists()) and not overwrite:
-            raise FileExistsError(
-                f"{str(out)!r} already holds a run: pass --resume to continue it or --overwrite to replace it"
-            )
+        check_new_run(out, overwrite=overwrite)
 
-    if task is None:
-        from gradspec.tasks import make_task
-
-        task = make_task(config.task, seed=config.seed, **config.task_options)
-    torch.manual_seed(config.seed)
-    run = _Run(config, task, out, progress, hooks)
-
-    if resume:
-        state = load_checkpoint(ckpt_path, required=("step", "rows", "model", "optimizer", "metrics_offset"))
-        store = GradientStore.open(store_path, mode="r+") if write_store else None
-        if store is not None:
-            if store.layout.to_list() != run.layout.to_list():
-                raise ValueError("the store's parameter layout differs from this model's: resume with the same task and --params")
-            if store.n_rows < state["rows"]:
-                raise ValueError(f"the store has {store.n_rows} committed rows but the checkpoint expects {state['rows']}; it is damaged")
-        run.restore(state)
-        if store is not None:
-            store.truncate(int(state["rows"]))  # rows after the checkpoint are regenerated identically
-        with open(metrics_path, "r+b") as f:
-            f.truncate(int(state["metrics_offset"]))
-        logger.info("resuming at step %d", run.step)
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        store = None
-        if write_store:
-            store = GradientStore.create(
-                store_path, layout=run.layout, config=run.run_config(), dtype=str(config.dtype),
-                per_example=config.mode == CollectMode.PER_EXAMPLE, compressor=config.compressor,
-                overwrite=overwrite,
-            )
+    # An existing directory is locked at once (a second writer fails fast); a new one only
+    # once the settings have been checked, so that bad settings leave nothing behind.
+    lock = RunLock(out, what="run directory")
+    if out.is_dir():
+        lock.acquire()
+    try:
+        if resume:
+            run, store, task = _prepare_resume(config, task, out, progress, hooks, write_store,
+                                               allow_larger_epsilon)
         else:
-            (out / "run.json").write_text(json.dumps(run.run_config(), indent=2, default=str))
-        config_path.write_text(config.to_json())
-        metrics_path.write_text("")
-        ckpt_path.unlink(missing_ok=True)
+            config, task = bind_task(config or CollectConfig(), task)
+            torch.manual_seed(config.seed)
+            run = _Run(config, task, out, progress, hooks)
+            if write_store and config.every >= run.steps > 1:
+                raise ValueError(
+                    f"--every {config.every} with {run.steps} steps stores step 0 only: "
+                    f"give --every below {run.steps}"
+                )
+            if not lock.held:
+                lock.acquire()
+            replace_old = check_new_run(out, overwrite=overwrite)  # again: the directory is ours only now
+            # Everything that can fail on bad settings has run; only now is the old run removed.
+            if replace_old:
+                logger.info("replacing the run in %s (%s)", out, ", ".join(clear_run(out)))
+            write_text_atomic(out / CONFIG_NAME, config.to_json())  # first: it marks the directory as a run
+            store = None
+            if write_store:
+                store = GradientStore.create(
+                    out / STORE_NAME, layout=run.layout, config=run.run_config(), dtype=str(config.dtype),
+                    per_example=config.mode == CollectMode.PER_EXAMPLE, compressor=config.compressor,
+                )
+            else:
+                write_text_atomic(out / RUN_NAME, json.dumps(run.run_config(), indent=2, default=str))
+            (out / METRICS_NAME).write_text("")
+        return _train(run, store, task, out, progress=progress, writer=writer, stop_after=stop_after)
+    finally:
+        lock.release()
 
+
+def _prepare_resume(
+    config: CollectConfig | None, task: Task | None, out: Path, progress: bool, hooks: StepHooks | None,
+    write_store: bool, allow_larger_epsilon: bool,
+):
+    """Check everything a resume depends on, then (and only then) roll the run back to its checkpoint."""
+    saved = read_run_config(out)
+    if task is None and saved.custom_task:
+        bind_task(saved, None)  # raises, saying how to resume such a run from Python
+    if config is not None:
+        given = (bind_task(config, task)[0] if task is not None else config).to_dict()
+    elif task is not None:
+        bound = bind_task(saved, task)[0]
+        given = {"task": bound.task, "task_options": bound.task_options}
+    else:
+        given = {}
+    config = merge_resume(saved, given)
+    config, task = bind_task(config, task) if task is None else (config, task)
+    required = ("step", "rows", "model", "optimizer", "metrics_offset", "layout")
+    state = load_checkpoint(out / CHECKPOINT_NAME, required=required)
+    run_cfg = saved_run_config(out)
+    sigma = state.get("noise_multiplier", run_cfg.get("noise_multiplier"))
+    torch.manual_seed(config.seed)
+    run = _Run(config, task, out, progress, hooks, sigma=sigma)
+    run.restore(state)
+
+    store = open_resumable(out, state, saved, run.layout.to_list(), write_store=write_store, run_config=run_cfg)
+    if not run.last_eval and store is not None:  # a checkpoint from before last_eval was saved
+        run.last_eval = dict(store.config.get("final_metrics") or {})
+
+    done = int(state["step"])
+    planned = int(state.get("total_steps") or run_cfg.get("steps") or run.steps)
+    if run.steps < done:
+        raise ValueError(f"the run has done {done} steps: {run.steps} steps would end before that; "
+                         f"give --steps >= {done}")
+    if run.steps != planned and saved.target_epsilon is not None and run.sigma > 0:
+        eps = run.planned_epsilon(run.steps)
+        if run.steps > planned and not allow_larger_epsilon:
+            raise ValueError(
+                f"sigma = {run.sigma:.4g} was calibrated for epsilon = {saved.target_epsilon:g} over {planned} "
+                f"steps; {run.steps} steps at that sigma end at epsilon = {eps:.3f}: pass "
+                "--allow-larger-epsilon to accept that, or start a new run with "
+                f"--epsilon {saved.target_epsilon:g} --steps {run.steps} (sigma recalibrated)"
+            )
+        # sigma stays what the steps taken used: from now on the run is a fixed-sigma run.
+        config = dataclasses.replace(config, noise_multiplier=run.sigma, target_epsilon=None)
+        run.config = config
+    if run.steps != planned and run.sigma > 0:
+        logger.log(logging.WARNING if run.steps > planned else logging.INFO,
+                   "resume: %d -> %d steps at sigma = %.4g: epsilon at the end %.3f -> %.3f (delta = %.3g)",
+                   planned, run.steps, run.sigma, run.planned_epsilon(planned),
+                   run.planned_epsilon(run.steps), run.delta)
+
+    # Checked; now change the directory.
+    changed = {flag(k): [saved.to_dict()[k], v] for k, v in config.to_dict().items() if saved.to_dict()[k] != v}
+    if changed:
+        logger.info("resume with changed settings: %s", changed)
+        write_text_atomic(out / CONFIG_NAME, config.to_json())
+        entry = {"at_step": done, "changed": changed}
+        history = [*run_cfg.get("resumes", []), entry]
+        if store is not None:
+            store.update_config(collect=config.to_dict(), steps=run.steps, noise_multiplier=run.sigma,
+                                resumes=history)
+        else:
+            write_text_atomic(out / RUN_NAME, json.dumps({**run.run_config(), "resumes": history},
+                                                         indent=2, default=str))
+    if store is not None:
+        store.truncate(int(state["rows"]))  # rows after the checkpoint are regenerated identically
+        if run.step < run.steps and store.status != "writing":
+            store.update_config(final_epsilon=None, final_metrics=None)
+            store.set_status("writing")
+    with open(out / METRICS_NAME, "r+b") as f:
+        f.truncate(int(state["metrics_offset"]))
+    logger.info("resuming at step %d of %d", run.step, run.steps)
+    return run, store, task
+
+
+def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: bool,
+           stop_after: int | None) -> CollectResult:
+    """The training loop of a new or resumed run, inside the run directory's lock."""
+    from gradspec.store import BackgroundWriter
+
+    config = run.config
+    metrics_path, ckpt_path = out / METRICS_NAME, out / CHECKPOINT_NAME
     bg = (BackgroundWriter(store, max_queue=config.writer_queue, background=writer)
           if store is not None else _NoWriter())
     metrics = open(metrics_path, "a")  # noqa: SIM115 - closed in finally
-    last_eval: dict[str, float] = {}
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -440,9 +624,9 @@ def collect(
                 if bar is not None:
                     bar.set_postfix(loss=f"{stats.get('loss', float('nan')):.3f}", eps=f"{eps:.2f}")
             if (config.eval_every and done % config.eval_every == 0) or done == run.steps:
-                last_eval = evaluate(task, run.model, run.device)
-                log({"step": done, **last_eval})
-                logger.info("step %d: %s", done, last_eval)
+                run.last_eval = evaluate(task, run.model, run.device)
+                log({"step": done, **run.last_eval})
+                logger.info("step %d: %s", done, run.last_eval)
             if done % config.checkpoint_every == 0 or done == run.steps:
                 checkpoint()
             if bar is not None:
@@ -464,11 +648,11 @@ def collect(
 
     eps = run.accountant.epsilon(run.delta) if run.sigma > 0 else math.inf
     if store is not None and run.step >= run.steps:
-        store.update_config(final_epsilon=eps, final_metrics=last_eval)
+        store.update_config(final_epsilon=eps, final_metrics=run.last_eval)
         store.set_status("complete")
     return CollectResult(
-        out=out, store=store_path if store is not None else None, metrics=metrics_path,
+        out=out, store=out / STORE_NAME if store is not None else None, metrics=metrics_path,
         rows=store.n_rows if store is not None else 0, steps=run.step,
         noise_multiplier=run.sigma, sample_rate=run.q, delta=run.delta, epsilon=eps,
-        final_metrics=last_eval,
+        final_metrics=dict(run.last_eval),
     )

@@ -72,16 +72,84 @@ def test_resume_through_the_cli(tmp_path):
         (["collect", "--out", "{tmp}/x", "--task", "nope"], "nope"),
         (["collect", "--out", "{tmp}/x", "--sigma", "1", "--epsilon", "2"], "not both"),
         (["collect", "--out", "{tmp}/x", "--resume"], "no run to resume"),
+        (["collect", "--out", "{tmp}/x", "--resume", "--overwrite"], "give one of them"),
+        (["collect", "--out", "{tmp}/plain/f", "--resume"], "no run to resume"),
+        (["collect", "--out", "{tmp}/notes", "--overwrite"], "not a gradspec run directory"),
+        (["collect", "--out", "{tmp}/x", "--stop-after", "0"], "--stop-after must be >= 1"),
+        (["collect", "--out", "{tmp}/x", *LOWRANK, "--delta", "0.5"], "not below 1/n"),
+        (["collect", "--out", "{tmp}/x", *LOWRANK, "--steps", "4", "--every", "4"], "stores step 0 only"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, args, message):
     (tmp_path / "plain").mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
     zarr.open_group(str(tmp_path / "other.zarr"), mode="w").attrs["x"] = 1
     res = invoke(*[a.format(tmp=tmp_path) for a in args])
     assert res.exit_code != 0
     lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and message in lines[0], res.output
     assert "Traceback" not in res.output
+
+
+def error_line(res) -> str:
+    lines = [ln for ln in res.output.strip().splitlines() if ln.startswith("error:")]
+    assert res.exit_code != 0 and len(lines) == 1 and "Traceback" not in res.output, res.output
+    return lines[0]
+
+
+def test_resume_refuses_flags_that_conflict_with_the_run_naming_each(tmp_path):
+    out = tmp_path / "b"
+    assert invoke("collect", "--out", out, "--steps", 8, "--stop-after", 5, *LOWRANK).exit_code == 0
+    before = (out / "config.json").read_text()
+    line = error_line(invoke("collect", "--out", out, "--resume", "--steps", 200, "--sigma", 5, "--task", "cnn",
+                             "-t", "d=41", "--no-progress"))
+    for part in ("--sigma (saved 1.0, given 5.0)", "--task (saved 'lowrank', given 'cnn')", "--task-option"):
+        assert part in line
+    assert (out / "config.json").read_text() == before
+    assert GradientStore.open(out / "gradients.zarr").n_rows == 5
+    # the run's own flags given again (a default-valued task option spelled out too) are fine
+    res = invoke("collect", "--out", out, "--resume", *LOWRANK, "-t", "noise=0.1", "--steps", 8)
+    assert res.exit_code == 0, res.output
+    assert GradientStore.open(out / "gradients.zarr").status == "complete"
+
+
+def test_resume_applies_the_flags_that_may_change(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert invoke("collect", "--out", a, "--steps", 12, *LOWRANK).exit_code == 0
+    assert invoke("collect", "--out", b, "--steps", 8, *LOWRANK).exit_code == 0
+    res = invoke("collect", "--out", b, "--resume", "--steps", 12, "--eval-every", 3, "--no-progress")
+    assert res.exit_code == 0, res.output
+    assert "steps    12" in res.output
+    np.testing.assert_array_equal(GradientStore.open(a / "gradients.zarr").read(),
+                                  GradientStore.open(b / "gradients.zarr").read())
+    evals = [json.loads(x)["step"] for x in (b / "metrics.jsonl").read_text().splitlines() if "eval_loss" in x]
+    assert evals == [5, 8, 9, 12]  # every 5 before the resume, every 3 after
+    assert json.loads((b / "config.json").read_text())["eval_every"] == 3
+
+
+def test_resume_past_a_target_epsilon_needs_the_explicit_flag(tmp_path):
+    out = tmp_path / "e"
+    assert invoke("collect", "--out", out, "--steps", 8, "--epsilon", 2, *LOWRANK).exit_code == 0
+    line = error_line(invoke("collect", "--out", out, "--resume", "--steps", 12, "--no-progress"))
+    assert "calibrated for epsilon = 2 over 8 steps" in line and "--allow-larger-epsilon" in line
+    res = invoke("collect", "--out", out, "--resume", "--steps", 12, "--no-progress", "--allow-larger-epsilon")
+    assert res.exit_code == 0, res.output
+    store = GradientStore.open(out / "gradients.zarr")
+    assert store.config["final_epsilon"] > 2.0
+    assert f"epsilon = {store.config['final_epsilon']:.3f}" in res.output
+    line = error_line(invoke("collect", "--out", tmp_path / "x", "--steps", 8, "--allow-larger-epsilon", *LOWRANK))
+    assert "applies to --resume" in line
+
+
+def test_resume_of_a_python_built_task_says_how_to_resume_it(tmp_path):
+    from gradspec.collect import CollectConfig, collect
+    from tests.collect._tiny import tiny_task
+
+    collect(CollectConfig(steps=4, batch_size=8, eval_every=0), out=tmp_path / "api", task=tiny_task(),
+            stop_after=2)
+    line = error_line(invoke("collect", "--out", tmp_path / "api", "--resume", "--no-progress"))
+    assert "built in Python" in line and "task=your_task" in line
 
 
 def test_existing_run_is_not_overwritten(tmp_path):

@@ -148,12 +148,156 @@ def test_nonfinite_gradients_are_refused_or_skipped(tmp_path):
 def test_bad_settings_and_existing_runs(tmp_path):
     with pytest.raises(ValueError, match="choose one of"):
         cfg(mode="sometimes")
+    with pytest.raises(ValueError, match="unknown compressor 'lz4'"):
+        cfg(compressor="lz4")  # refused with the settings, not after --overwrite removed the old run
     with pytest.raises(ValueError, match="clipping"):
         cfg(clip=False)
     collect(cfg(steps=2), out=tmp_path / "x", task=tiny_task())
     with pytest.raises(FileExistsError, match="--resume"):
         collect(cfg(steps=2), out=tmp_path / "x", task=tiny_task())
-    with pytest.raises(ValueError, match="differ in"):
-        collect(cfg(steps=3), out=tmp_path / "x", task=tiny_task(), resume=True)
-    with pytest.raises(ValueError, match="layout"):
+    with pytest.raises(ValueError, match="differ from it: --lr"):
+        collect(cfg(steps=2, lr=0.5), out=tmp_path / "x", task=tiny_task(), resume=True)
+    with pytest.raises(ValueError, match=r"layout differs .*parameter 0: saved emb\.weight \(20, 6\), now fc1\.weight \(8, 6\)"):
         collect(out=tmp_path / "x", task=tiny_task(params=("fc1.*",)), resume=True)
+
+
+def test_resume_refuses_every_conflicting_setting_in_one_message(tmp_path):
+    collect(cfg(), out=tmp_path / "r", task=tiny_task(), stop_after=4)
+    with pytest.raises(ValueError) as err:
+        collect(cfg(batch_size=8, noise_multiplier=5.0, every=2, steps=20), out=tmp_path / "r",
+                task=tiny_task(), resume=True)
+    msg = str(err.value)
+    assert "\n" not in msg
+    for part in ("--batch-size (saved 16, given 8)", "--sigma (saved 1.0, given 5.0)", "--every (saved 1, given 2)"):
+        assert part in msg
+    assert "--steps" not in msg  # the run's length may change
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["steps"] == 12  # nothing changed
+
+
+def test_resume_extends_a_fixed_sigma_run_as_if_it_had_been_longer(tmp_path):
+    long = collect(cfg(steps=16), out=tmp_path / "long", task=tiny_task())
+    short = collect(cfg(steps=8), out=tmp_path / "short", task=tiny_task())
+    assert GradientStore.open(short.store).status == "complete"
+    res = collect(cfg(steps=16), out=tmp_path / "short", task=tiny_task(), resume=True)
+    assert res.steps == 16 and res.epsilon == pytest.approx(long.epsilon, rel=1e-9) and res.epsilon > short.epsilon
+    np.testing.assert_array_equal(read_all(res.store)[0], read_all(long.store)[0])
+    store = GradientStore.open(res.store)
+    assert store.status == "complete" and store.config["steps"] == 16
+    assert store.config["resumes"] == [{"at_step": 8, "changed": {"--steps": [8, 16]}}]
+    assert json.loads((tmp_path / "short" / "config.json").read_text())["steps"] == 16
+    with pytest.raises(ValueError, match=r"the run has done 16 steps.*--steps >= 16"):
+        collect(cfg(steps=10), out=tmp_path / "short", task=tiny_task(), resume=True)
+
+
+def test_extending_a_target_epsilon_run_needs_consent_and_reports_the_larger_epsilon(tmp_path):
+    out = tmp_path / "t"
+    first = collect(cfg(steps=8, noise_multiplier=None, target_epsilon=3.0), out=out, task=tiny_task())
+    longer = cfg(steps=16, noise_multiplier=None, target_epsilon=3.0)
+    with pytest.raises(ValueError, match=r"calibrated for epsilon = 3 over 8 steps; 16 steps.*--allow-larger-epsilon"):
+        collect(longer, out=out, task=tiny_task(), resume=True)
+    assert GradientStore.open(first.store).status == "complete"  # the refused resume changed nothing
+    assert json.loads((out / "config.json").read_text())["target_epsilon"] == 3.0
+    res = collect(longer, out=out, task=tiny_task(), resume=True, allow_larger_epsilon=True)
+    assert res.noise_multiplier == first.noise_multiplier  # the sigma the first 8 steps used
+    assert res.epsilon == pytest.approx(compute_epsilon(noise_multiplier=first.noise_multiplier,
+                                                        sample_rate=0.25, steps=16, delta=res.delta))
+    assert res.epsilon > 3.0
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["target_epsilon"] is None and saved["noise_multiplier"] == first.noise_multiplier
+    assert GradientStore.open(res.store).config["final_epsilon"] == pytest.approx(res.epsilon)
+
+
+def test_resuming_a_complete_run_keeps_its_results(tmp_path):
+    first = collect(cfg(steps=4), out=tmp_path / "c", task=tiny_task())
+    again = collect(out=tmp_path / "c", task=tiny_task(), resume=True)
+    assert again.final_metrics == first.final_metrics != {}
+    assert again.epsilon == pytest.approx(first.epsilon)
+    assert GradientStore.open(first.store).config["final_metrics"] == first.final_metrics
+
+
+def test_a_python_task_is_saved_as_custom_and_resumed_only_with_a_matching_task(tmp_path):
+    out = tmp_path / "api"
+    collect(CollectConfig(steps=6, batch_size=8, eval_every=0, checkpoint_every=2), out=out,
+            task=tiny_task(), stop_after=2)
+    assert json.loads((out / "config.json").read_text())["task"] == "custom:tiny"  # not "text"
+    assert GradientStore.open(out / "gradients.zarr").config["task_registered"] is False
+    for config in (None, CollectConfig(steps=6, batch_size=8, eval_every=0, checkpoint_every=2)):
+        with pytest.raises(ValueError, match=r"built in Python.*resume=True, task=your_task"):
+            collect(config, out=out, resume=True)
+    other = tiny_task()
+    other.name = "other"
+    with pytest.raises(ValueError, match=r"--task \(saved 'custom:tiny', given 'custom:other'\)"):
+        collect(out=out, task=other, resume=True)
+    with pytest.raises(ValueError, match="training examples"):
+        collect(out=out, task=tiny_task(n=80), resume=True)
+    assert collect(out=out, task=tiny_task(), resume=True).steps == 6
+
+
+def test_a_registry_task_object_is_saved_by_name_and_rebuilds_on_resume(tmp_path):
+    from gradspec.tasks import make_task
+
+    def task():
+        return make_task("lowrank", n=64, n_eval=16, d=10, r=2, seed=0)
+
+    config = cfg(task="text", steps=6)  # the task object decides
+    full = collect(config, out=tmp_path / "full", task=task())
+    collect(config, out=tmp_path / "part", task=task(), stop_after=3)
+    saved = json.loads((tmp_path / "part" / "config.json").read_text())
+    assert saved["task"] == "lowrank" and saved["task_options"]["d"] == 10
+    done = collect(out=tmp_path / "part", resume=True)  # rebuilt from the registry, as the CLI does
+    np.testing.assert_array_equal(read_all(done.store)[0], read_all(full.store)[0])
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(config=dict(delta=0.5)), r"delta = 0\.5 is not below 1/n"),
+        (dict(config=dict(every=12)), r"--every 12 with 12 steps stores step 0 only"),
+        (dict(stop_after=0), "--stop-after must be >= 1"),
+        (dict(resume=True, overwrite=True), "give one of them"),
+    ],
+    ids=["delta>=1/n", "every>=steps", "stop_after=0", "resume+overwrite"],
+)
+def test_bad_run_settings_are_refused_before_anything_is_written(tmp_path, kw, match):
+    kw = dict(kw)
+    config = cfg(**kw.pop("config", {}))
+    with pytest.raises(ValueError, match=match):
+        collect(config, out=tmp_path / "x", task=tiny_task(), **kw)
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_damaged_run_is_refused_on_resume(tmp_path):
+    import shutil
+
+    collect(cfg(), out=tmp_path / "m", task=tiny_task(), stop_after=6)
+    (tmp_path / "m" / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError, match="shorter than the checkpoint expects"):
+        collect(out=tmp_path / "m", task=tiny_task(), resume=True)
+    assert (tmp_path / "m" / "metrics.jsonl").read_bytes() == b""  # not padded with NUL bytes
+
+    collect(cfg(), out=tmp_path / "s", task=tiny_task(), stop_after=6)
+    shutil.rmtree(tmp_path / "s" / "gradients.zarr")
+    with pytest.raises(FileNotFoundError, match="has no gradients.zarr"):
+        collect(out=tmp_path / "s", task=tiny_task(), resume=True)
+
+    # a checkpoint copied in from another run with the same settings
+    for name in ("a", "b"):
+        collect(cfg(), out=tmp_path / name, task=tiny_task(), stop_after=6)
+    shutil.copy(tmp_path / "a" / "checkpoint.pt", tmp_path / "b" / "checkpoint.pt")
+    with pytest.raises(ValueError, match="comes from another run"):
+        collect(out=tmp_path / "b", task=tiny_task(), resume=True)
+
+    # a config.json edited by hand (the run recorded lr 0.05)
+    path = tmp_path / "a" / "config.json"
+    path.write_text(path.read_text().replace('"lr": 0.05', '"lr": 0.5'))
+    with pytest.raises(ValueError, match=r"config\.json .* differ \(edited"):
+        collect(out=tmp_path / "a", task=tiny_task(), resume=True)
+
+
+def test_float16_rows_that_would_overflow_are_refused(tmp_path):
+    task = tiny_task()
+    base = task.loss
+    task.loss = lambda out, batch: base(out, batch) * 1e7
+    with pytest.raises(ValueError, match="overflows --dtype float16"):
+        collect(cfg(dtype="float16", clip=False, noise_multiplier=0.0, lr=1e-9), out=tmp_path / "h", task=task)
+

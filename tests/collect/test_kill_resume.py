@@ -49,6 +49,8 @@ def test_sigkill_then_resume(tmp_path):
     n_killed = killed.n_rows
     np.testing.assert_array_equal(np.isfinite(killed.read()), True)
 
+    # The killed run's lock file still names it, but the kernel dropped the lock with the process.
+    assert f'"pid": {proc.pid}' in (out / ".gradspec.lock").read_text()
     done = collect(out=out, task=tiny_task(), resume=True)
     ref = collect(cfg(steps=40, checkpoint_every=3, mode="per-example"), out=tmp_path / "ref", task=tiny_task())
     a, b = GradientStore.open(ref.store), GradientStore.open(done.store)
