@@ -29,16 +29,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from gradspec.collect._rows import Grad, as_tensor, flat_rows, floats, norm_stats
 from gradspec.store import BackgroundWriter, GradientStore, ParamLayout
 
 logger = logging.getLogger(__name__)
 
 STORE_NAME = "gradients.zarr"
-
-#: What a gradient argument may be: a flat row (block), parameter name -> tensor, or
-#: tensors in layout order.
-Grad = Tensor | np.ndarray | Mapping[str, Tensor] | Sequence[Tensor]
-
 
 def _acquire_run_lock(out: Path) -> Any:
     """Take the run directory's one-writer lock (``gradspec.store._lock.RunLock``), before anything is touched.
@@ -61,26 +57,6 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     while type(model).__module__.startswith("opacus.") and isinstance(getattr(model, "_module", None), nn.Module):
         model = model._module
     return model
-
-
-def _as_tensor(x: Tensor | np.ndarray | float | Sequence[float]) -> Tensor:
-    return x.detach() if isinstance(x, Tensor) else torch.as_tensor(np.asarray(x))
-
-
-def _floats(x: Tensor | np.ndarray | float | Sequence[float]) -> np.ndarray:
-    """Values as a flat float64 array (losses, norms)."""
-    return _as_tensor(x).to("cpu", torch.float64).reshape(-1).numpy()
-
-
-def _norm_stats(norms: Any, max_grad_norm: float | None) -> tuple[float, float, float]:
-    """(norm_mean, norm_max, frac_clipped) as ``collect`` stores them; NaN when unknown."""
-    if norms is None:
-        return math.nan, math.nan, math.nan
-    norms = _floats(norms)
-    if norms.size == 0:
-        return 0.0, 0.0, 0.0
-    frac = float((norms > max_grad_norm).mean()) if max_grad_norm else 0.0
-    return float(norms.mean()), float(norms.max()), frac
 
 
 class GradientRecorder:
@@ -309,7 +285,7 @@ class GradientRecorder:
         Losses noted since the last row are averaged into its ``loss``; per-example
         losses (one per recorded example, in order) are stored per example.
         """
-        self._losses.append(torch.from_numpy(_floats(loss)))
+        self._losses.append(torch.from_numpy(floats(loss)))
 
     def _take_losses(self, n: int) -> float | np.ndarray:
         if not self._losses:
@@ -321,51 +297,6 @@ class GradientRecorder:
         return float(values.mean()) if values.numel() else math.nan
 
     # ------------------------------------------------------------------ rows
-    def _flat(self, grad: Grad | None, batch: int | None, step: int) -> Tensor:
-        """One row (p,) or rows (b, p) as a float32 CPU tensor that owns its memory."""
-        if grad is None:
-            if self.params is None:
-                raise ValueError("this recorder was built from a layout and knows no parameters: pass grad=")
-            missing = [n for n, p in zip(self.names, self.params, strict=True) if p.grad is None]
-            if missing:
-                raise ValueError(f"parameter {missing[0]!r} has no .grad at step {step}: record after backward(), before zero_grad()")
-            grad = [p.grad for p in self.params]
-        if isinstance(grad, Mapping):
-            absent = [n for n in self.names if n not in grad]
-            if absent:
-                raise ValueError(f"the gradients given lack parameter {absent[0]!r} (the layout has {len(self.names)})")
-            grad = [grad[n] for n in self.names]
-        if isinstance(grad, Tensor | np.ndarray):
-            t = _as_tensor(grad)
-            want = (self.layout.p,) if batch is None else (-1, self.layout.p)
-            if t.numel() == 0 and batch is not None:
-                return torch.zeros(0, self.layout.p)
-            if t.dim() != len(want) or t.shape[-1] != self.layout.p:
-                if batch is None and t.dim() == 2 and t.shape[0] == 1 and t.shape[1] == self.layout.p:
-                    t = t[0]
-                else:
-                    shape = f"({self.layout.p},)" if batch is None else f"(b, {self.layout.p})"
-                    raise ValueError(f"the gradient row(s) of step {step} have shape {tuple(t.shape)}; expected {shape}")
-            return t.to("cpu", torch.float32, copy=True)
-        parts = list(grad)
-        if len(parts) != len(self.layout.params):
-            raise ValueError(f"got {len(parts)} gradient tensors for the {len(self.layout.params)} recorded parameters")
-        flat = []
-        for spec, g in zip(self.layout.params, parts, strict=True):
-            g = _as_tensor(g)
-            if batch is None and tuple(g.shape) != spec.shape:
-                raise ValueError(f"the gradient of {spec.name!r} at step {step} has shape {tuple(g.shape)}, not {spec.shape}")
-            if batch is not None and (g.dim() != len(spec.shape) + 1 or tuple(g.shape[1:]) != spec.shape):
-                raise ValueError(f"the per-example gradients of {spec.name!r} at step {step} have shape "
-                                 f"{tuple(g.shape)}, not (b, {', '.join(map(str, spec.shape))})")
-            if batch is not None and flat and g.shape[0] != flat[0].shape[0]:
-                raise ValueError(f"the per-example gradients of {spec.name!r} at step {step} have "
-                                 f"{g.shape[0]} rows, those of {self.names[0]!r} {flat[0].shape[0]}")
-            flat.append(g.reshape(-1) if batch is None else g.reshape(g.shape[0], -1))
-        device = flat[0].device
-        row = torch.cat([f.to(device, torch.float32) for f in flat], dim=-1)
-        return row.to("cpu", torch.float32, copy=device.type != "cpu")
-
     def _finite(self, rows: Tensor, step: int) -> bool:
         if bool(torch.isfinite(rows).all()):
             return True
@@ -420,12 +351,12 @@ class GradientRecorder:
         if self.per_example:
             raise ValueError("this recorder stores per-example rows (per_example=True): use record_examples")
         step = self._take_step(step, same_ok=False)
-        row = self._flat(grad, None, step)
+        row = flat_rows(grad, layout=self.layout, names=self.names, params=self.params, batch=None, step=step)
         noted = self._take_losses(0)  # taken either way, so that none is left for a later row
-        loss_value = noted if loss is None else float(np.mean(_floats(loss)))
+        loss_value = noted if loss is None else float(np.mean(floats(loss)))
         if not self._finite(row, step):
             return
-        mean, top, frac = _norm_stats(norms, self.max_grad_norm if max_grad_norm is None else max_grad_norm)
+        mean, top, frac = norm_stats(norms, self.max_grad_norm if max_grad_norm is None else max_grad_norm)
         meta = {
             "step": np.array([step]), "epoch": np.array([self.epoch if epoch is None else int(epoch)]),
             "loss": np.array([loss_value]), "batch_size": np.array([0 if batch_size is None else int(batch_size)]),
@@ -468,20 +399,20 @@ class GradientRecorder:
         if not self.per_example:
             raise ValueError("this recorder stores one row per step (per_example=False): use record_step")
         step = self._take_step(step, same_ok=True)
-        rows = self._flat(grads, -1, step)
+        rows = flat_rows(grads, layout=self.layout, names=self.names, params=self.params, batch=-1, step=step)
         b = rows.shape[0]
         noted = self._take_losses(b)  # taken either way, so that none is left for later rows
-        losses = np.asarray(noted if loss is None else _floats(loss), dtype=np.float64).reshape(-1)
+        losses = np.asarray(noted if loss is None else floats(loss), dtype=np.float64).reshape(-1)
         if losses.size == 1:
             losses = np.full(b, losses[0])
-        index = np.full(b, -1) if example_index is None else _as_tensor(example_index).reshape(-1).cpu().numpy()
-        norms_arr = _floats(torch.linalg.vector_norm(rows.double(), dim=1) if norms is None else norms)
+        index = np.full(b, -1) if example_index is None else as_tensor(example_index).reshape(-1).cpu().numpy()
+        norms_arr = floats(torch.linalg.vector_norm(rows.double(), dim=1) if norms is None else norms)
         for name, arr in (("loss", losses), ("example_index", index), ("norms", norms_arr)):
             if len(arr) != b:
                 raise ValueError(f"{name} has {len(arr)} values for the {b} rows of step {step}")
         if b == 0 or not self._finite(rows, step):
             return
-        mean, top, frac = _norm_stats(norms_arr, self.max_grad_norm if max_grad_norm is None else max_grad_norm)
+        mean, top, frac = norm_stats(norms_arr, self.max_grad_norm if max_grad_norm is None else max_grad_norm)
         meta = {
             "step": np.full(b, step), "epoch": np.full(b, self.epoch if epoch is None else int(epoch)),
             "loss": losses, "batch_size": np.full(b, b if batch_size is None else int(batch_size)),

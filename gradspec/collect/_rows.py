@@ -1,0 +1,105 @@
+"""Gradient rows as a `GradientRecorder` stores them: conversion of gradients to rows, their statistics."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gradspec.store import ParamLayout
+
+#: What a gradient argument may be: a flat row (block), parameter name -> tensor, or
+#: tensors in layout order.
+Grad = Tensor | np.ndarray | Mapping[str, Tensor] | Sequence[Tensor]
+
+
+def as_tensor(x: Tensor | np.ndarray | float | Sequence[float]) -> Tensor:
+    """A detached tensor of ``x``."""
+    return x.detach() if isinstance(x, Tensor) else torch.as_tensor(np.asarray(x))
+
+
+def floats(x: Tensor | np.ndarray | float | Sequence[float]) -> np.ndarray:
+    """Values as a flat float64 array (losses, norms)."""
+    return as_tensor(x).to("cpu", torch.float64).reshape(-1).numpy()
+
+
+def norm_stats(norms: Any, max_grad_norm: float | None) -> tuple[float, float, float]:
+    """(norm_mean, norm_max, frac_clipped) as ``collect`` stores them; NaN when unknown."""
+    if norms is None:
+        return math.nan, math.nan, math.nan
+    norms = floats(norms)
+    if norms.size == 0:
+        return 0.0, 0.0, 0.0
+    frac = float((norms > max_grad_norm).mean()) if max_grad_norm else 0.0
+    return float(norms.mean()), float(norms.max()), frac
+
+
+def flat_rows(
+    grad: Grad | None,
+    *,
+    layout: ParamLayout,
+    names: Sequence[str],
+    params: Sequence[Tensor] | None,
+    batch: int | None,
+    step: int,
+) -> Tensor:
+    """One row (p,) (``batch`` None) or rows (b, p) as a float32 CPU tensor that owns its memory.
+
+    Args:
+        grad: the row(s): a flat tensor/array, a mapping name -> gradient, tensors in
+            layout order, or None to read ``.grad`` of ``params``.
+        layout: the layout of a row.
+        names: the layout's parameter names.
+        params: the recorded parameters (None: a layout-only recorder).
+        batch: None for one row; otherwise rows of leading dimension b.
+        step: the step, for messages.
+
+    Raises:
+        ValueError: a missing ``.grad`` or parameter, a wrong shape or size.
+    """
+    if grad is None:
+        if params is None:
+            raise ValueError("this recorder was built from a layout and knows no parameters: pass grad=")
+        missing = [n for n, p in zip(names, params, strict=True) if p.grad is None]
+        if missing:
+            raise ValueError(f"parameter {missing[0]!r} has no .grad at step {step}: record after backward(), before zero_grad()")
+        grad = [p.grad for p in params]
+    if isinstance(grad, Mapping):
+        absent = [n for n in names if n not in grad]
+        if absent:
+            raise ValueError(f"the gradients given lack parameter {absent[0]!r} (the layout has {len(names)})")
+        grad = [grad[n] for n in names]
+    if isinstance(grad, Tensor | np.ndarray):
+        t = as_tensor(grad)
+        want = (layout.p,) if batch is None else (-1, layout.p)
+        if t.numel() == 0 and batch is not None:
+            return torch.zeros(0, layout.p)
+        if t.dim() != len(want) or t.shape[-1] != layout.p:
+            if batch is None and t.dim() == 2 and t.shape[0] == 1 and t.shape[1] == layout.p:
+                t = t[0]
+            else:
+                shape = f"({layout.p},)" if batch is None else f"(b, {layout.p})"
+                raise ValueError(f"the gradient row(s) of step {step} have shape {tuple(t.shape)}; expected {shape}")
+        return t.to("cpu", torch.float32, copy=True)
+    parts = list(grad)
+    if len(parts) != len(layout.params):
+        raise ValueError(f"got {len(parts)} gradient tensors for the {len(layout.params)} recorded parameters")
+    flat = []
+    for spec, g in zip(layout.params, parts, strict=True):
+        g = as_tensor(g)
+        if batch is None and tuple(g.shape) != spec.shape:
+            raise ValueError(f"the gradient of {spec.name!r} at step {step} has shape {tuple(g.shape)}, not {spec.shape}")
+        if batch is not None and (g.dim() != len(spec.shape) + 1 or tuple(g.shape[1:]) != spec.shape):
+            raise ValueError(f"the per-example gradients of {spec.name!r} at step {step} have shape "
+                             f"{tuple(g.shape)}, not (b, {', '.join(map(str, spec.shape))})")
+        if batch is not None and flat and g.shape[0] != flat[0].shape[0]:
+            raise ValueError(f"the per-example gradients of {spec.name!r} at step {step} have "
+                             f"{g.shape[0]} rows, those of {names[0]!r} {flat[0].shape[0]}")
+        flat.append(g.reshape(-1) if batch is None else g.reshape(g.shape[0], -1))
+    device = flat[0].device
+    row = torch.cat([f.to(device, torch.float32) for f in flat], dim=-1)
+    return row.to("cpu", torch.float32, copy=device.type != "cpu")
