@@ -42,7 +42,7 @@ def info_command(
     checked = None
     if verify:
         if not hasattr(opened, "verify"):
-            raise ValueError(f"--verify checks gradient stores; {str(store)!r} is a {summary['kind']} store")
+            raise ValueError(f"--verify checks gradient and spectrum stores; {str(store)!r} is a {summary['kind']} store")
         checked = opened.verify(progress=not no_progress and not as_json)
         summary["verify"] = checked
     damaged = summary.get("status") == "damaged" or (checked is not None and not checked["ok"])
@@ -133,6 +133,8 @@ def _verified(rep: dict) -> None:
     for name, v in nonfinite.items():
         rows = ", ".join(str(r) for r in v["rows"][:10])
         typer.echo(f"           {name}: {v['count']:,} NaN/inf values, in rows {rows}{' ...' if len(v['rows']) > 10 else ''}")
+    if rep.get("unchecked"):
+        typer.echo(f"           not checked (still being written by an unfinished run): {', '.join(rep['unchecked'])}")
     if rep.get("absent_zero_chunks"):
         typer.echo(f"           {rep['absent_zero_chunks']} metadata chunk(s) absent: all-zero in a store that "
                    "predates gradspec writing them, or lost")
@@ -147,8 +149,9 @@ def _spectrum(summary: dict) -> None:
     typer.echo(f"method   {summary['method']}  ({params.get('reason', '')})")
     typer.echo(f"source   {src.get('path')}  rows {src.get('rows') or 'all'}  params {src.get('params') or 'all'}"
                f"  centered {src.get('center', False)}")
-    top = ", ".join(f"{v:.4g}" for v in summary.get("sigma_top", []))
-    typer.echo(f"sigma    {top}, ...  sigma_k = {summary.get('sigma_last', float('nan')):.4g}")
+    if "sigma_top" in summary:
+        top = ", ".join(f"{v:.4g}" for v in summary.get("sigma_top", []))
+        typer.echo(f"sigma    {top}, ...  sigma_k = {summary.get('sigma_last', float('nan')):.4g}")
     if acc:
         typer.echo(
             f"accuracy max residual {acc.get('max_residual', float('nan')):.2e}   reconstruction error "
@@ -158,3 +161,19 @@ def _spectrum(summary: dict) -> None:
     timings = summary.get("timings") or {}
     if timings:
         typer.echo("timings  " + "  ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+    _spectrum_damage(summary)
+
+
+def _spectrum_damage(summary: dict) -> None:
+    bad = summary.get("damaged_chunks") or []
+    if bad:
+        shown = ", ".join(f"{d['array']}/{d['chunk']} ({d['problem']})" for d in bad[:3])
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        if summary.get("status") == "damaged":
+            typer.echo(f"DAMAGED  {len(bad)} chunk(s) are missing or the wrong size: {shown}{more}; they would "
+                       "read as zeros or fail. Restore them, or run `gradspec pca` again with --overwrite")
+        else:
+            typer.echo(f"absent   {len(bad)} chunk(s) read as zeros: {shown}{more}; this store predates "
+                       "gradspec writing all-zero chunks, so they may be zero or lost")
+    if summary.get("read_error"):
+        typer.echo(f"         {summary['read_error']}")

@@ -15,6 +15,7 @@ failing, at no cost at all) and one listing per read elsewhere.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -24,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from gradspec.store._fastread import local_root
+
+logger = logging.getLogger(__name__)
 
 ALL_CHUNKS_KEY = "gradspec.all_chunks"
 
@@ -117,6 +120,36 @@ class ChunkPresence:
             self._listed = self._list()
             miss = [c for c in miss if self.key(c) not in self._listed]
         return miss
+
+
+def chunk_problems(presence: ChunkPresence, coords: Iterable[tuple[int, ...]],
+                   size: int | None) -> list[tuple[tuple[int, ...], str]]:
+    """The chunks of ``coords`` that are missing or, given their byte ``size``, the wrong size.
+
+    ``size`` is :func:`raw_chunk_bytes` of the array (None: sizes are not checked);
+    sizes are checked with a stat on local disk only.
+
+    Returns:
+        ``[(coords, problem)]``, problem ``"missing"`` or ``"truncated: ..."`` / ``"too long: ..."``.
+    """
+    coords = list(coords)
+    missing = presence.missing(coords)
+    out: list[tuple[tuple[int, ...], str]] = [(c, "missing") for c in missing]
+    if size is None or not presence.local:
+        return out
+    gone = set(missing)
+    for c in coords:
+        if c in gone:
+            continue
+        try:
+            n = os.path.getsize(presence.path(c))  # type: ignore[arg-type]
+        except OSError:
+            out.append((c, "missing"))
+            continue
+        if n != size:
+            what = "truncated" if n < size else "too long"
+            out.append((c, f"{what}: {n} bytes, expected {size}"))
+    return out
 
 
 def committed_chunks(array: Any, n_rows: int, start: int = 0) -> Iterator[tuple[int, ...]]:
@@ -277,3 +310,103 @@ class CheckedArray:
                 f"{self.path}: reading rows {rows[0]}..{rows[1] - 1}, columns {cols[0]}..{cols[1] - 1} failed "
                 f"({type(exc).__name__}: {exc}); a chunk is damaged: `gradspec info --verify {self.path}` finds it"
             ) from exc
+
+
+class ArrayChecker:
+    """Chunk checks for the arrays of a store that writes every chunk of them (a spectrum store).
+
+    Rows are on each array's first axis and every row of an array given to it is
+    written: a missing, short or long chunk is damage (:class:`StoreDamagedError`).
+    In a store that predates writing all-zero chunks (``strict=False``) a missing
+    chunk may be one zarr skipped, and is warned about once instead.
+
+    Args:
+        path: the store, for messages.
+        strict: the store records :data:`ALL_CHUNKS_KEY`.
+        fix: what the reader can do about damage, ending the error message.
+    """
+
+    def __init__(self, path: str, *, strict: bool, fix: str) -> None:
+        self.path, self.strict, self.fix = path, strict, fix
+        self._warned: set[str] = set()
+
+    def problems(self, name: str, array: Any, start: int = 0, stop: int | None = None) -> list[dict[str, Any]]:
+        """``[{array, chunk, rows, problem}]`` for the chunks holding rows [start, stop) (a stat or a listing each)."""
+        n = int(array.shape[0])
+        stop = n if stop is None else min(int(stop), n)
+        if stop <= start:
+            return []
+        pres = ChunkPresence(array)
+        rc = int(array.chunks[0])
+        out = []
+        for c, problem in chunk_problems(pres, committed_chunks(array, stop, start), raw_chunk_bytes(array)):
+            a, b = chunk_span(c[0], rc, n)
+            out.append({"array": name, "chunk": pres.key(c), "rows": [a, b - 1], "problem": problem})
+        return out
+
+    def damage(self, bad: list[dict[str, Any]], n_rows: int) -> StoreDamagedError:
+        first = bad[0]
+        a, b = first["rows"]
+        more = len(bad) - 1
+        extra = f" (and {more} more damaged chunks; `gradspec info --verify` lists them)" if more else ""
+        return StoreDamagedError(
+            f"{self.path} is damaged: chunk {first['array']}/{first['chunk']}, holding rows {a}..{b} of "
+            f"{n_rows}, is {first['problem']}{extra}; reading on would give wrong values: {self.fix}"
+        )
+
+    def require(self, name: str, array: Any, start: int = 0, stop: int | None = None) -> None:
+        """Raise for a damaged chunk holding rows [start, stop) of ``array`` (warn once for an absent one
+        in a store that predates writing every chunk)."""
+        bad = self.problems(name, array, start, stop)
+        if not bad:
+            return
+        if not self.strict:
+            wrong = [d for d in bad if d["problem"] != "missing"]
+            if not wrong:
+                if name not in self._warned:
+                    self._warned.add(name)
+                    logger.warning(
+                        "%s: chunk %s/%s is absent and reads as zeros; this store predates gradspec writing "
+                        "every chunk, so it may be an all-zero chunk or a lost file: `gradspec info --verify` "
+                        "lists them", self.path, name, bad[0]["chunk"],
+                    )
+                return
+            bad = wrong
+        raise self.damage(bad, int(array.shape[0]))
+
+    def read(self, name: str, array: Any, sel: Any = None) -> np.ndarray:
+        """``array[sel]`` (all of it by default) after checking the chunks it touches; a chunk that fails
+        to decode raises :class:`StoreDamagedError`."""
+        sel = slice(None) if sel is None else sel
+        if isinstance(sel, slice):
+            a, b, step = sel.indices(int(array.shape[0]))
+            self.require(name, array, a, b if step > 0 else a)
+        else:
+            self.require(name, array)
+        try:
+            return np.asarray(array[sel])
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise StoreDamagedError(
+                f"{self.path}: reading {name} failed ({type(exc).__name__}: {exc}); a chunk is damaged: "
+                f"`gradspec info --verify {self.path}` finds it"
+            ) from exc
+
+    def verify(self, arrays: dict[str, Any], *, progress: bool = False,
+               finite_not_required: tuple[str, ...] = ()) -> dict[str, Any]:
+        """:func:`verify_arrays` over arrays of different row counts, merged.
+
+        ``finite_not_required`` names arrays in which NaN/inf is a value (a residual not measured).
+        """
+        by_rows: dict[int, dict[str, Any]] = {}
+        for name, arr in arrays.items():
+            by_rows.setdefault(int(arr.shape[0]), {})[name] = arr
+        out: dict[str, Any] = {"ok": True, "chunks": 0, "bytes": 0, "damaged": [], "non_finite": {},
+                               "absent_zero_chunks": 0}
+        for n, group in by_rows.items():
+            rep = verify_arrays(group, n, strict=self.strict, progress=progress)
+            for key in ("chunks", "bytes", "absent_zero_chunks"):
+                out[key] += rep[key]
+            out["damaged"] += rep["damaged"]
+            out["non_finite"].update({k: v for k, v in rep["non_finite"].items() if k not in finite_not_required})
+        out["ok"] = not out["damaged"] and not out["non_finite"]
+        return out

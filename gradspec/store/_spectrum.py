@@ -27,6 +27,18 @@ The source record (``gradspec.source``) says what the spectrum was computed
 from; it and the row-selection helpers (:func:`resolve_rows`, ...) live in
 ``gradspec.store._source`` and are importable from here too.
 
+Integrity. Every chunk is written, even an all-zero one (zarr skips those
+unless ``write_empty_chunks``), and the attribute ``gradspec.all_chunks`` says
+so: in a complete store a missing, short or long chunk of any array is damage,
+and every accessor raises :class:`~gradspec.store.StoreDamagedError` instead of
+reading it as zeros. :meth:`SpectrumStore.finish` refuses to mark a store
+complete while a chunk is missing, :meth:`SpectrumStore.summary` reports status
+``damaged`` (`gradspec info` exits 1), and :meth:`SpectrumStore.verify` reads
+every chunk (`gradspec info --verify`). In an unfinished store only
+``source_rows`` and the saved state are checked (V, U and σ are still being
+written). Stores written before this have no ``gradspec.all_chunks``: a missing
+chunk there may be an all-zero one, and is warned about.
+
 Lifecycle. ``running`` while `gradspec pca` writes it (owner pid and host
 recorded), ``complete`` when finished, ``failed``/``interrupted`` when the run
 stopped with an error and left a resumable state (a run with nothing to resume
@@ -48,6 +60,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from gradspec.store._integrity import ALL_CHUNKS_KEY, ArrayChecker, StoreDamagedError
 from gradspec.store._layout import ParamLayout
 from gradspec.store._rowsink import RowBlockWriter
 from gradspec.store._source import (  # re-exported: callers import them from here
@@ -76,6 +89,12 @@ VECTOR_ARRAYS = (
     "explained_variance_ratio",
     "cumulative_explained_variance",
 )
+#: The arrays :meth:`SpectrumStore.finish` writes.
+RESULT_ARRAYS = ("V", "U", "sigma", *VECTOR_ARRAYS)
+#: Arrays where NaN is a value: a residual that was not measured.
+NAN_ALLOWED = ("residuals", "residual_h", "residual_ht")
+#: zarr skips all-zero chunks by default; a spectrum store writes every chunk (see the module note).
+ALL_CHUNKS = {"write_empty_chunks": True}
 
 
 # ---------------------------------------------------------------------- owners
@@ -110,11 +129,13 @@ def _create_arrays(
     rows = v_chunk_rows or max(256, V_CHUNK_BYTES // (itemsize * k))
     g.create_array(
         "V", shape=(p, k), chunks=(int(min(rows, p)), k), dtype=v_dtype, fill_value=0,
-        compressors=None,
+        compressors=None, config=ALL_CHUNKS,
     )
-    g.create_array("U", shape=(r, k), chunks=(r, k), dtype="float64", fill_value=0, compressors=None)
+    g.create_array("U", shape=(r, k), chunks=(r, k), dtype="float64", fill_value=0, compressors=None,
+                   config=ALL_CHUNKS)
     for name in ("sigma", *VECTOR_ARRAYS):
-        g.create_array(name, shape=(k,), chunks=(k,), dtype="float64", fill_value=0, compressors=None)
+        g.create_array(name, shape=(k,), chunks=(k,), dtype="float64", fill_value=0, compressors=None,
+                       config=ALL_CHUNKS)
 
 
 class SpectrumStore:
@@ -122,6 +143,10 @@ class SpectrumStore:
 
     def __init__(self, group: zarr.Group, path: str, mode: str) -> None:
         self._group, self.path, self.mode = group, str(path), mode
+        self._checks = ArrayChecker(
+            self.path, strict=bool(self.attrs.get(ALL_CHUNKS_KEY, False)),
+            fix="restore the file from a copy, or compute the spectrum again (`gradspec pca ... --overwrite`)",
+        )
 
     # ------------------------------------------------------------------ create / open
     @classmethod
@@ -165,15 +190,15 @@ class SpectrumStore:
             "gradspec.source": _jsonable(source or {}),
             "gradspec.created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "gradspec.owner": _owner(),
+            ALL_CHUNKS_KEY: True,
         }
         g = create_group(path, KIND, attrs, overwrite or replace)
         _create_arrays(g, r=r, p=p, k=k, v_dtype=v_dtype, v_chunk_rows=v_chunk_rows)
         if source_rows is not None:
             g.create_array(
                 "source_rows", shape=(r,), chunks=(r,), dtype="int64", fill_value=0,
-                compressors=None,
-            )
-            g["source_rows"][:] = np.asarray(source_rows, dtype=np.int64)
+                compressors=None, config=ALL_CHUNKS,
+            )[:] = np.asarray(source_rows, dtype=np.int64)
         return cls(g, str(path), "r+")
 
     @classmethod
@@ -194,6 +219,10 @@ class SpectrumStore:
             return False
         try:
             existing = cls.open(path)
+        except StoreDamagedError as exc:
+            if overwrite:
+                return True  # a damaged spectrum store is still a spectrum store
+            raise FileExistsError(f"{exc}; or pass --overwrite to replace it") from None
         except (ValueError, FileNotFoundError, OSError):
             raise FileExistsError(
                 f"{str(path)!r} exists and is not a spectrum store; refusing to replace it "
@@ -234,8 +263,88 @@ class SpectrumStore:
 
     @classmethod
     def open(cls, path: str | os.PathLike, mode: str = "r") -> SpectrumStore:
-        """Open an existing spectrum store (``mode="r+"`` to resume writing it)."""
-        return cls(open_checked(path, KIND, mode), str(path), mode)
+        """Open an existing spectrum store (``mode="r+"`` to resume writing it).
+
+        Raises:
+            StoreDamagedError: a complete store lacks an array, or one's shape disagrees with
+                its k and shape (chunks are checked when read, see the module note).
+        """
+        store = cls(open_checked(path, KIND, mode), str(path), mode)
+        if store.status == "complete":
+            store._check_arrays()
+        return store
+
+    # ------------------------------------------------------------------ integrity
+    def _arr(self, name: str) -> zarr.Array:
+        """The array ``name``, set to write every chunk when the store is writable."""
+        try:
+            arr = self._group[name]
+        except KeyError:
+            raise StoreDamagedError(
+                f"{self.path} is damaged: its array {name!r} is missing; {self._checks.fix}"
+            ) from None
+        return arr.with_config(ALL_CHUNKS) if self.mode != "r" else arr
+
+    def _check_arrays(self) -> None:
+        r, p = self.shape
+        k = self.k
+        want = {"V": (p, k), "U": (r, k), **{n: (k,) for n in ("sigma", *VECTOR_ARRAYS)}}
+        if "source_rows" in self._group:
+            want["source_rows"] = (r,)
+        for name, shape in want.items():
+            got = tuple(int(n) for n in self._arr(name).shape)
+            if got != shape:
+                raise StoreDamagedError(
+                    f"{self.path} is damaged: {name} has shape {got}, but the store holds k = {k} "
+                    f"directions of a {r} x {p} matrix, so {shape}; {self._checks.fix}"
+                )
+
+    def _written(self) -> list[str]:
+        """The arrays whose every chunk is written by now (the module note's Integrity)."""
+        names = ["source_rows"] if "source_rows" in self._group else []
+        if self.status == "complete":
+            return [*RESULT_ARRAYS, *names]
+        state = self.attrs.get("gradspec.state") or {}
+        return [*names, *(f"state/{key}" for key in state.get("arrays", []))]
+
+    def _read(self, name: str, sel: Any = None) -> np.ndarray:
+        """``name[sel]``; chunks of a written array are checked first (see the module note)."""
+        arr = self._arr(name)
+        if name in self._written():
+            return self._checks.read(name, arr, sel)
+        return np.asarray(arr[slice(None) if sel is None else sel])
+
+    def find_damaged_chunks(self) -> list[dict[str, Any]]:
+        """The chunks of written arrays that are missing or the wrong size (a stat or a listing each).
+
+        Returns:
+            ``[{"array", "chunk", "rows": [first, last], "problem"}]``.
+        """
+        out = []
+        for name in self._written():
+            try:
+                arr = self._arr(name)
+            except StoreDamagedError:
+                out.append({"array": name, "chunk": "", "rows": [0, -1], "problem": "missing (the whole array)"})
+                continue
+            out += self._checks.problems(name, arr)
+        return out
+
+    def verify(self, *, progress: bool = False) -> dict[str, Any]:
+        """Read every chunk of every written array and report damage (`gradspec info --verify`).
+
+        Returns:
+            ``{"path", "ok", "chunks", "bytes", "damaged": [{array, chunk, rows, problem}],
+            "non_finite": {array: {"count", "rows"}}, "absent_zero_chunks", "unchecked"}``;
+            ``ok`` is False when a chunk is missing, truncated, the wrong size or undecodable,
+            or a value is NaN or infinite (NaN residuals mean "not measured" and are allowed).
+            ``unchecked`` names the arrays an unfinished run is still writing.
+        """
+        names = self._written()
+        report = self._checks.verify({n: self._arr(n) for n in names}, progress=progress,
+                                     finite_not_required=NAN_ALLOWED)
+        unchecked = [n for n in RESULT_ARRAYS if n not in names]
+        return {"path": self.path, **report, "unchecked": unchecked}
 
     # ------------------------------------------------------------------ properties
     @property
@@ -280,7 +389,7 @@ class SpectrumStore:
         (None when it cannot be known: a source that was not a gradient store).
         """
         if "source_rows" in self._group:
-            return np.asarray(self._group["source_rows"][:], dtype=np.int64)
+            return np.asarray(self._read("source_rows"), dtype=np.int64)
         src = self.source
         if src.get("source") not in (None, "gradient-store"):
             return None
@@ -329,29 +438,36 @@ class SpectrumStore:
 
     @property
     def sigma(self) -> np.ndarray:
-        return np.asarray(self._group["sigma"][:])
+        return self._read("sigma")
 
     @property
     def U(self) -> np.ndarray:
-        return np.asarray(self._group["U"][:])
+        return self._read("U")
 
     @property
     def V(self) -> zarr.Array:
-        """V as a lazy Zarr array (p×k); slice it or use :meth:`iter_v_blocks`."""
-        return self._group["V"]
+        """V as a lazy Zarr array (p×k); slice it or use :meth:`iter_v_blocks`.
+
+        Every chunk of V is checked to be stored, at its size, when it is asked for
+        (a stat each); :meth:`read_v` and :meth:`iter_v_blocks` also check each read.
+        """
+        v = self._arr("V")
+        if "V" in self._written():
+            self._checks.require("V", v)
+        return v
 
     def array(self, name: str) -> np.ndarray:
-        return np.asarray(self._group[name][:])
+        return self._read(name)
 
     def read_v(self, rows: slice | None = None) -> np.ndarray:
-        return np.asarray(self._group["V"][rows or slice(None)])
+        return self._read("V", rows)
 
     def iter_v_blocks(self, block_rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """Yield ``(offset, V[offset:offset+b])`` row blocks of V (b = chunk rows by default)."""
-        v = self._group["V"]
+        v = self._arr("V")
         b = int(block_rows or v.chunks[0])
         for i in range(0, v.shape[0], b):
-            yield i, np.asarray(v[i : i + b])
+            yield i, self._read("V", slice(i, i + b))
 
     # ------------------------------------------------------------------ writing
     def _check_writable(self) -> None:
@@ -376,7 +492,7 @@ class SpectrumStore:
         Close it (or use it as a context manager) to land every row.
         """
         self._check_writable()
-        return RowBlockWriter(self._group["V"])
+        return RowBlockWriter(self._arr("V"))
 
     def save_state(self, state: dict[str, Any]) -> None:
         """Save an iterative run's state (arrays under ``state/``, the rest in attrs)."""
@@ -395,8 +511,9 @@ class SpectrumStore:
                         dtype="float64",
                         fill_value=0,
                         compressors=None,
+                        config=ALL_CHUNKS,
                     )
-                self._group[name][...] = val
+                self._arr(name)[...] = val
             else:
                 small[key] = val
         small["arrays"] = [k for k, v in state.items() if isinstance(v, np.ndarray)]
@@ -410,7 +527,7 @@ class SpectrumStore:
             return None
         state = {k: v for k, v in meta.items() if k != "arrays"}
         for key in meta.get("arrays", []):
-            state[key] = np.asarray(self._group[f"state/{key}"][...])
+            state[key] = self._read(f"state/{key}")
         for key in ("u", "theta", "resid"):
             state.setdefault(key, None)
         return state
@@ -442,7 +559,7 @@ class SpectrumStore:
         old = dest.with_name(f".{dest.name}.replaced-{os.getpid()}")
         moved = False
         if dest.exists():
-            SpectrumStore.open(dest)  # a spectrum store, or this raises and nothing moves
+            open_checked(dest, KIND)  # a spectrum store (damaged or not), or this raises and nothing moves
             os.replace(dest, old)
             moved = True
         try:
@@ -471,10 +588,12 @@ class SpectrumStore:
                 g[name].resize((k,))
         elif k > self.k:
             raise ValueError(f"the result holds {k} directions, the store {self.k}")
-        g["sigma"][:] = result.sigma
-        g["U"][:] = result.U
+        self._arr("sigma")[:] = result.sigma
+        self._arr("U")[:] = result.U
         for name in VECTOR_ARRAYS:
-            g[name][:] = getattr(result, name)
+            self._arr(name)[:] = getattr(result, name)
+        for name in (*RESULT_ARRAYS, *(["source_rows"] if "source_rows" in g else [])):
+            self._checks.require(name, self._arr(name))  # V streamed whole, nothing lost: or not complete
         if "state" in g:
             del g["state"]
         for key in ("gradspec.state", "gradspec.error"):
@@ -500,12 +619,24 @@ class SpectrumStore:
 
     # ------------------------------------------------------------------ summary
     def summary(self) -> dict[str, Any]:
-        """What `gradspec info` shows."""
+        """What `gradspec info` shows.
+
+        The chunks of written arrays are checked (a stat or a listing each, nothing is
+        read): a store with a missing or wrong-sized one has status ``"damaged"`` (its
+        recorded status is ``recorded_status``), and they are listed in ``damaged_chunks``.
+        In a store that predates writing every chunk a missing one may be all zero: it is
+        listed, and the status is kept.
+        """
         a = self.attrs
+        damaged = self.find_damaged_chunks()
+        status = self.status
+        if any(self._checks.strict or d["problem"] != "missing" for d in damaged):
+            status = "damaged"
         out: dict[str, Any] = {
             "kind": KIND,
             "path": self.path,
-            "status": self.status,
+            "status": status,
+            "recorded_status": self.status,
             "shape": list(self.shape),
             "k": self.k,
             "k_requested": self.k_requested,
@@ -513,15 +644,25 @@ class SpectrumStore:
             "params": self.params,
             "source": self.source,
             "size_on_disk": size_on_disk(self.path),
+            "damaged_chunks": damaged,
+            "all_chunks_written": self._checks.strict,
         }
         if self.status == "complete":
-            sigma = self.sigma
-            cev = self.array("cumulative_explained_variance")
+            try:
+                sigma = self.sigma
+                cev = self.array("cumulative_explained_variance")
+            except StoreDamagedError as exc:
+                out["read_error"] = str(exc)
+            else:
+                out.update(
+                    {
+                        "sigma_top": [float(s) for s in sigma[:5]],
+                        "sigma_last": float(sigma[-1]),
+                        "explained_variance": float(cev[-1]),
+                    }
+                )
             out.update(
                 {
-                    "sigma_top": [float(s) for s in sigma[:5]],
-                    "sigma_last": float(sigma[-1]),
-                    "explained_variance": float(cev[-1]),
                     "accuracy": a.get("gradspec.accuracy"),
                     "passes": a.get("gradspec.passes"),
                     "timings": a.get("gradspec.timings"),
