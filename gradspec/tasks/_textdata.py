@@ -15,13 +15,21 @@ held-out reviews (word bigrams about 82%), since negation and "but" are not line
 word counts. Labels are exactly balanced (1 = positive), texts are generated
 deterministically from the seed with numpy's PCG64, and the vocabulary has
 :data:`VOCABULARY_SIZE` = 115 distinct words (:func:`vocabulary`).
+
+Splits are disjoint by content (:func:`generate_splits`): the templates repeat, so
+independent draws share reviews word for word (about 1.8% of 500 eval reviews are
+also among 2,000 training ones), and a model would be scored on reviews it trained
+on. A split redraws, with the same label and from its own stream, any review an
+earlier split holds. Reviews may repeat within a split.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
 import numpy as np
 
-__all__ = ["VOCABULARY_SIZE", "generate_sentiment", "vocabulary"]
+__all__ = ["VOCABULARY_SIZE", "generate_sentiment", "generate_splits", "vocabulary"]
 
 POSITIVE = (
     "good", "great", "wonderful", "excellent", "brilliant", "delightful", "moving",
@@ -48,6 +56,8 @@ FILLERS = (
     "the trailer was everywhere", "i watched it twice", "it was raining that day",
 )  # fmt: skip
 VOCABULARY_SIZE = 115
+#: Draws of one review before :func:`generate_sentiment` gives up finding one not excluded.
+MAX_DRAWS = 1000
 
 
 def vocabulary() -> tuple[str, ...]:
@@ -88,20 +98,64 @@ def _review(rng: np.random.Generator, label: int) -> str:
     return body + "."
 
 
-def generate_sentiment(n: int, *, seed: int, stream: int = 0) -> tuple[list[str], list[int]]:
+def generate_sentiment(
+    n: int, *, seed: int, stream: int = 0, exclude: Collection[str] = ()
+) -> tuple[list[str], list[int]]:
     """``n`` reviews with exactly balanced labels (1 = positive, 0 = negative).
 
     Args:
         n: number of reviews: ``ceil(n/2)`` positive and ``floor(n/2)`` negative, shuffled.
         seed: the random seed.
         stream: an independent stream for the same seed (e.g. 0 = train, 1 = eval).
+        exclude: reviews not to emit (an earlier split's): one drawn equal to them is
+            drawn again, with its label, from the same stream (with none excluded, the
+            reviews are exactly those of the stream).
 
     Returns:
         ``(texts, labels)``.
+
+    Raises:
+        ValueError: ``n < 0``, or :data:`MAX_DRAWS` draws in a row all gave excluded reviews
+            (the templates are exhausted: ask for fewer).
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     rng = np.random.default_rng([seed, stream])
     labels = [1] * ((n + 1) // 2) + [0] * (n // 2)
     rng.shuffle(labels)
-    return [_review(rng, y) for y in labels], labels
+    if not exclude:
+        return [_review(rng, y) for y in labels], labels
+    excluded = exclude if isinstance(exclude, (set, frozenset, dict)) else set(exclude)
+    texts = []
+    for y in labels:
+        for _ in range(MAX_DRAWS):
+            text = _review(rng, y)
+            if text not in excluded:
+                texts.append(text)
+                break
+        else:
+            raise ValueError(
+                f"{MAX_DRAWS} reviews drawn in a row (stream {stream}, label {y}) all appear in an "
+                f"earlier split of {len(excluded)} reviews: the templates are exhausted; ask for fewer reviews"
+            )
+    return texts, labels
+
+
+def generate_splits(sizes: Sequence[int], *, seed: int) -> list[tuple[list[str], list[int]]]:
+    """Splits of the given sizes that share no review: split ``i`` is stream ``i`` of ``seed``.
+
+    Split ``i`` redraws any review that splits ``0..i-1`` hold (see
+    :func:`generate_sentiment`'s ``exclude``), so the first split is exactly
+    ``generate_sentiment(sizes[0], seed=seed)`` and no split depends on the sizes
+    after it (the text task's order: train, eval, public).
+
+    Returns:
+        ``[(texts, labels)]``, one per size.
+    """
+    used: set[str] = set()
+    out = []
+    for stream, n in enumerate(sizes):
+        texts, labels = generate_sentiment(n, seed=seed, stream=stream, exclude=used)
+        used.update(texts)
+        out.append((texts, labels))
+    return out

@@ -17,7 +17,8 @@ Models (``model=``):
 Data (``dataset=``):
 
 - ``None`` (default, offline): the synthetic reviews of :mod:`gradspec.tasks._textdata`,
-  2,000 train / 500 eval / 100 public by default (independent streams of the generator),
+  2,000 train / 500 eval / 100 public by default (streams 0, 1, 2 of the generator, disjoint
+  by content: eval redraws any review train holds, public any review train or eval holds),
   115-word vocabulary;
 - ``"glue/sst2"`` (alias ``"sst2"``) or any Hugging Face datasets name with a text and a
   label column, through ``datasets.load_dataset`` (needs ``pip install datasets`` and
@@ -46,7 +47,7 @@ from torch import Tensor, nn
 
 from gradspec.tasks._base import Batch, Task, TensorData, carve, permutation
 from gradspec.tasks._registry import register_task
-from gradspec.tasks._textdata import VOCABULARY_SIZE, generate_sentiment
+from gradspec.tasks._textdata import VOCABULARY_SIZE, generate_splits
 
 __all__ = [
     "HEAD_PATTERNS",
@@ -381,9 +382,10 @@ def text_task(
     extra: dict[str, Any] = {}
     if dataset is None:
         n_train, n_eval = n_train or 2000, n_eval or 500
-        train_texts, train_labels = generate_sentiment(n_train, seed=seed, stream=0)
-        eval_texts, eval_labels = generate_sentiment(n_eval, seed=seed, stream=1)
-        public_texts, public_labels = generate_sentiment(n_public, seed=seed, stream=2)
+        # disjoint by content: no review is in two splits (the templates repeat)
+        (train_texts, train_labels), (eval_texts, eval_labels), (public_texts, public_labels) = (
+            generate_splits((n_train, n_eval, n_public), seed=seed)
+        )
         sizes = (len(train_texts), len(eval_texts), len(public_texts))
         train_ids, eval_ids, public_ids = torch.arange(sum(sizes)).split(sizes)
         num_labels = 2
