@@ -24,7 +24,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     # stores on disk
     "gradspec.store": (
-        "BackgroundWriter", "GradientStore", "ParamLayout", "ParamSpec", "SpectrumStore", "open_store",
+        "BackgroundWriter", "GradientStore", "ParamLayout", "ParamSpec", "SpectrumStore",
+        "StoreDamagedError", "open_store",
     ),
     # tasks
     "gradspec.tasks": (
@@ -36,6 +37,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "layout_for", "select_parameters",
     ),
     "gradspec.collect._hooks": ("StepHooks",),
+    # Hugging Face attention masks that keep the model's own masking under vmap
+    "gradspec.collect._masks": ("attention_is_causal", "attention_mask_4d"),
     # recording from any training loop (plain PyTorch, Opacus, Hugging Face Trainer)
     "gradspec.collect._recorder": ("GradientRecorder",),
     "gradspec.collect._opacus": ("OpacusRecording", "record_opacus"),

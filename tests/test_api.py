@@ -14,6 +14,33 @@ def test_every_public_name_imports():
     assert len(gradspec.__all__) == len(set(gradspec.__all__))
 
 
+def test_every_subpackage_all_imports():
+    import importlib
+
+    for pkg in ("gradspec.optim", "gradspec.store", "gradspec.collect", "gradspec.collect._masks"):
+        mod = importlib.import_module(pkg)
+        for name in mod.__all__:
+            assert getattr(mod, name) is not None, f"{pkg}.{name}"
+        assert len(mod.__all__) == len(set(mod.__all__)), pkg
+
+
+def test_new_exports_resolve():
+    import gradspec.collect._per_example as per_example
+    import gradspec.optim as optim
+    from gradspec.collect import _masks
+    from gradspec.store import StoreDamagedError
+
+    assert gradspec.StoreDamagedError is StoreDamagedError and issubclass(StoreDamagedError, OSError)
+    assert gradspec.attention_mask_4d is _masks.attention_mask_4d
+    assert gradspec.attention_is_causal is _masks.attention_is_causal
+    # the masks moved out of _per_example; the old import path still works
+    for name in ("attention_mask_4d", "attention_is_causal", "additive_attention_mask"):
+        assert getattr(per_example, name) is getattr(_masks, name)
+    for name in ("spectrum_layout", "algorithm_options", "frequency_side_information",
+                 "load_side_information", "public_ids"):
+        assert name in optim.__all__ and callable(getattr(optim, name)), name
+
+
 def test_unknown_name_raises_attribute_error():
     try:
         gradspec.no_such_name  # noqa: B018

@@ -13,7 +13,12 @@ Projectors (:class:`FixedProjector`, :class:`PublicProjector`, :class:`RandomPro
 never form a p x p matrix. :func:`retrain` and :func:`sweep` run experiments.
 """
 
-from gradspec.optim._adadps import AdaDPS, AdaDPSRule
+from gradspec.optim._adadps import (
+    AdaDPS,
+    AdaDPSRule,
+    frequency_side_information,
+    load_side_information,
+)
 from gradspec.optim._adagrad import NoisyAdaGrad, goe
 from gradspec.optim._base import OptimHooks
 from gradspec.optim._dpadam import DPAdam
@@ -23,15 +28,18 @@ from gradspec.optim._projectors import (
     Projector,
     PublicProjector,
     RandomProjector,
+    public_ids,
     public_split,
     top_eigenvectors_from_rows,
 )
 from gradspec.optim._registry import (
     Algorithm,
     ProjectorKind,
+    algorithm_options,
     make_algorithm,
     make_projector,
     spectrum_basis,
+    spectrum_layout,
 )
 from gradspec.optim._retrain import RetrainResult, retrain, sweep
 from gradspec.optim._subspace import NoiseSpace, SubspaceRetrain
@@ -49,19 +57,25 @@ __all__ = [
     "goe",
     "pdp_sgd",
     "rpdp_sgd",
+    # AdaDPS side information
+    "frequency_side_information",
+    "load_side_information",
     # projectors
     "FixedProjector",
     "Projector",
     "PublicProjector",
     "RandomProjector",
+    "public_ids",
     "public_split",
     "top_eigenvectors_from_rows",
     # registry
     "Algorithm",
     "ProjectorKind",
+    "algorithm_options",
     "make_algorithm",
     "make_projector",
     "spectrum_basis",
+    "spectrum_layout",
     # experiments
     "RetrainResult",
     "retrain",
