@@ -94,13 +94,13 @@ def test_synthetic_data_layout(tiny):
 
 def test_defaults_are_2000_500_and_100_public(monkeypatch):
     seen = []
-    real = text_mod.generate_sentiment
+    real = text_mod.generate_splits
 
-    def spy(n, *, seed, stream):
-        seen.append(n)
-        return real(4, seed=seed, stream=stream)
+    def spy(sizes, *, seed):
+        seen.extend(sizes)
+        return real([4] * len(sizes), seed=seed)
 
-    monkeypatch.setattr(text_mod, "generate_sentiment", spy)
+    monkeypatch.setattr(text_mod, "generate_splits", spy)
     task = make_task("text", model="tiny-bert")
     assert seen == [2000, 500, 100] and task.config["n_train"] == 4  # the effective size
     assert task.config["n_public"] == 4 and len(task.public) == 4
