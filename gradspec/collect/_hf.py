@@ -34,6 +34,20 @@ from torch import Tensor, nn
 from transformers import TrainerCallback
 
 from gradspec.collect._recorder import GradientRecorder
+from gradspec.collect._rows import ROW_EXAMPLE, ROW_EXAMPLE_UNCLIPPED
+
+#: ``row`` of the callback's per-step rows: not gradspec's mean clipped gradient (no
+#: per-example clipping), and divided as the Trainer's loss is normalised.
+ROW_HF_STEP = (
+    "gradient the optimizer receives (the Trainer's loss normalisation; after its "
+    "global-norm clipping when max_grad_norm > 0; no per-example clipping)"
+)
+#: ``row_divisor`` of the callback's per-step rows.
+DIVISOR_HF = (
+    "the Trainer's loss normalisation, not necessarily the batch's example count: under gradient "
+    "accumulation a model that ignores num_items_in_batch (e.g. BERT's classifier) gives the sum of "
+    "the micro-batches' mean gradients"
+)
 
 logger = logging.getLogger(__name__)
 
@@ -185,8 +199,12 @@ class GradientRecorderCallback(TrainerCallback):
         if state.global_step and rec.next_step > state.global_step:
             kept = rec.rewind(state.global_step)
             logger.info("resumed at step %d: kept %d recorded rows", state.global_step, kept)
+        if rec.per_example:
+            row, divisor = (ROW_EXAMPLE if self.max_grad_norm is not None else ROW_EXAMPLE_UNCLIPPED), None
+        else:
+            row, divisor = ROW_HF_STEP, DIVISOR_HF
         rec.update_config(
-            source="hf-trainer",
+            source="hf-trainer", row=row, row_divisor=divisor,
             hf={
                 "model": type(model).__name__, "per_device_train_batch_size": args.per_device_train_batch_size,
                 "gradient_accumulation_steps": args.gradient_accumulation_steps,

@@ -10,19 +10,34 @@ An Opacus DP-SGD step (Opacus 1.6, ``DPOptimizer.pre_step``)::
 
 ``record_opacus`` wraps two of these on the optimizer instance, and replaces
 nothing: the per-physical-batch method (``clip_and_accumulate``; ``accumulate``
-under ghost clipping) is wrapped to note the per-example norms (and, per example,
-each clipped gradient g_i * min(1, C / (||g_i|| + 1e-6)) exactly as Opacus forms
-it), and the step hook is wrapped so that Opacus's own hook (the accountant) runs
-first and then one row is recorded per real step: ``p.summed_grad`` — the clipped
-sum over every physical batch of the step, before noise — divided by
-``expected_batch_size * accumulated_iterations``, the denominator Opacus divides
-the noisy sum by. Skipped (virtual) steps record nothing.
+under ghost clipping) is wrapped to check that every parameter has one gradient
+row per example, and to note the per-example norms and the batch's size (and, per
+example, each clipped gradient g_i * min(1, C / (||g_i|| + 1e-6)) exactly as Opacus
+forms it); the step hook is wrapped so that Opacus's own hook (the accountant)
+runs first and then one row is recorded per real step: ``p.summed_grad`` — the
+clipped sum over every physical batch of the step, before noise — divided by the
+number of examples the step actually had (summed over its physical batches), the
+row gradspec's trainer stores (:mod:`gradspec.collect._rows`). That is not the
+``expected_batch_size * accumulated_iterations`` Opacus divides the noisy sum by:
+under Poisson sampling the two differ by b / (q n). Skipped (virtual) steps record
+nothing; a step with no example (an empty Poisson batch) records no row, as in
+``collect``, and still counts as a step.
+
+Opacus forms a "per-example" gradient of a layer from the layer's own input; a
+layer whose input is shared by the batch (GPT-2's ``wpe``, BERT's position
+embeddings: position ids of batch size 1) gets one row summed over the batch, and
+Opacus clips and noises that sum as if it were one example. Such a parameter is
+refused with a ``ValueError`` naming it (the per-example gradients, and so the
+DP guarantee of the Opacus run itself, are wrong for it). Where every trained
+parameter is of that kind, only the batch size tells: note the per-example losses
+(``recorder.observe_loss(losses)``, shape (B,)) and it is checked against them.
 
 Ghost clipping (``grad_sample_mode="ghost"``, ``DPOptimizerFastGradientClipping``)
 never forms per-example gradients: its double backward leaves the clipped sum in
 ``p.grad``, which ``accumulate`` adds into ``p.summed_grad``; per-step rows work the
-same way, per-example rows are refused. Its per-example norms come from the
-parameters' ``_norm_sample``.
+same way, per-example rows are refused. Its per-example norms, and the batch's
+size, come from the parameters' ``_norm_sample`` (or from the per-example losses of
+the ``DPTensorFastGradientClipping`` loss noted with ``observe_loss``).
 """
 
 from __future__ import annotations
@@ -35,6 +50,7 @@ import torch
 from torch import Tensor
 
 from gradspec.collect._recorder import GradientRecorder
+from gradspec.collect._rows import DIVISOR_ACTUAL, ROW_EXAMPLE, ROW_MEAN
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +77,17 @@ def _find_accountant(hook: Any) -> Any:
 
 def _accounted_steps(accountant: Any) -> int:
     return int(sum(entry[-1] for entry in getattr(accountant, "history", [])))
+
+
+def _summed_over_batch(name: str, shape: tuple[int, ...], want: tuple[int, ...], why: str = "") -> ValueError:
+    return ValueError(
+        f"Opacus's per-example gradient (grad_sample) of {name!r} has shape {shape}, not one row per "
+        f"example {want}{why}: Opacus sums this parameter's gradient over the batch (its layer's input "
+        "is shared by all examples, e.g. position ids of batch size 1), so the per-example gradients, "
+        "and thus the DP guarantee of this Opacus run itself, are wrong for it; freeze it "
+        "(requires_grad=False) or give its layer one input per example (e.g. position ids expanded "
+        "to the batch)"
+    )
 
 
 class OpacusRecording:
@@ -92,8 +119,6 @@ class OpacusRecording:
             )
         if recorder.params is None:
             raise ValueError("record_opacus needs a recorder built from model= or params= (it reads the parameters)")
-        if optimizer.expected_batch_size is None:
-            raise ValueError("the DPOptimizer has no expected_batch_size; rows are divided by it: set it on the optimizer")
         position = {id(p): i for i, p in enumerate(optimizer.params)}
         absent = [n for n, p in zip(recorder.names, recorder.params, strict=True) if id(p) not in position]
         if absent:
@@ -110,8 +135,13 @@ class OpacusRecording:
             raise ValueError(f"delta must lie in (0, 1), got {delta}")
         self.optimizer, self.recorder, self.delta = optimizer, recorder, delta
         self._positions = [position[id(p)] for p in recorder.params]
+        named = {} if recorder.model is None else {id(p): n for n, p in recorder.model.named_parameters()}
+        named.update((id(p), n) for n, p in zip(recorder.names, recorder.params, strict=True))
+        self._names = [named.get(id(p), f"parameter {i} of the DPOptimizer") for i, p in enumerate(optimizer.params)]
         self._method = method
         self._norms: list[Tensor | None] = []
+        self._sizes: list[int] = []  # examples of each physical batch of the current step
+        self._loss_mark = 0  # losses noted before this index belong to earlier physical batches
         self._rows: list[Tensor] = []
         self.steps = 0
         self._step = recorder.next_step
@@ -123,6 +153,8 @@ class OpacusRecording:
         recorder.update_config(
             source="opacus", max_grad_norm=float(optimizer.max_grad_norm),
             noise_multiplier=float(optimizer.noise_multiplier), opacus=self._describe(),
+            row=ROW_EXAMPLE if recorder.per_example else ROW_MEAN,
+            row_divisor=None if recorder.per_example else DIVISOR_ACTUAL,
         )
         recorder.add_close_hook(self._finalize)
 
@@ -133,28 +165,66 @@ class OpacusRecording:
             self._chained = self.optimizer.step_hook
             self.optimizer.attach_step_hook(self._hook)
 
+    def _observed_examples(self) -> int | None:
+        """Examples of the per-example losses noted since the last physical batch (None: no such losses)."""
+        noted = self.recorder._losses[self._loss_mark :]
+        self._loss_mark = len(self.recorder._losses)
+        if noted and all(t.numel() > 1 for t in noted):  # one value: a mean loss (or a batch of one)
+            return int(sum(t.numel() for t in noted))
+        return None
+
+    def _batch_size(self, sizes: list[int], observed: int | None) -> tuple[int, str]:
+        """The physical batch's size B (every parameter's rows must number B) and why it is B."""
+        b = max(sizes, default=0)
+        if observed is None or observed == b:
+            return b, ""
+        if b == 1:  # one row for each parameter, for a batch of several: all summed over the batch
+            return observed, f" ({observed} per-example losses were noted for this batch)"
+        raise ValueError(
+            f"the losses noted with observe_loss since the last physical batch have {observed} values, "
+            f"the per-example gradients {b} rows: note the batch's per-example losses (B,) or its mean loss, "
+            "before optimizer.step()"
+        )
+
     def _on_physical_batch(self) -> None:
         opt = self.optimizer
         self._ensure_hook()
+        observed = self._observed_examples()
         if self.ghost:
             samples = [getattr(p, "_norm_sample", None) for p in opt.params]
-            norms = None if any(s is None for s in samples) else torch.stack(
-                [s.reshape(-1) for s in samples], dim=1).norm(2, dim=1)
+            if any(s is None for s in samples):
+                norms = None
+                if observed is None:
+                    raise ValueError(
+                        "the ghost-clipping norms (_norm_sample) of some parameter are missing, so the batch's "
+                        "size is unknown: note the loss with recorder.observe_loss(loss) before optimizer.step()"
+                    )
+                b = observed
+            else:
+                b, why = self._batch_size([s.numel() for s in samples], observed)
+                for name, s in zip(self._names, samples, strict=True):
+                    if s.numel() != b:
+                        raise _summed_over_batch(name, (s.numel(),), (b,), why or " (its ghost-clipping norms)")
+                norms = torch.stack([s.reshape(-1) for s in samples], dim=1).norm(2, dim=1)
         else:
             grad_samples = opt.grad_samples
-            n = len(grad_samples[0])
-            if n == 0:
+            b, why = self._batch_size([len(g) if g.dim() else 1 for g in grad_samples], observed)
+            for name, p, g in zip(self._names, opt.params, grad_samples, strict=True):
+                if tuple(g.shape) != (b, *p.shape):
+                    raise _summed_over_batch(name, tuple(g.shape), (b, *p.shape), why)
+            if b == 0:
                 norms = torch.zeros(0, device=grad_samples[0].device)
             else:  # the flat norm of each example over every parameter, as Opacus computes it
-                per_param = [g.reshape(n, -1).norm(2, dim=-1) for g in grad_samples]
+                per_param = [g.reshape(b, -1).norm(2, dim=-1) for g in grad_samples]
                 norms = torch.stack([x.to(per_param[0].device) for x in per_param], dim=1).norm(2, dim=1)
             if self.recorder.per_example:
                 factor = (opt.max_grad_norm / (norms + _OPACUS_EPS)).clamp(max=1.0)
                 params, parts = opt.params, []
                 for i in self._positions:
                     g = grad_samples[i].to(params[i].dtype)
-                    parts.append((factor.to(g.device, g.dtype)[:, None] * g.reshape(n, -1)).to("cpu", torch.float32))
+                    parts.append((factor.to(g.device, g.dtype)[:, None] * g.reshape(b, -1)).to("cpu", torch.float32))
                 self._rows.append(torch.cat(parts, dim=1))
+        self._sizes.append(b)
         self._norms.append(None if norms is None else norms.detach().to("cpu", torch.float64))
         getattr(type(opt), self._method)(opt)
 
@@ -169,21 +239,22 @@ class OpacusRecording:
         self.steps += 1
         known = bool(self._norms) and all(x is not None for x in self._norms)
         norms = torch.cat(self._norms) if known else None
+        b = sum(self._sizes)  # the examples of the logical batch, over its virtual steps
         self._norms.clear()
+        self._sizes.clear()
+        self._loss_mark = 0  # the noted losses are taken below
         c = float(opt.max_grad_norm)
         if rec.per_example:
             rows = torch.cat(self._rows) if self._rows else torch.zeros(0, rec.layout.p)
             self._rows.clear()
             rec.record_examples(grads=rows, step=step, norms=norms, max_grad_norm=c)
             return
-        b = None if norms is None else int(norms.numel())
         if b == 0:  # an empty Poisson batch: no row (as in gradspec's trainer), the step still counts
             rec._take_losses(0)
             return
-        denom = opt.expected_batch_size * opt.accumulated_iterations
         params = opt.params
-        row = torch.cat([params[i].summed_grad.reshape(-1) for i in self._positions]) / denom
-        rec.record_step(grad=row, step=step, norms=norms, max_grad_norm=c, batch_size=b)
+        total = torch.cat([params[i].summed_grad.reshape(-1).to(torch.float32) for i in self._positions])
+        rec.record_step(grad=total / b, step=step, norms=norms, max_grad_norm=c, batch_size=b)
 
     # ------------------------------------------------------------------ end
     def _describe(self) -> dict[str, Any]:
@@ -195,8 +266,9 @@ class OpacusRecording:
             "expected_batch_size": opt.expected_batch_size,
             "loss_reduction": opt.loss_reduction,
             "accountant": None if self.accountant is None else self.accountant.mechanism(),
-            "row": "clipped sum before noise / (expected_batch_size * accumulated_iterations)"
-            if not self.recorder.per_example else "clipped per-example gradient",
+            # what Opacus divides the noisy sum by (the rows are divided by the actual batch size)
+            "update_divisor": "expected_batch_size * accumulated_iterations"
+            if opt.loss_reduction == "mean" else None,
         }
 
     def detach(self) -> None:
@@ -233,14 +305,16 @@ def record_opacus(
 ) -> OpacusRecording:
     """Record each real step of an Opacus ``DPOptimizer`` into ``recorder``.
 
-    Per-step recorders get ``sum_i clip(g_i)`` (before noise) / the expected batch
-    size, once per real step, however many physical batches (virtual steps) it
-    took; per-example recorders get each clipped ``g_i``. Opacus's own step hook
+    Per-step recorders get ``sum_i clip(g_i) / b`` (before noise; b the examples the
+    step actually had), once per real step, however many physical batches (virtual
+    steps) it took, and no row for a step with no example — the rows of gradspec's
+    trainer; per-example recorders get each clipped ``g_i``. Opacus's own step hook
     (its accountant) is chained, not replaced. Works with Poisson sampling, with
     ``BatchMemoryManager`` and with ghost clipping (per-step rows only).
 
     Set ``recorder.epoch`` from your loop; give losses with ``recorder.observe_loss``
-    (per-example losses of the recorded examples are stored per example). Dataset
+    (per-example losses of the recorded examples are stored per example, and the
+    per-example gradients are checked to number as many). Dataset
     indices are unknown to the optimizer: per-example rows store ``example_index`` -1.
 
     Args:
@@ -257,7 +331,8 @@ def record_opacus(
     Raises:
         ValueError: not a flat-clipping ``DPOptimizer``, a recorded parameter the
             optimizer does not train, per-example rows under ghost clipping, a
-            ``delta`` with no accountant.
+            ``delta`` with no accountant; at ``optimizer.step()``, a trained
+            parameter whose Opacus per-example gradient is summed over the batch.
 
     Example:
         >>> model, optimizer, loader = PrivacyEngine().make_private(...)  # doctest: +SKIP

@@ -10,11 +10,14 @@ recorded parameters), the run config, the per-row metadata of ``collect``
 commits (a row counts once its bytes are on disk), resumption and the
 ``complete`` status.
 
-Rows mean what they mean in ``collect`` (Li et al. 2022 §4.2): a per-step row
-is the step's average clipped gradient before noise; a per-example row is one
-clipped per-example gradient. For a non-private loop the "clipped" gradient is
-just the gradient. The norm statistics of a row are those of the step's
-per-example gradients before clipping (NaN when the source does not know them).
+Rows mean what they mean in ``collect`` (Li et al. 2022 §4.2; the convention is
+spelled out in :mod:`gradspec.collect._rows`): a per-step row is the mean clipped
+gradient over the examples the step actually had, before noise (the clipped sum
+divided by the actual batch size, not by the expected one); a step with no example
+has no row; a per-example row is one clipped per-example gradient. For a
+non-private loop the "clipped" gradient is just the gradient. The run config names
+the rows (``row``, ``row_divisor``). The norm statistics of a row are those of the
+step's per-example gradients before clipping (NaN when the source does not know them).
 """
 
 from __future__ import annotations
@@ -29,7 +32,18 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from gradspec.collect._rows import Grad, as_tensor, flat_rows, floats, norm_stats
+from gradspec.collect._rows import (
+    DIVISOR_ACTUAL,
+    ROW_EXAMPLE,
+    ROW_EXAMPLE_UNCLIPPED,
+    ROW_MEAN,
+    ROW_MEAN_UNCLIPPED,
+    Grad,
+    as_tensor,
+    flat_rows,
+    floats,
+    norm_stats,
+)
 from gradspec.store import BackgroundWriter, GradientStore, ParamLayout
 
 logger = logging.getLogger(__name__)
@@ -146,6 +160,8 @@ class GradientRecorder:
         if resume and overwrite:
             raise ValueError("pass resume=True or overwrite=True, not both")
         self.names, self.params, self.layout = self._resolve_layout(model, params, layout)
+        #: The recorded module (Opacus wrappers seen through); None when built from params or layout.
+        self.model = None if model is None else unwrap_model(model)
         self.per_example = bool(per_example)
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.skip_nonfinite = bool(skip_nonfinite)
@@ -204,12 +220,16 @@ class GradientRecorder:
     def _run_config(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
         from gradspec.collect._loop import _versions
 
+        clipped = self.max_grad_norm is not None
+        if self.per_example:
+            row, divisor = (ROW_EXAMPLE if clipped else ROW_EXAMPLE_UNCLIPPED), None
+        else:
+            row, divisor = (ROW_MEAN if clipped else ROW_MEAN_UNCLIPPED), DIVISOR_ACTUAL
         return {
             "source": "recorder",
-            "recorder": {
-                "per_example": self.per_example,
-                "row": "per-example gradient" if self.per_example else "average gradient of a step",
-            },
+            "recorder": {"per_example": self.per_example},
+            "row": row,
+            "row_divisor": divisor,
             "parameters": self.names,
             "p": self.layout.p,
             "max_grad_norm": self.max_grad_norm,
@@ -282,8 +302,11 @@ class GradientRecorder:
     def observe_loss(self, loss: float | Tensor | np.ndarray) -> None:
         """Note a loss for the rows an adapter (Opacus) records next.
 
-        Losses noted since the last row are averaged into its ``loss``; per-example
-        losses (one per recorded example, in order) are stored per example.
+        Note either the batch's mean loss or its per-example losses (B,) (an Opacus
+        ghost-clipping loss gives its per-example losses). Losses noted since the last
+        row are averaged into its ``loss``; per-example losses (one per recorded
+        example, in order) are stored per example, and the Opacus adapter checks the
+        batch size of the per-example gradients against their number.
         """
         self._losses.append(torch.from_numpy(floats(loss)))
 
@@ -328,7 +351,7 @@ class GradientRecorder:
         norms: Tensor | np.ndarray | None = None,
         max_grad_norm: float | None = None,
     ) -> None:
-        """Record one step's row: its average (clipped) gradient.
+        """Record one step's row: its mean (clipped) gradient over the batch's examples.
 
         Args:
             grad: the row: a flat tensor/array of p values, a mapping name ->
@@ -338,7 +361,9 @@ class GradientRecorder:
             epoch: the epoch (default: ``recorder.epoch``).
             loss: the step's (mean) loss; None stores NaN (or the losses noted by
                 :meth:`observe_loss`).
-            batch_size: examples in the step's batch (0 when not given).
+            batch_size: examples in the step's batch, the divisor of the row's mean
+                (stored as 0 when not given). 0 given explicitly is an empty (Poisson)
+                batch: no row is recorded, as in ``collect``, and the step number is used.
             norms: the per-example gradient norms before clipping, for
                 ``norm_mean``/``norm_max``/``frac_clipped`` (NaN when not given).
             max_grad_norm: the clipping norm for ``frac_clipped`` (default: the recorder's).
@@ -351,6 +376,12 @@ class GradientRecorder:
         if self.per_example:
             raise ValueError("this recorder stores per-example rows (per_example=True): use record_examples")
         step = self._take_step(step, same_ok=False)
+        if batch_size is not None and int(batch_size) < 0:
+            raise ValueError(f"batch_size is a number of examples, got {batch_size}")
+        if batch_size is not None and int(batch_size) == 0:  # an empty batch: no row, as in collect
+            self._take_losses(0)
+            self._last_step = step
+            return
         row = flat_rows(grad, layout=self.layout, names=self.names, params=self.params, batch=None, step=step)
         noted = self._take_losses(0)  # taken either way, so that none is left for a later row
         loss_value = noted if loss is None else float(np.mean(floats(loss)))

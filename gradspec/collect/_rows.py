@@ -1,4 +1,16 @@
-"""Gradient rows as a `GradientRecorder` stores them: conversion of gradients to rows, their statistics."""
+"""Gradient rows as a `GradientRecorder` stores them: what a row means, and conversion to rows.
+
+One convention for every source of rows (gradspec's trainer ``collect``, a plain
+loop, Opacus, a Hugging Face ``Trainer``), so that stores of different sources can
+be compared row for row: a per-step row is the *mean* clipped gradient over the
+examples the step actually had (the clipped sum before noise divided by the
+number of examples in the logical batch, virtual steps included), not the clipped
+sum divided by the *expected* batch size that DP-SGD divides the noisy sum by;
+under Poisson sampling the two differ by the factor b / (q n). A step with no
+example (an empty Poisson batch) has no row, as in ``collect``. A per-example row
+is one clipped per-example gradient. The run config of a store names its rows
+(``row``) and the divisor of a per-step row (``row_divisor``).
+"""
 
 from __future__ import annotations
 
@@ -12,13 +24,28 @@ from torch import Tensor
 
 from gradspec.store import ParamLayout
 
+#: ``row`` of a store of per-step rows.
+ROW_MEAN = "mean clipped gradient over the batch's examples (before noise)"
+#: ``row`` of a store of per-example rows.
+ROW_EXAMPLE = "clipped per-example gradient (before noise)"
+#: ``row`` of a store of per-step rows that were not clipped (a non-private loop).
+ROW_MEAN_UNCLIPPED = "mean gradient over the batch's examples (unclipped)"
+#: ``row`` of a store of per-example rows that were not clipped.
+ROW_EXAMPLE_UNCLIPPED = "per-example gradient (unclipped)"
+#: ``row_divisor`` of per-step rows: the examples the step actually had (summed over
+#: its virtual steps / accumulated micro-batches), not the expected batch size.
+DIVISOR_ACTUAL = "actual batch size"
+
 #: What a gradient argument may be: a flat row (block), parameter name -> tensor, or
 #: tensors in layout order.
 Grad = Tensor | np.ndarray | Mapping[str, Tensor] | Sequence[Tensor]
 
 
 def as_tensor(x: Tensor | np.ndarray | float | Sequence[float]) -> Tensor:
-    """A detached tensor of ``x``."""
+    """A detached tensor of ``x``; an Opacus ghost-clipping loss gives its per-example losses."""
+    per_sample = getattr(x, "loss_per_sample", None)  # opacus DPTensorFastGradientClipping
+    if isinstance(per_sample, Tensor):
+        return per_sample.detach()
     return x.detach() if isinstance(x, Tensor) else torch.as_tensor(np.asarray(x))
 
 

@@ -21,6 +21,8 @@ from transformers import (  # noqa: E402
 )
 
 from gradspec.collect import GradientRecorder, GradientRecorderCallback  # noqa: E402
+from gradspec.collect._hf import DIVISOR_HF, ROW_HF_STEP  # noqa: E402
+from gradspec.collect._rows import ROW_EXAMPLE_UNCLIPPED  # noqa: E402
 
 N, T, LABELS = 12, 8, 3
 
@@ -112,6 +114,8 @@ def test_per_step_rows_equal_the_batch_gradient(tmp_path, accumulation):
     np.testing.assert_array_equal(meta["batch_size"], [4, 4, 4])
     assert store.config["source"] == "hf-trainer"
     assert store.config["hf"]["gradient_accumulation_steps"] == accumulation
+    # not gradspec's mean clipped gradient: the store says so, and how the row is divided
+    assert store.config["row"] == ROW_HF_STEP and store.config["row_divisor"] == DIVISOR_HF
 
 
 @pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
@@ -129,6 +133,7 @@ def test_per_example_rows_and_pca(tmp_path):
         np.testing.assert_allclose(rows[i], want.numpy(), rtol=1e-4, atol=1e-6)
         assert meta["loss"][i] == pytest.approx(loss, rel=1e-4)
     np.testing.assert_array_equal(meta["step"], [0] * 4 + [1] * 4)
+    assert store.config["row"] == ROW_EXAMPLE_UNCLIPPED and store.config["row_divisor"] is None
     result = gradspec.pca(source=store, k=4)
     assert result.sigma.shape == (4,) and np.all(np.diff(result.sigma) <= 0) and result.sigma[-1] > 0
 

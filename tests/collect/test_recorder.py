@@ -15,10 +15,18 @@ from gradspec.collect import (
     CollectConfig,
     GradientRecorder,
     PerExampleGradients,
+    PoissonSampler,
     ShuffleSampler,
     collect,
 )
 from gradspec.collect import _recorder as recorder_module
+from gradspec.collect._rows import (
+    DIVISOR_ACTUAL,
+    ROW_EXAMPLE,
+    ROW_EXAMPLE_UNCLIPPED,
+    ROW_MEAN,
+    ROW_MEAN_UNCLIPPED,
+)
 from gradspec.store import META_FIELDS, GradientStore, ParamLayout
 
 from ._tiny import tiny_task
@@ -39,15 +47,25 @@ def test_docstring_example_runs():
     assert result.attempted > 0 and result.failed == 0
 
 
+@pytest.mark.parametrize("sampling", ["shuffle", "poisson"])
 @pytest.mark.parametrize("mode", ["batch", "per-example"])
-def test_rows_and_metadata_match_collect(tmp_path, mode):
-    """Recording what gradspec's trainer computes gives its rows and metadata, field for field."""
+def test_rows_and_metadata_match_collect(tmp_path, mode, sampling):
+    """Recording what gradspec's trainer computes gives its rows and metadata, field for field.
+
+    A per-step row is the mean clipped gradient over the examples the batch had (under
+    Poisson sampling, 10 here, not the expected 16).
+    """
     task = tiny_task()
     model = tiny_task().model  # same seed: the initial weights collect starts from
     config = CollectConfig(task="tiny", steps=1, batch_size=16, noise_multiplier=0.0, max_grad_norm=C,
-                           sampling="shuffle", mode=mode, optimizer="sgd", lr=0.1)
+                           sampling=sampling, mode=mode, optimizer="sgd", lr=0.1)
     ran = collect(config, out=tmp_path / "collect", task=task)
-    idx = ShuffleSampler(len(task.train), 16, seed=config.seed + 1).next()
+    n = len(task.train)
+    if sampling == "poisson":
+        idx = PoissonSampler(n, 16 / n, seed=config.seed + 1).next()
+        assert len(idx) != 16
+    else:
+        idx = ShuffleSampler(n, 16, seed=config.seed + 1).next()
     batch = task.train.batch(idx)
     names = [n for n, _ in model.named_parameters()]
     grads, losses = PerExampleGradients(model, task.forward, task.loss, names)(batch)
@@ -67,6 +85,33 @@ def test_rows_and_metadata_match_collect(tmp_path, mode):
         assert mg[k].dtype == mw[k].dtype, k
         np.testing.assert_allclose(mg[k], mw[k], rtol=1e-5, err_msg=k)
     assert mw["frac_clipped"][0] > 0  # clipping was active
+    assert got.config["row"] == (ROW_MEAN if mode == "batch" else ROW_EXAMPLE)
+    assert got.config["row_divisor"] == (DIVISOR_ACTUAL if mode == "batch" else None)
+
+
+def test_an_empty_batch_has_no_row(tmp_path):
+    """As in collect: a step whose (Poisson) batch is empty stores no row; its step number is used."""
+    model = nn.Linear(3, 2)
+    with GradientRecorder(out=tmp_path / "run", model=model) as rec:
+        rec.record_step(grad=torch.ones(8), batch_size=4)
+        rec.observe_loss(math.nan)  # the mean loss of no example
+        rec.record_step(grad=torch.full((8,), math.nan), batch_size=0)  # no row, no NaN error
+        rec.record_step(grad=torch.ones(8), batch_size=3, loss=0.5)
+        with pytest.raises(ValueError, match="number of examples"):
+            rec.record_step(grad=torch.ones(8), batch_size=-1)
+    store = store_of(tmp_path)
+    assert store.n_rows == 2
+    meta = store.row_meta()
+    np.testing.assert_array_equal(meta["step"], [0, 2])
+    np.testing.assert_array_equal(meta["batch_size"], [4, 3])
+    assert np.isnan(meta["loss"][0]) and meta["loss"][1] == 0.5
+    assert store.config["row"] == ROW_MEAN_UNCLIPPED  # no max_grad_norm: unclipped rows
+    with GradientRecorder(out=tmp_path / "pe", model=model, per_example=True) as rec:
+        rec.record_examples(grads=torch.zeros(0, 8), step=0)
+        rec.record_examples(grads=torch.ones(2, 8), step=1)
+    store = store_of(tmp_path, "pe")
+    np.testing.assert_array_equal(store.row_meta()["step"], [1, 1])
+    assert store.config["row"] == ROW_EXAMPLE_UNCLIPPED and store.config["row_divisor"] is None
 
 
 def test_gradient_forms_give_the_same_row(tmp_path):
