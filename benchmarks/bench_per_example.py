@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from gradspec.collect._per_example import (
+from gradspec.train import (
     PerExampleGradients,
     additive_attention_mask,
     select_parameters,

@@ -33,10 +33,10 @@ def main() -> None:
 
     import torch
 
-    from gradspec.collect import CollectConfig
-    from gradspec.collect._loop import _Run
     from gradspec.optim import make_algorithm
     from gradspec.tasks import make_task
+    from gradspec.train import CollectConfig
+    from gradspec.train._loop import _Run
 
     model = "tiny-bert" if args.quick else "minilm"
     options = {"model": model, "n_train": 256, "n_eval": 64}

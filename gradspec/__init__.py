@@ -31,18 +31,18 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "gradspec.tasks": (
         "Task", "TensorData", "available_tasks", "make_task", "register_task", "task_options",
     ),
-    # collecting gradients
-    "gradspec.collect": (
-        "CollectConfig", "CollectResult", "PerExampleGradients", "collect", "evaluate",
-        "layout_for", "select_parameters",
+    # training (the DP-SGD trainer and the hooks that change its step)
+    "gradspec.train": (
+        "CollectConfig", "CollectResult", "PerExampleGradients", "StepHooks", "TrainConfig", "TrainResult",
+        "evaluate", "layout_for", "select_parameters",
+        # Hugging Face attention masks that keep the model's own masking under vmap
+        "attention_is_causal", "attention_mask_4d",
     ),
-    "gradspec.collect._hooks": ("StepHooks",),
-    # Hugging Face attention masks that keep the model's own masking under vmap
-    "gradspec.collect._masks": ("attention_is_causal", "attention_mask_4d"),
-    # recording from any training loop (plain PyTorch, Opacus, Hugging Face Trainer)
-    "gradspec.collect._recorder": ("GradientRecorder",),
-    "gradspec.collect._opacus": ("OpacusRecording", "record_opacus"),
-    "gradspec.collect._hf": ("GradientRecorderCallback",),
+    # collecting gradients: gradspec's trainer with a store, or any training loop
+    # (plain PyTorch, Opacus, Hugging Face Trainer)
+    "gradspec.collect": (
+        "GradientRecorder", "GradientRecorderCallback", "OpacusRecording", "collect", "record_opacus",
+    ),
     # privacy
     "gradspec.privacy": (
         "PrivacyAccountant", "calibrate_noise_multiplier", "clip_per_example", "compute_epsilon",

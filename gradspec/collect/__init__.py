@@ -1,10 +1,35 @@
-"""Training that streams clipped (per-example) gradients into a gradient store."""
+"""Recording clipped (per-example) gradients into a gradient store.
 
-from gradspec.collect._checkpoint import is_run_dir, read_run_config
-from gradspec.collect._config import RESUMABLE, CollectConfig, merge_resume, resume_conflicts
-from gradspec.collect._loop import CollectResult, collect, evaluate
-from gradspec.collect._per_example import PerExampleGradients, layout_for, select_parameters
-from gradspec.collect._sampling import PoissonSampler, ShuffleSampler
+* :func:`collect` trains with gradspec's DP-SGD trainer (:mod:`gradspec.train`) and
+  records its rows;
+* :class:`GradientRecorder` records from any training loop (plain PyTorch), with
+  adapters for an Opacus ``DPOptimizer`` (:func:`record_opacus`) and a Hugging Face
+  ``Trainer`` (:class:`GradientRecorderCallback`).
+
+The trainer's public names that lived here before it moved to ``gradspec.train``
+(``CollectConfig``, ``CollectResult``, the per-example engine, the samplers, the resume
+helpers) are still importable from here.
+
+``gradspec.collect``, as an attribute of the flat API (``from gradspec import collect``),
+is always the function; import this package's names with ``from gradspec.collect import ...``.
+"""
+
+from gradspec.collect._collect import collect
+from gradspec.train import (
+    RESUMABLE,
+    CollectConfig,
+    CollectResult,
+    PerExampleGradients,
+    PoissonSampler,
+    ShuffleSampler,
+    evaluate,
+    is_run_dir,
+    layout_for,
+    merge_resume,
+    read_run_config,
+    resume_conflicts,
+    select_parameters,
+)
 
 __all__ = [
     "RESUMABLE",

@@ -14,7 +14,7 @@ A callback is never handed the batch. It sees it anyway through a forward hook
 keyword inputs (and the loss) of each forward pass made in train mode with
 gradients on — the passes of ``training_step`` — between ``on_step_begin`` and
 ``on_pre_optimizer_step``. Per-example rows are then computed on those batches
-by gradspec's engine (:class:`~gradspec.collect.PerExampleGradients`) at the
+by gradspec's engine (:class:`~gradspec.train.PerExampleGradients`) at the
 step's weights, before the optimizer moves them. Supported: models called with
 keyword inputs (the Trainer's ``model(**inputs)``); the default per-example loss
 needs ``labels`` among those inputs (not popped by label smoothing or
@@ -62,13 +62,13 @@ class _HFForward:
     """
 
     def __init__(self, model: nn.Module) -> None:
-        from gradspec.collect._per_example import attention_is_causal
+        from gradspec.train import attention_is_causal
 
         self.model = model
         self.causal = attention_is_causal(model)
 
     def __call__(self, call: Callable[..., Any], batch: dict[str, Tensor]) -> Tensor:
-        from gradspec.collect._per_example import attention_mask_4d
+        from gradspec.train import attention_mask_4d
 
         inputs = {k: v for k, v in batch.items() if k not in _LABEL_KEYS}
         mask = inputs.get("attention_mask")
@@ -247,8 +247,8 @@ class GradientRecorderCallback(TrainerCallback):
         rec.record_examples(grads=rows, step=step, loss=example_losses, norms=norms, batch_size=n)
 
     def _per_example(self, model: nn.Module, batches: list[dict[str, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
-        from gradspec.collect._per_example import PerExampleGradients
         from gradspec.privacy import clip_factors
+        from gradspec.train import PerExampleGradients
 
         if self._engine is None:
             self._engine = PerExampleGradients(

@@ -199,7 +199,7 @@ class GradientRecorder:
                 raise ValueError("params as a name -> parameter mapping replaces model; pass one of them")
             named = list(params.items())
         elif model is not None:
-            from gradspec.collect._per_example import select_parameters
+            from gradspec.train import select_parameters
 
             inner = unwrap_model(model)
             if params is None:
@@ -218,7 +218,7 @@ class GradientRecorder:
         return [n for n, _ in named], [p for _, p in named], layout
 
     def _run_config(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
-        from gradspec.collect._loop import _versions
+        from gradspec.train import package_versions
 
         clipped = self.max_grad_norm is not None
         if self.per_example:
@@ -234,7 +234,7 @@ class GradientRecorder:
             "p": self.layout.p,
             "max_grad_norm": self.max_grad_norm,
             "user": dict(config or {}),
-            "versions": _versions(),
+            "versions": package_versions(),
         }
 
     def _open_store(self, config, dtype, compressor, resume, overwrite) -> GradientStore:

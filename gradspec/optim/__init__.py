@@ -1,7 +1,7 @@
 """Private optimizers that act on gradient subspaces, as hooks of the DP-SGD step.
 
-Each optimizer is a :class:`~gradspec.collect.StepHooks` subclass run by
-``gradspec.collect.collect`` (one trainer, one accountant):
+Each optimizer is a :class:`~gradspec.train.StepHooks` subclass run by
+:func:`gradspec.train.train` (one trainer, one accountant):
 
 * DP-SGD (the identity hooks) and DP-Adam (:class:`DPAdam`);
 * retraining in a fixed subspace (:class:`SubspaceRetrain`, Li et al. 2022 §4.2);

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from gradspec._enums import parse_choice
 from gradspec.optim._base import OptimHooks
 from gradspec.optim._projectors import checked_public, public_gradients, public_ids
-from gradspec.tasks._base import TensorData
+from gradspec.tasks import TensorData
 
 __all__ = ["FREQUENCY", "AdaDPS", "AdaDPSRule", "frequency_side_information", "load_side_information"]
 

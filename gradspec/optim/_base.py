@@ -1,6 +1,6 @@
 """What the private optimizers share: the step's gradient scale and a seeded generator.
 
-The DP-SGD step of ``gradspec.collect`` divides the (noised) clipped sum by the
+The DP-SGD step of ``gradspec.train`` divides the (noised) clipped sum by the
 expected batch size ``q n`` (Poisson sampling) or the fixed batch size B (shuffling)
 when private, and by the drawn batch size when sigma = 0. Hooks that need the
 average clipped gradient itself (noisy AdaGrad's preconditioner) use the same
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from gradspec._enums import Sampling
-from gradspec.collect._hooks import StepHooks
+from gradspec.train import StepHooks
 
 __all__ = ["OptimHooks"]
 

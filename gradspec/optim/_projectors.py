@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gradspec.tasks._base import TensorData, check_splits
+from gradspec.tasks import TensorData, check_splits
 
 logger = logging.getLogger(__name__)
 

@@ -16,13 +16,13 @@ from typing import Any
 import torch
 
 from gradspec._enums import parse_choice
-from gradspec.collect._hooks import StepHooks
 from gradspec.optim._adadps import AdaDPS
 from gradspec.optim._adagrad import NoisyAdaGrad
 from gradspec.optim._dpadam import DPAdam
 from gradspec.optim._pdp import PDPSGD
 from gradspec.optim._projectors import FixedProjector, Projector, PublicProjector, RandomProjector
 from gradspec.optim._subspace import SubspaceRetrain
+from gradspec.train import StepHooks
 
 __all__ = [
     "Algorithm",

@@ -1,7 +1,7 @@
 """Experiments: one private optimizer on one configuration, or a grid of them.
 
-:func:`retrain` runs a configuration through ``gradspec.collect.collect`` with the
-optimizer's hooks and no gradient store, and writes ``retrain.json`` (algorithm,
+:func:`retrain` runs a configuration through the trainer (:func:`gradspec.train.train`) with
+the optimizer's hooks and no gradient store, and writes ``retrain.json`` (algorithm,
 options, epsilon, final metrics) next to the run's ``metrics.jsonl``. :func:`sweep`
 runs a grid over algorithms, ranks, seeds and sigma or epsilon, one directory each,
 and writes ``summary.csv`` and ``summary.json``.
@@ -37,11 +37,10 @@ from typing import Any
 
 import torch
 
-from gradspec.collect._config import CollectConfig
-from gradspec.collect._hooks import StepHooks
 from gradspec.optim._projectors import Projector
 from gradspec.optim._registry import PROJECTED, Algorithm, algorithm_options, make_algorithm
-from gradspec.tasks._base import Task
+from gradspec.tasks import Task
+from gradspec.train import StepHooks, TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +139,9 @@ def _held_out_report(task: Task, final: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def _train_metrics(task: Task, config: CollectConfig) -> dict[str, float]:
+def _train_metrics(task: Task, config: TrainConfig) -> dict[str, float]:
     """Loss and metrics on the private training set at the current parameters (``train_*``)."""
-    from gradspec.collect._loop import evaluate, resolve_device
+    from gradspec.train import evaluate, resolve_device
 
     device = resolve_device(config.device)
     view = SimpleNamespace(eval=task.train, forward=task.forward, loss=task.loss, metrics=task.metrics)
@@ -157,7 +156,7 @@ def _train_metrics(task: Task, config: CollectConfig) -> dict[str, float]:
 
 def retrain(
     *,
-    config: CollectConfig,
+    config: TrainConfig,
     algorithm: str | Algorithm | StepHooks,
     out: str | os.PathLike,
     options: dict[str, Any] | None = None,
@@ -193,7 +192,7 @@ def retrain(
         ValueError: bad options, or a target epsilon with an optimizer that spends
             privacy of its own (calibrate sigma with ``gradspec account`` instead).
     """
-    from gradspec.collect._loop import collect
+    from gradspec.train import train
 
     options = dict(options or {})
     requested = config.to_dict()
@@ -221,8 +220,8 @@ def retrain(
         task = make_task(config.task, seed=config.seed, **config.task_options)
     settings = {"config": requested, "options": _jsonable(options),
                 "algorithm": hooks.name if isinstance(algorithm, StepHooks) else str(algorithm)}
-    result = collect(config, out=out, task=task, resume=resume, overwrite=overwrite,
-                     progress=progress, hooks=hooks, write_store=False)
+    result = train(config, out=out, task=task, resume=resume, overwrite=overwrite,
+                   progress=progress, hooks=hooks, write_store=False)
     final = dict(result.final_metrics)
     final.update(_held_out_report(task, final))
     if train_metrics and result.steps:
@@ -274,7 +273,7 @@ def _check_reusable(saved: dict[str, Any], settings: dict[str, Any], run_dir: Pa
 
 def sweep(
     *,
-    config: CollectConfig,
+    config: TrainConfig,
     algorithms: Sequence[str | tuple[str, dict[str, Any]]],
     out: str | os.PathLike,
     ranks: Sequence[int] = (),
@@ -313,6 +312,12 @@ def sweep(
     """
     if noise_multipliers and epsilons:
         raise ValueError("sweep over noise multipliers or over epsilons, not both")
+    for what, values in (("ranks", ranks), ("seeds", seeds), ("noise_multipliers", noise_multipliers),
+                         ("epsilons", epsilons)):
+        seen = [v for i, v in enumerate(values) if v in list(values)[:i]]
+        if seen:
+            # the second run would reuse the first's directory: one run counted twice in the summary
+            raise ValueError(f"{what} lists {seen[0]!r} twice; give each value once")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     privacy: list[tuple[float | None, float | None]] = (

@@ -290,7 +290,7 @@ class _TextForward:
     """``forward(call, batch)`` for a sequence classifier: returns the logits."""
 
     def __init__(self, model: nn.Module) -> None:
-        from gradspec.collect._masks import attention_is_causal
+        from gradspec.train import attention_is_causal
 
         # Models built on transformers' mask helpers take a ready 4-D mask as-is, which
         # keeps their data-dependent "is there padding?" branch out of vmap. As-is means it
@@ -304,7 +304,7 @@ class _TextForward:
         self.model = model
 
     def __call__(self, call: Callable[..., Any], batch: Batch) -> Tensor:
-        from gradspec.collect._masks import attention_mask_4d
+        from gradspec.train import attention_mask_4d
 
         inputs = {k: batch[k] for k in _INPUT_KEYS if k in batch}
         if self.mask_4d and "attention_mask" in inputs:

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gradspec.collect import collect, is_run_dir
-from gradspec.collect._hooks import StepHooks
 from gradspec.store import GradientStore
 from gradspec.store._lock import LOCK_NAME, DirectoryBusyError, RunLock
+from gradspec.train import StepHooks
 
 from ._tiny import tiny_task
 from .test_collect import cfg

@@ -6,9 +6,8 @@ from types import SimpleNamespace
 
 import torch
 
-from gradspec.collect import CollectConfig
-from gradspec.collect._per_example import PerExampleGradients, layout_for
 from gradspec.tasks import make_task
+from gradspec.train import CollectConfig, PerExampleGradients, layout_for
 
 LOWRANK = dict(n=120, n_eval=60, d=16, r=3)
 

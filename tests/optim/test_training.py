@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from gradspec.collect import collect
-from gradspec.collect._hooks import StepHooks
 from gradspec.optim import (
     PDPSGD,
     AdaDPS,
@@ -23,6 +22,7 @@ from gradspec.optim import (
 )
 from gradspec.privacy import RDP_ORDERS
 from gradspec.tasks.lowrank import row_space_basis
+from gradspec.train import StepHooks
 
 from ._cases import LOWRANK, config, lowrank_task
 

@@ -26,10 +26,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from gradspec.collect import CollectConfig
-from gradspec.collect._hooks import StepHooks
 from gradspec.optim import Algorithm, RetrainResult, make_algorithm, retrain
 from gradspec.tasks._base import Task, TensorData
+from gradspec.train import CollectConfig, StepHooks
 
 N_TRAIN, N_EVAL, N_PUBLIC = 48, 24, 32
 D_IN, HIDDEN, CLASSES = 6, 8, 3

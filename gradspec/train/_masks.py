@@ -108,7 +108,7 @@ def _measured_causal(model: nn.Module) -> bool:
         )
     device = next(model.parameters()).device
     base = getattr(model, "base_model", model)  # hidden states, not a head's pooled output
-    from gradspec.collect._per_example import _modes  # imports this module: not at the top
+    from gradspec.train._per_example import _modes  # imports this module: not at the top
 
     try:
         with torch.no_grad(), _modes(model, False):

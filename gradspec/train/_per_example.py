@@ -36,7 +36,7 @@ exits 0. Hence the checks (``PerExampleGradients``):
 
 Hugging Face models need a ready 4D attention mask under ``vmap``; it must keep
 the model's own attention pattern (causal + padding for decoders such as GPT-2):
-see ``attention_mask_4d`` and ``attention_is_causal`` (in ``gradspec.collect._masks``).
+see ``attention_mask_4d`` and ``attention_is_causal`` (in ``gradspec.train._masks``).
 
 References: Abadi et al. 2016 (DP-SGD); Yousefpour et al. 2021 (Opacus).
 """
@@ -52,13 +52,13 @@ import torch
 from torch import Tensor, nn
 
 from gradspec._enums import PerExampleBackend, parse_choice
-from gradspec.collect._masks import (  # noqa: F401 - re-exported: they lived here
+from gradspec.store._layout import ParamLayout, match_names
+from gradspec.train._masks import (  # noqa: F401 - re-exported: they lived here
     _measured_causal,
     additive_attention_mask,
     attention_is_causal,
     attention_mask_4d,
 )
-from gradspec.store._layout import ParamLayout, match_names
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The settings of a `collect` run: a frozen dataclass saved next to its data."""
+"""The settings of a training run (``collect``, ``retrain``): a frozen dataclass saved next to its data."""
 
 from __future__ import annotations
 
@@ -54,8 +54,10 @@ _FLAGS = {
 
 
 @dataclass(frozen=True)
-class CollectConfig:
-    """Everything that determines a `collect` run (and so its stored rows).
+class TrainConfig:
+    """Everything that determines a training run (and so a `collect` run's stored rows).
+
+    ``CollectConfig`` is the same class (its name before the trainer moved to ``gradspec.train``).
 
     Attributes:
         task: registry name of the task (``text``, ``cnn``, ``geomedian``, ``lowrank``).
@@ -180,7 +182,7 @@ class CollectConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CollectConfig:
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
@@ -194,6 +196,10 @@ class CollectConfig:
     def custom_task(self) -> bool:
         """The task was built in Python (``task = "custom:<name>"``), not by the registry."""
         return self.task.startswith(CUSTOM_PREFIX)
+
+
+#: The name this class had while the trainer lived in ``gradspec.collect``; the public API keeps it.
+CollectConfig = TrainConfig
 
 
 def flag(name: str) -> str:
@@ -229,7 +235,7 @@ def _task_options_with_defaults(task: str, options: dict[str, Any]) -> dict[str,
     return _normal("task_options", {**filled, **options})
 
 
-def resume_conflicts(saved: CollectConfig, given: Mapping[str, Any]) -> list[str]:
+def resume_conflicts(saved: TrainConfig, given: Mapping[str, Any]) -> list[str]:
     """The settings in ``given`` that a resume of the run ``saved`` may not change.
 
     Args:
@@ -259,7 +265,7 @@ def resume_conflicts(saved: CollectConfig, given: Mapping[str, Any]) -> list[str
     return out
 
 
-def merge_resume(saved: CollectConfig, given: Mapping[str, Any]) -> CollectConfig:
+def merge_resume(saved: TrainConfig, given: Mapping[str, Any]) -> TrainConfig:
     """The settings of a resumed run: ``saved`` with the resumable settings of ``given`` applied.
 
     Settings outside :data:`RESUMABLE` must equal the saved ones. Giving ``epochs``
@@ -279,7 +285,7 @@ def merge_resume(saved: CollectConfig, given: Mapping[str, Any]) -> CollectConfi
     d.update({k: _normal(k, v) for k, v in given.items() if k in RESUMABLE})
     if "epochs" in given and "steps" not in given:
         d["steps"] = None
-    return CollectConfig.from_dict(d)
+    return TrainConfig.from_dict(d)
 
 
 def _task_identity(task: Task, seed: int) -> tuple[str, dict[str, Any]] | None:
@@ -296,7 +302,7 @@ def _task_identity(task: Task, seed: int) -> tuple[str, dict[str, Any]] | None:
     return name, {k: built[k] for k in task_options(name) if k in built and k != "seed"}
 
 
-def bind_task(config: CollectConfig, task: Task | None) -> tuple[CollectConfig, Task]:
+def bind_task(config: TrainConfig, task: Task | None) -> tuple[TrainConfig, Task]:
     """The config that says what the task really is, and the task (built from the config if None).
 
     A task built by the registry is recorded by its name and options, so the CLI can

@@ -1,6 +1,6 @@
 """Where a DP training step can be changed: the hooks of the private optimizers.
 
-The DP-SGD step of ``gradspec.collect`` calls these in order::
+The DP-SGD step of ``gradspec.train`` calls these in order::
 
     g_i  <- precondition(g_i)                  per-example, before clipping  (AdaDPS)
     s    <- before_noise(sum_i clip(g_i))      the clipped sum               (fixed-subspace retraining)

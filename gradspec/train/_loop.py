@@ -1,4 +1,5 @@
-"""`collect`: DP-SGD training that streams clipped gradients into a gradient store.
+"""The DP-SGD trainer: `train` runs a model, and (for `gradspec.collect`) streams clipped
+gradients into a gradient store.
 
 One step (Abadi et al. 2016; Li et al. 2022 §4.2):
 
@@ -13,13 +14,13 @@ One step (Abadi et al. 2016; Li et al. 2022 §4.2):
 
 A run directory holds ``gradients.zarr`` (the store), ``metrics.jsonl``,
 ``config.json`` and ``checkpoint.pt``, and is owned by one process at a time
-(:class:`gradspec.store._lock.RunLock`, taken before anything in it is created,
+(:class:`gradspec.store.RunLock`, taken before anything in it is created,
 replaced or removed, and held until the run ends). Rows are committed together
 with a checkpoint every ``checkpoint_every`` steps, so ``resume=True`` continues
 from the last checkpoint and reproduces the rows of an uninterrupted run.
 
 A resume keeps everything that decides what a step computes; it may change only
-the settings in :data:`~gradspec.collect._config.RESUMABLE` (the run's length,
+the settings in :data:`~gradspec.train._config.RESUMABLE` (the run's length,
 how often it evaluates, logs and checkpoints, memory use). Changing the length
 of a run whose sigma was calibrated for a target epsilon keeps that sigma (the
 steps already taken used it): the run becomes a fixed-sigma run, and extending it
@@ -47,7 +48,8 @@ import numpy as np
 import torch
 
 from gradspec._enums import CollectMode, GradDtype, Sampling
-from gradspec.collect._checkpoint import (
+from gradspec.tasks import Task
+from gradspec.train._checkpoint import (
     CHECKPOINT_NAME,
     CONFIG_NAME,
     METRICS_NAME,
@@ -63,27 +65,26 @@ from gradspec.collect._checkpoint import (
     saved_run_config,
     write_text_atomic,
 )
-from gradspec.collect._config import (
-    CollectConfig,
+from gradspec.train._config import (
+    TrainConfig,
     bind_task,
     flag,
     merge_resume,
 )
-from gradspec.collect._hooks import StepHooks
-from gradspec.collect._sampling import PoissonSampler, ShuffleSampler
-from gradspec.tasks._base import Task
+from gradspec.train._hooks import StepHooks
+from gradspec.train._sampling import PoissonSampler, ShuffleSampler
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CHECKPOINT_NAME", "CONFIG_NAME", "METRICS_NAME", "STORE_NAME", "CollectResult", "collect",
-           "evaluate"]
+__all__ = ["CHECKPOINT_NAME", "CONFIG_NAME", "METRICS_NAME", "STORE_NAME", "CollectResult", "TrainResult",
+           "evaluate", "package_versions", "resolve_device", "train"]
 
 FLOAT16_MAX = 65504.0
 
 
 @dataclass(frozen=True)
-class CollectResult:
-    """What a `collect` run produced."""
+class TrainResult:
+    """What a training run (`train`, `collect`) produced; ``store`` is None when it wrote none."""
 
     out: Path
     store: Path | None
@@ -97,7 +98,12 @@ class CollectResult:
     final_metrics: dict[str, float]
 
 
-def _versions() -> dict[str, str]:
+#: The name of :class:`TrainResult` while the trainer lived in ``gradspec.collect``.
+CollectResult = TrainResult
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of gradspec, Python and the libraries a run depends on (saved with its data)."""
     out = {}
     for name in ("gradspec", "torch", "numpy", "zarr", "transformers", "dp-accounting", "opacus"):
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -149,12 +155,12 @@ class _Run:
     """The state of one collect run (built fresh or restored from a checkpoint)."""
 
     def __init__(
-        self, config: CollectConfig, task: Task, out: Path, progress: bool, hooks: StepHooks | None = None,
+        self, config: TrainConfig, task: Task, out: Path, progress: bool, hooks: StepHooks | None = None,
         *, sigma: float | None = None,
     ) -> None:
         """Build the run; ``sigma`` (a resumed run's noise multiplier) skips the calibration."""
-        from gradspec.collect._per_example import PerExampleGradients, layout_for, select_parameters
         from gradspec.privacy import PrivacyAccountant, calibrate_noise_multiplier, default_delta
+        from gradspec.train._per_example import PerExampleGradients, layout_for, select_parameters
 
         self.config, self.task, self.out, self.progress = config, task, out, progress
         self.device = resolve_device(config.device)
@@ -247,7 +253,7 @@ class _Run:
                 if c.sampling == Sampling.POISSON
                 else "shuffled fixed-size batches, accounted as one Gaussian mechanism per epoch (no amplification)"
             ),
-            "versions": _versions(),
+            "versions": package_versions(),
         }
 
     # ------------------------------------------------------------------ checkpoint
@@ -394,8 +400,8 @@ class _Run:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def collect(
-    config: CollectConfig | None = None,
+def train(
+    config: TrainConfig | None = None,
     *,
     out: str | Path,
     task: Task | None = None,
@@ -405,20 +411,21 @@ def collect(
     writer: bool = True,
     stop_after: int | None = None,
     hooks: StepHooks | None = None,
-    write_store: bool = True,
+    write_store: bool = False,
     allow_larger_epsilon: bool = False,
-) -> CollectResult:
-    """Train with DP-SGD and stream clipped gradients into ``out/gradients.zarr``.
+) -> TrainResult:
+    """Train with DP-SGD in the run directory ``out``; with ``write_store``, also stream the
+    clipped gradients into ``out/gradients.zarr`` (what :func:`gradspec.collect` does).
 
     The run owns ``out`` while it runs: a second writer (another process, or another
-    thread) is refused with a :class:`~gradspec.store._lock.DirectoryBusyError`
+    thread) is refused with a :class:`~gradspec.store.DirectoryBusyError`
     naming the owner's pid. The lock cannot go stale: the kernel drops it when the
     owner exits or is killed.
 
     Args:
-        config: run settings (default: ``CollectConfig()``, the text task). On resume:
+        config: run settings (default: ``TrainConfig()``, the text task). On resume:
             None (continue as saved), or the saved settings with only those in
-            :data:`~gradspec.collect._config.RESUMABLE` changed (e.g. more ``steps``).
+            :data:`~gradspec.train.RESUMABLE` changed (e.g. more ``steps``).
         out: run directory (store, metrics, config, checkpoint): new, empty, or a
             gradspec run directory.
         task: a user's own :class:`~gradspec.tasks.Task`; default builds ``config.task``.
@@ -432,13 +439,13 @@ def collect(
         stop_after: stop (with a checkpoint) after this many steps in this call (>= 1);
             for splitting long runs and for tests.
         hooks: changes to the DP-SGD step (the private optimizers of ``gradspec.optim``).
-        write_store: write a gradient store; ``False`` only trains (metrics and
-            checkpoints are still written), as ``gradspec retrain`` does.
+        write_store: write a gradient store; ``False`` (the default) only trains (metrics
+            and checkpoints are still written), as ``gradspec retrain`` does.
         allow_larger_epsilon: on resume, allow more steps than a target-epsilon run's
             sigma was calibrated for (its epsilon then exceeds the target; it is reported).
 
     Returns:
-        A :class:`CollectResult`.
+        A :class:`TrainResult`.
 
     Raises:
         ValueError: bad settings, a resume whose settings or task differ from the saved run,
@@ -455,8 +462,8 @@ def collect(
         raise ValueError("--resume continues the run in --out and --overwrite replaces it: give one of them")
     if stop_after is not None and stop_after < 1:
         raise ValueError(f"--stop-after must be >= 1, got {stop_after}")
-    if config is not None and not isinstance(config, CollectConfig):
-        raise TypeError(f"config must be a CollectConfig, got {type(config).__name__}")
+    if config is not None and not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     # Refuse what can be refused before the lock file is created (a foreign directory gets none).
     if resume:
         read_run_config(out)
@@ -473,7 +480,7 @@ def collect(
             run, store, task = _prepare_resume(config, task, out, progress, hooks, write_store,
                                                allow_larger_epsilon)
         else:
-            config, task = bind_task(config or CollectConfig(), task)
+            config, task = bind_task(config or TrainConfig(), task)
             torch.manual_seed(config.seed)
             run = _Run(config, task, out, progress, hooks)
             if write_store and config.every >= run.steps > 1:
@@ -503,7 +510,7 @@ def collect(
 
 
 def _prepare_resume(
-    config: CollectConfig | None, task: Task | None, out: Path, progress: bool, hooks: StepHooks | None,
+    config: TrainConfig | None, task: Task | None, out: Path, progress: bool, hooks: StepHooks | None,
     write_store: bool, allow_larger_epsilon: bool,
 ):
     """Check everything a resume depends on, then (and only then) roll the run back to its checkpoint."""
@@ -579,7 +586,7 @@ def _prepare_resume(
 
 
 def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: bool,
-           stop_after: int | None) -> CollectResult:
+           stop_after: int | None) -> TrainResult:
     """The training loop of a new or resumed run, inside the run directory's lock."""
     from gradspec.store import BackgroundWriter
 
@@ -650,7 +657,7 @@ def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: b
     if store is not None and run.step >= run.steps:
         store.update_config(final_epsilon=eps, final_metrics=run.last_eval)
         store.set_status("complete")
-    return CollectResult(
+    return TrainResult(
         out=out, store=out / STORE_NAME if store is not None else None, metrics=metrics_path,
         rows=store.n_rows if store is not None else 0, steps=run.step,
         noise_multiplier=run.sigma, sample_rate=run.q, delta=run.delta, epsilon=eps,

@@ -2,7 +2,7 @@
 
 A run directory holds exactly the entries of :data:`RUN_ENTRIES` (and the lock
 file of :mod:`gradspec.store._lock`); it is recognised by its ``config.json``,
-which parses as a :class:`~gradspec.collect.CollectConfig`. Other files may sit
+which parses as a :class:`~gradspec.train.TrainConfig`. Other files may sit
 next to them (``gradspec pca`` output, figures): ``overwrite`` removes only the
 run's own entries, and never touches a directory that is not a run directory.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gradspec.collect._config import CollectConfig, resume_conflicts
+from gradspec.train._config import TrainConfig, resume_conflicts
 
 CHECKPOINT_FORMAT = 1
 
@@ -85,7 +85,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 # ------------------------------------------------------------------ run directories
-def read_run_config(out: str | os.PathLike) -> CollectConfig:
+def read_run_config(out: str | os.PathLike) -> TrainConfig:
     """The saved settings of the run in ``out``.
 
     Raises:
@@ -96,7 +96,7 @@ def read_run_config(out: str | os.PathLike) -> CollectConfig:
     if not path.is_file():
         raise FileNotFoundError(f"no run to resume in {str(out)!r} (no {CONFIG_NAME}); drop --resume")
     try:
-        return CollectConfig.from_dict(json.loads(path.read_text()))
+        return TrainConfig.from_dict(json.loads(path.read_text()))
     except (ValueError, TypeError) as exc:
         raise ValueError(
             f"{str(path)!r} is not the config of a gradspec run ({str(exc).splitlines()[0][:120]}); "
@@ -186,7 +186,7 @@ def saved_run_config(out: Path) -> dict[str, Any]:
     return {}
 
 
-def open_resumable(out: Path, state: dict[str, Any], saved: CollectConfig, layout: list[dict], *,
+def open_resumable(out: Path, state: dict[str, Any], saved: TrainConfig, layout: list[dict], *,
                    write_store: bool, run_config: dict[str, Any]):
     """Check that the run directory ``out`` agrees with its checkpoint ``state``; open its store.
 

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from gradspec._enums import PerExampleBackend
-from gradspec.collect._per_example import (
+from gradspec.train import (
     PerExampleGradients,
     attention_is_causal,
     attention_mask_4d,

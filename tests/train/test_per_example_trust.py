@@ -13,8 +13,12 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from gradspec.collect._masks import additive_attention_mask, attention_is_causal, attention_mask_4d
-from gradspec.collect._per_example import PerExampleGradients
+from gradspec.train import (
+    PerExampleGradients,
+    additive_attention_mask,
+    attention_is_causal,
+    attention_mask_4d,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -353,7 +357,7 @@ def test_attention_mask_4d_pattern():
 
 
 def test_attention_is_causal_rules_and_measurement():
-    from gradspec.collect._masks import _measured_causal
+    from gradspec.train._masks import _measured_causal
 
     torch.manual_seed(0)
     gpt2 = _gpt2_classifier()

@@ -1,0 +1,55 @@
+"""The DP-SGD trainer: the loop, sampling, the per-example engine, checkpoint/resume and
+the hooks through which the private optimizers of ``gradspec.optim`` change a step.
+
+Recording gradients into a store is ``gradspec.collect``'s; this package trains.
+"""
+
+from gradspec.train._checkpoint import is_run_dir, read_run_config
+from gradspec.train._config import (
+    RESUMABLE,
+    CollectConfig,
+    TrainConfig,
+    merge_resume,
+    resume_conflicts,
+)
+from gradspec.train._hooks import StepHooks
+from gradspec.train._loop import (
+    CollectResult,
+    TrainResult,
+    evaluate,
+    package_versions,
+    resolve_device,
+    train,
+)
+from gradspec.train._masks import additive_attention_mask, attention_is_causal, attention_mask_4d
+from gradspec.train._per_example import PerExampleGradients, layout_for, select_parameters
+from gradspec.train._sampling import PoissonSampler, ShuffleSampler
+
+__all__ = [
+    # running
+    "train",
+    "evaluate",
+    "TrainConfig",
+    "TrainResult",
+    "CollectConfig",
+    "CollectResult",
+    "RESUMABLE",
+    "merge_resume",
+    "resume_conflicts",
+    "is_run_dir",
+    "read_run_config",
+    "resolve_device",
+    "package_versions",
+    # changing a step
+    "StepHooks",
+    # the parts of a step
+    "PerExampleGradients",
+    "layout_for",
+    "select_parameters",
+    "PoissonSampler",
+    "ShuffleSampler",
+    # Hugging Face attention masks that keep the model's own masking under vmap
+    "additive_attention_mask",
+    "attention_is_causal",
+    "attention_mask_4d",
+]
