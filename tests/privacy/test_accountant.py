@@ -29,14 +29,17 @@ Q = 256 / 60000
 T = math.ceil(60 / Q)  # 14,063 steps
 DELTA = 1e-5
 # Computed once with dp-accounting 0.6 (and matching Opacus 1.6, see below); a
-# regression in our event handling or a library change moves these.
+# regression in our event handling or a library change moves these. The RDP values are
+# dp-accounting's RdpAccountant on RDP_ORDERS (its optimal orders, 8.12 and 1.66, are
+# below the refinement threshold); with the previous grid (1.1, 1.2, ..., 1024) they were
+# 2.596655529521983, 3.0083810534063087, 57.65293249428923 and 59.29827604795038.
 PINNED = {
     ("pld", "poisson"): 2.381778812581751,
-    ("rdp", "poisson"): 2.596655529521983,
-    ("rdp-classic", "poisson"): 3.0083810534063087,
+    ("rdp", "poisson"): 2.5966419896752626,
+    ("rdp-classic", "poisson"): 3.008375383086399,
     ("pld", "shuffle"): 54.7069517738594,  # 61 started epochs, each one Gaussian mechanism
-    ("rdp", "shuffle"): 57.65293249428923,
-    ("rdp-classic", "shuffle"): 59.29827604795038,
+    ("rdp", "shuffle"): 57.59656316422353,
+    ("rdp-classic", "shuffle"): 59.2778801806198,
 }
 
 # Cheaper runs (sigma, q, steps) for cross-checks.
@@ -116,7 +119,8 @@ def test_rdp_classic_matches_opacus_rdp_with_classical_conversion(run):
         noise_multiplier=sigma, sample_rate=q, steps=steps, delta=DELTA, method="rdp-classic"
     )
     orders = np.asarray(RDP_ORDERS)
-    reference = float(np.min(_opacus_rdp(sigma, q, steps) + math.log(1 / DELTA) / (orders - 1)))
+    # Opacus overflows to nan at orders >= 1448, where these RDPs are ~1e4 or more: left out.
+    reference = float(np.nanmin(_opacus_rdp(sigma, q, steps) + math.log(1 / DELTA) / (orders - 1)))
     assert reference * (1 - 1e-9) <= ours <= reference * (1 + RDP_EXCESS[run])
 
 
