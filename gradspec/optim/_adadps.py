@@ -40,6 +40,7 @@ from gradspec._enums import parse_choice
 from gradspec.optim._base import OptimHooks
 from gradspec.optim._projectors import checked_public, public_gradients, public_ids
 from gradspec.tasks import TensorData
+from gradspec.train import StepContext
 
 __all__ = ["FREQUENCY", "AdaDPS", "AdaDPSRule", "frequency_side_information", "load_side_information"]
 
@@ -222,35 +223,35 @@ class AdaDPS(OptimHooks):
         self.public = public
         self.t = 0
 
-    def setup(self, run: Any) -> None:
-        super().setup(run)
-        p = run.layout.p
+    def setup(self, ctx: StepContext) -> None:
+        super().setup(ctx)
+        p = ctx.layout.p
         if self.rule == AdaDPSRule.FIXED:
             if isinstance(self.side_information, str):  # "frequency", from public examples
-                self.public = checked_public(run, self.public, self.public_size, self.seed)
+                self.public = checked_public(ctx, self.public, self.public_size, self.seed)
                 self.side_information = frequency_side_information(
-                    run.model, list(run.names), self.public)
+                    ctx.model, list(ctx.names), self.public)
             side = _checked_side(self.side_information, p, "side information A")
-            self.A = side.to(run.device)
+            self.A = side.to(ctx.device)
             return
-        self.public = checked_public(run, self.public, self.public_size, self.seed)
+        self.public = checked_public(ctx, self.public, self.public_size, self.seed)
         m = len(self.public)
         if self.public_batch is not None and not 1 <= self.public_batch <= m:
             raise ValueError(f"public batch size b' must be in [1, m={m}] (the public examples), "
                              f"got {self.public_batch}")
-        self.b_pub = self.public_batch or min(m, run.config.batch_size)
+        self.b_pub = self.public_batch or min(m, ctx.config.batch_size)
         self._pub_gen = torch.Generator().manual_seed(self.seed + 1)
-        self.v = torch.zeros(p, device=run.device)
-        self.M = torch.zeros(p, device=run.device)
-        self.A = torch.ones(p, device=run.device)
+        self.v = torch.zeros(p, device=ctx.device)
+        self.M = torch.zeros(p, device=ctx.device)
+        self.A = torch.ones(p, device=ctx.device)
         self.t = 0
 
-    def on_step_start(self, step: int, run: Any) -> None:
-        super().on_step_start(step, run)
+    def on_step_start(self, step: int, ctx: StepContext) -> None:
+        super().on_step_start(step, ctx)
         if self.rule == AdaDPSRule.FIXED:
             return
         idx = torch.randperm(len(self.public), generator=self._pub_gen)[: self.b_pub]
-        ghat = public_gradients(run, self.public, idx).mean(0)
+        ghat = public_gradients(ctx, self.public, idx).mean(0)
         self.t += 1
         if self.rule == AdaDPSRule.ADAGRAD:
             self.v = self.v + ghat.square()

@@ -73,6 +73,7 @@ from torch import Tensor
 
 from gradspec.optim._base import OptimHooks
 from gradspec.optim._projectors import Projector
+from gradspec.train import StepContext
 
 __all__ = ["NoisyAdaGrad", "goe"]
 
@@ -126,26 +127,26 @@ class NoisyAdaGrad(OptimHooks):
         self.t = 0
         self.sigma_b = 0.0
 
-    def setup(self, run: Any) -> None:
-        super().setup(run)
-        if run.sigma > 0 and self.z_b <= 0:
+    def setup(self, ctx: StepContext) -> None:
+        super().setup(ctx)
+        if ctx.noise_multiplier > 0 and self.z_b <= 0:
             raise ValueError(
                 "noisy AdaGrad's preconditioner is built from private gradients: a private run "
                 "needs precond_noise_multiplier > 0"
             )
-        self.projector.setup(run)
+        self.projector.setup(ctx)
         k = self.projector.rank
         shape = (k,) if self.diagonal else (k, k)
-        self.S = torch.zeros(shape, dtype=torch.float64, device=run.device)
+        self.S = torch.zeros(shape, dtype=torch.float64, device=ctx.device)
         self.t = 0
-        seed = self.seed if self.seed is not None else run.config.seed + 3
-        self._gen = self._generator(run.device, seed)
+        seed = self.seed if self.seed is not None else ctx.config.seed + 3
+        self._gen = self._generator(ctx.device, seed)
         self._L = float(self.lipschitz) if self.lipschitz is not None else self._clip
 
-    def on_step_start(self, step: int, run: Any) -> None:
-        super().on_step_start(step, run)
+    def on_step_start(self, step: int, ctx: StepContext) -> None:
+        super().on_step_start(step, ctx)
         old = self.projector._basis
-        if self.projector.update(step, run) and old is not None and self.t > 0:
+        if self.projector.update(step, ctx) and old is not None and self.t > 0:
             r = self.projector.basis.double().T @ old.double()
             self.S = (r.square() @ self.S) if self.diagonal else r @ self.S @ r.T
 

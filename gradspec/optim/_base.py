@@ -2,20 +2,17 @@
 
 The DP-SGD step of ``gradspec.train`` divides the (noised) clipped sum by the
 expected batch size ``q n`` (Poisson sampling) or the fixed batch size B (shuffling)
-when private, and by the drawn batch size when sigma = 0. Hooks that need the
-average clipped gradient itself (noisy AdaGrad's preconditioner) use the same
-denominator, :meth:`OptimHooks.denominator`.
+when private (the run's ``StepContext.denominator``), and by the drawn batch size when
+sigma = 0. Hooks that need the average clipped gradient itself (noisy AdaGrad's
+preconditioner) use the same denominator, :meth:`OptimHooks.denominator`.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from gradspec._enums import Sampling
-from gradspec.train import StepHooks
+from gradspec.train import StepContext, StepHooks
 
 __all__ = ["OptimHooks"]
 
@@ -34,23 +31,22 @@ class OptimHooks(StepHooks):
     own_direction = False
     extra_privacy = False
 
-    def setup(self, run: Any) -> None:
-        config = run.config
+    def setup(self, ctx: StepContext) -> None:
+        config = ctx.config
         if self.own_direction and (config.optimizer != "sgd" or config.momentum != 0):
             raise ValueError(
                 f"{self.name} computes its own update direction: train with optimizer='sgd' and "
                 f"momentum=0 (the step is theta - lr * direction), not {config.optimizer!r} "
                 f"with momentum {config.momentum}"
             )
-        self._sigma = float(run.sigma)
-        self._poisson = config.sampling == Sampling.POISSON
-        self._expected = run.q * run.n if self._poisson else float(config.batch_size)
+        self._sigma = float(ctx.noise_multiplier)
+        self._expected = float(ctx.denominator)
         self._clip = float(config.max_grad_norm)
-        self._p = run.layout.p
-        self._device = run.device
+        self._p = ctx.layout.p
+        self._device = ctx.device
         self._count = 0
 
-    def on_step_start(self, step: int, run: Any) -> None:
+    def on_step_start(self, step: int, ctx: StepContext) -> None:
         self._count = 0
 
     def precondition(self, grads: Tensor) -> Tensor:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from gradspec.optim._base import OptimHooks
+from gradspec.train import StepContext
 
 __all__ = ["DPAdam"]
 
@@ -44,11 +45,11 @@ class DPAdam(OptimHooks):
         self.m: Tensor | None = None
         self.v: Tensor | None = None
 
-    def setup(self, run: Any) -> None:
-        super().setup(run)
+    def setup(self, ctx: StepContext) -> None:
+        super().setup(ctx)
         self.t = 0
-        self.m = torch.zeros(run.layout.p, device=run.device)
-        self.v = torch.zeros(run.layout.p, device=run.device)
+        self.m = torch.zeros(ctx.layout.p, device=ctx.device)
+        self.v = torch.zeros(ctx.layout.p, device=ctx.device)
 
     def direction(self, grad: Tensor) -> Tensor:
         self.t += 1

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from gradspec.optim._base import OptimHooks
 from gradspec.optim._projectors import Projector, PublicProjector, RandomProjector
+from gradspec.train import StepContext
 
 __all__ = ["PDPSGD", "pdp_sgd", "rpdp_sgd"]
 
@@ -45,18 +46,18 @@ class PDPSGD(OptimHooks):
         if isinstance(projector, RandomProjector):
             self.name = "rpdp-sgd"
 
-    def setup(self, run: Any) -> None:
-        super().setup(run)
-        sampler = getattr(run, "sampler", None)
-        per_epoch = getattr(sampler, "steps_per_epoch", None) or 1.0 / run.q
+    def setup(self, ctx: StepContext) -> None:
+        super().setup(ctx)
+        sampler = ctx.sampler
+        per_epoch = getattr(sampler, "steps_per_epoch", None) or 1.0 / ctx.sample_rate
         self.start_step = math.ceil(self.start_epoch * per_epoch - 1e-9)
-        self.projector.setup(run)
+        self.projector.setup(ctx)
 
-    def on_step_start(self, step: int, run: Any) -> None:
-        super().on_step_start(step, run)
+    def on_step_start(self, step: int, ctx: StepContext) -> None:
+        super().on_step_start(step, ctx)
         self.active = step >= self.start_step
         if self.active:
-            self.projector.update(step, run)
+            self.projector.update(step, ctx)
 
     def after_noise(self, grad: Tensor) -> Tensor:
         return self.projector.project(grad) if self.active else grad

@@ -13,8 +13,8 @@ order) and applies ``P x = V (V^T x)`` in O(pk). Three kinds:
 * :class:`RandomProjector` — a Gaussian p x k matrix, orthonormalised (the RPDP-SGD
   baseline of Zhou et al. 2021, §5).
 
-Projectors are set up against a run (``setup(run)``) and may refresh their basis at
-the start of a step (``update(step, run)``, which says whether the basis changed).
+Projectors are set up against a run (``setup(ctx)``) and may refresh their basis at
+the start of a step (``update(step, ctx)``, which says whether the basis changed).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from gradspec.tasks import TensorData, check_splits
+from gradspec.train import StepContext
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +59,12 @@ class Projector:
         self._basis: Tensor | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def setup(self, run: Any) -> None:
+    def setup(self, ctx: StepContext) -> None:
         """Prepare for ``run`` (its ``layout.p``, ``device``, task and gradients)."""
-        if self.rank > run.layout.p:
-            raise ValueError(f"rank k={self.rank} exceeds the {run.layout.p} trained parameters")
+        if self.rank > ctx.layout.p:
+            raise ValueError(f"rank k={self.rank} exceeds the {ctx.layout.p} trained parameters")
 
-    def update(self, step: int, run: Any) -> bool:
+    def update(self, step: int, ctx: StepContext) -> bool:
         """Refresh the basis if it is due at ``step``; returns whether it changed."""
         return False
 
@@ -208,17 +209,17 @@ class FixedProjector(Projector):
             if p != v.shape[0]:
                 raise ValueError(f"the basis has {v.shape[0]} rows but its layout {p} parameters")
 
-    def setup(self, run: Any) -> None:
-        super().setup(run)
-        if self._source.shape[0] != run.layout.p:
+    def setup(self, ctx: StepContext) -> None:
+        super().setup(ctx)
+        if self._source.shape[0] != ctx.layout.p:
             raise ValueError(
-                f"the basis has {self._source.shape[0]} rows but the run trains {run.layout.p} "
+                f"the basis has {self._source.shape[0]} rows but the run trains {ctx.layout.p} "
                 "parameters: retrain the same parameters (--params) that the spectrum was computed on"
             )
-        if self.layout is not None and hasattr(run.layout, "params"):
-            _check_layout(self.layout, run.layout, run.layout.p)
-        dtype = run.params[0].dtype if getattr(run, "params", None) else torch.float32
-        self._basis = self._source.to(device=run.device, dtype=dtype)  # moved once
+        if self.layout is not None and hasattr(ctx.layout, "params"):
+            _check_layout(self.layout, ctx.layout, ctx.layout.p)
+        dtype = ctx.params[0].dtype if ctx.params else torch.float32
+        self._basis = self._source.to(device=ctx.device, dtype=dtype)  # moved once
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "fingerprint": _fingerprint(self._source), "source": self.source,
@@ -245,15 +246,15 @@ class RandomProjector(Projector):
         super().__init__(rank)
         self.seed = int(seed)
 
-    def setup(self, run: Any) -> None:
-        super().setup(run)
-        p = run.layout.p
+    def setup(self, ctx: StepContext) -> None:
+        super().setup(ctx)
+        p = ctx.layout.p
         generator = torch.Generator().manual_seed(self.seed)
         dtype = torch.float64 if p * self.rank <= 20_000_000 else torch.float32
         g = torch.randn(p, self.rank, generator=generator, dtype=dtype)
         q, _ = torch.linalg.qr(g)
-        pdtype = run.params[0].dtype if getattr(run, "params", None) else torch.float32
-        self._basis = q.to(device=run.device, dtype=pdtype)
+        pdtype = ctx.params[0].dtype if ctx.params else torch.float32
+        self._basis = q.to(device=ctx.device, dtype=pdtype)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "seed": self.seed}
@@ -300,13 +301,13 @@ def public_split(task: Any, size: int, *, seed: int = 0) -> TensorData:
     return public.subset(idx.sort().values)
 
 
-def checked_public(run: Any, public: TensorData | None, size: int, seed: int) -> TensorData:
+def checked_public(ctx: StepContext, public: TensorData | None, size: int, seed: int) -> TensorData:
     """The public examples of a hook: ``public`` if given (checked disjoint from the run's
     task's training and held-out data), else :func:`public_split` of the run's task."""
     if public is None:
-        return public_split(run.task, size, seed=seed)
-    if getattr(run, "task", None) is not None:
-        check_splits(run.task, public)
+        return public_split(ctx.task, size, seed=seed)
+    if ctx.task is not None:
+        check_splits(ctx.task, public)
     return public
 
 
@@ -317,12 +318,12 @@ def public_ids(public: TensorData | None) -> list[int] | None:
     return [int(i) for i in public.ids.tolist()]
 
 
-def public_gradients(run: Any, data: TensorData, index: Tensor | slice | None = None) -> Tensor:
+def public_gradients(ctx: StepContext, data: TensorData, index: Tensor | slice | None = None) -> Tensor:
     """Per-example gradients (m x p) of public examples at the run's current parameters."""
     batch = data.batch(slice(None) if index is None else index)
-    batch = {k: v.to(run.device) for k, v in batch.items()}
-    grads = [g for g, _ in run.grads.iter_microbatches(batch)]
-    return torch.cat(grads) if grads else torch.zeros(0, run.layout.p, device=run.device)
+    batch = {k: v.to(ctx.device) for k, v in batch.items()}
+    grads = [g for g, _ in ctx.per_example.iter_microbatches(batch)]
+    return torch.cat(grads) if grads else torch.zeros(0, ctx.layout.p, device=ctx.device)
 
 
 def top_eigenvectors_from_rows(
@@ -388,9 +389,9 @@ class PublicProjector(Projector):
         self.last_update: int | None = None
         self.eigenvalues: Tensor | None = None
 
-    def setup(self, run: Any) -> None:
-        super().setup(run)
-        self.public = checked_public(run, self.public, self.public_size, self.seed)
+    def setup(self, ctx: StepContext) -> None:
+        super().setup(ctx)
+        self.public = checked_public(ctx, self.public, self.public_size, self.seed)
         self.public_size = len(self.public)
         if self.rank > self.public_size:
             raise ValueError(
@@ -398,7 +399,7 @@ class PublicProjector(Projector):
                 f"second moment has rank <= m, so {self.rank - self.public_size} directions would be "
                 "random; use k <= m or more public examples"
             )
-        self._device = run.device
+        self._device = ctx.device
         self._fill = torch.Generator().manual_seed(self.seed + 1)
         self._warned = False
 
@@ -407,10 +408,10 @@ class PublicProjector(Projector):
         return {**super().describe(), "seed": self.seed, "period": self.period,
                 "public_size": self.public_size, "public_ids": public_ids(self.public)}
 
-    def update(self, step: int, run: Any) -> bool:
+    def update(self, step: int, ctx: StepContext) -> bool:
         if self.last_update is not None and step - self.last_update < self.period:
             return False
-        rows = public_gradients(run, self.public)
+        rows = public_gradients(ctx, self.public)
         lam, v = top_eigenvectors_from_rows(rows, self.rank, generator=self._fill)
         filled = int((lam == 0).sum())
         if filled and not self._warned:
@@ -418,7 +419,7 @@ class PublicProjector(Projector):
                            "the other %d are random", step, self.rank - filled, self.rank, filled)
             self._warned = True
         self.eigenvalues = lam.cpu()
-        self._basis = v.to(device=run.device, dtype=rows.dtype)
+        self._basis = v.to(device=ctx.device, dtype=rows.dtype)
         self.last_update = step
         return True
 

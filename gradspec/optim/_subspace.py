@@ -23,6 +23,7 @@ from torch import Tensor
 from gradspec._enums import parse_choice
 from gradspec.optim._base import OptimHooks
 from gradspec.optim._projectors import Projector
+from gradspec.train import StepContext
 
 __all__ = ["NoiseSpace", "SubspaceRetrain"]
 
@@ -53,13 +54,13 @@ class SubspaceRetrain(OptimHooks):
         self.projector = projector
         self.noise_space = parse_choice(NoiseSpace, noise, "noise space")
 
-    def setup(self, run: Any) -> None:
-        super().setup(run)
-        self.projector.setup(run)
+    def setup(self, ctx: StepContext) -> None:
+        super().setup(ctx)
+        self.projector.setup(ctx)
 
-    def on_step_start(self, step: int, run: Any) -> None:
-        super().on_step_start(step, run)
-        self.projector.update(step, run)
+    def on_step_start(self, step: int, ctx: StepContext) -> None:
+        super().on_step_start(step, ctx)
+        self.projector.update(step, ctx)
 
     def before_noise(self, total: Tensor) -> Tensor:
         return self.projector.project(total)

@@ -12,6 +12,7 @@ from gradspec.train._config import (
     merge_resume,
     resume_conflicts,
 )
+from gradspec.train._context import StepContext
 from gradspec.train._hooks import StepHooks
 from gradspec.train._loop import (
     CollectResult,
@@ -42,6 +43,7 @@ __all__ = [
     "package_versions",
     # changing a step
     "StepHooks",
+    "StepContext",
     # the parts of a step
     "PerExampleGradients",
     "layout_for",

@@ -16,10 +16,13 @@ implement ``state_dict``/``load_state_dict`` so runs resume.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from gradspec.train._context import StepContext
 
 
 class StepHooks:
@@ -27,10 +30,12 @@ class StepHooks:
 
     name = "dp-sgd"
 
-    def setup(self, run: Any) -> None:
-        """Called once with the run (model, layout, task, device) before training."""
+    def setup(self, ctx: StepContext) -> None:
+        """Called once, before training, with what the hooks may read of the run
+        (settings, sigma, q, n, the step's denominator, layout, device, parameters, model,
+        task, per-example engine, sampler)."""
 
-    def on_step_start(self, step: int, run: Any) -> None:
+    def on_step_start(self, step: int, ctx: StepContext) -> None:
         """Called before each step (e.g. to recompute a public subspace every s steps)."""
 
     def precondition(self, grads: Tensor) -> Tensor:

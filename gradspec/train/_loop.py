@@ -71,6 +71,7 @@ from gradspec.train._config import (
     flag,
     merge_resume,
 )
+from gradspec.train._context import StepContext
 from gradspec.train._hooks import StepHooks
 from gradspec.train._sampling import PoissonSampler, ShuffleSampler
 
@@ -219,8 +220,20 @@ class _Run:
         self.n = n
         self.run_id = uuid.uuid4().hex
         self.last_eval: dict[str, float] = {}
+        # What a private step divides the noised clipped sum by: the expected batch size.
+        denominator = self.q * n if config.sampling == Sampling.POISSON else float(config.batch_size)
+        self.context = StepContext(
+            config=config, noise_multiplier=self.sigma, sample_rate=self.q, n=n, denominator=denominator,
+            layout=self.layout, device=self.device, names=tuple(self.names), params=tuple(self.params),
+            model=self.model, task=task, per_example=self.grads, sampler=self.sampler,
+        )
         self.hooks = hooks or StepHooks()
-        self.hooks.setup(self)
+        self.hooks.setup(self.context)
+
+    def set_config(self, config: TrainConfig) -> None:
+        """Replace the run's settings (a resume that turns a calibrated run into a fixed-sigma one)."""
+        self.config = config
+        self.context = dataclasses.replace(self.context, config=config)
 
     def planned_epsilon(self, steps: int) -> float:
         """epsilon after ``steps`` gradient steps at this run's sigma, q and delta (privacy the
@@ -316,7 +329,7 @@ class _Run:
         from gradspec.privacy import clip_factors
 
         c = self.config
-        self.hooks.on_step_start(self.step, self)
+        self.hooks.on_step_start(self.step, self.context)
         epoch = self.sampler.epoch
         idx = self.sampler.next()
         b = int(idx.numel())
@@ -351,8 +364,7 @@ class _Run:
         clipped = self.hooks.before_noise(total)
         if self.sigma > 0:
             noise = self.hooks.noise(self.layout.p, self.sigma * c.max_grad_norm, self.noise_gen, self.device)
-            denom = self.q * self.n if c.sampling == Sampling.POISSON else c.batch_size
-            update = (clipped + noise) / denom
+            update = (clipped + noise) / self.context.denominator
         else:
             update = clipped / max(b, 1)
         self._apply(self.hooks.direction(self.hooks.after_noise(update)))
@@ -554,7 +566,7 @@ def _prepare_resume(
             )
         # sigma stays what the steps taken used: from now on the run is a fixed-sigma run.
         config = dataclasses.replace(config, noise_multiplier=run.sigma, target_epsilon=None)
-        run.config = config
+        run.set_config(config)
     if run.steps != planned and run.sigma > 0:
         logger.log(logging.WARNING if run.steps > planned else logging.INFO,
                    "resume: %d -> %d steps at sigma = %.4g: epsilon at the end %.3f -> %.3f (delta = %.3g)",

@@ -1,4 +1,4 @@
-"""Shared cases for the optimizer tests: a fake run for driving hooks directly, and small configs."""
+"""Shared cases for the optimizer tests: a step context for driving hooks directly, and small configs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 
 from gradspec.tasks import make_task
-from gradspec.train import CollectConfig, PerExampleGradients, layout_for
+from gradspec.train import CollectConfig, PerExampleGradients, StepContext, layout_for
 
 LOWRANK = dict(n=120, n_eval=60, d=16, r=3)
 
@@ -25,21 +25,19 @@ def config(**kw) -> CollectConfig:
 
 
 def fake_run(p: int, *, sigma: float = 1.0, q: float = 0.25, n: int = 40, task=None,
-             optimizer: str = "sgd", seed: int = 0, clip: float = 1.0):
-    """What a hook's ``setup(run)`` reads, without a trainer."""
+             optimizer: str = "sgd", seed: int = 0, clip: float = 1.0, **fields) -> StepContext:
+    """What a hook's ``setup(ctx)`` reads, without a trainer (Poisson sampling: the
+    denominator is q n); ``fields`` replace the context's own (``params``, ``layout``)."""
     cfg = SimpleNamespace(sampling="poisson", batch_size=int(q * n), max_grad_norm=clip,
                           optimizer=optimizer, momentum=0.0, seed=seed)
-    run = SimpleNamespace(
-        layout=SimpleNamespace(p=p), device=torch.device("cpu"), sigma=sigma, q=q, n=n,
-        config=cfg, task=task, params=[torch.zeros(p)], step=0,
-    )
+    ctx = dict(layout=SimpleNamespace(p=p), device=torch.device("cpu"), noise_multiplier=sigma,
+               sample_rate=q, n=n, denominator=q * n, config=cfg, task=task, params=(torch.zeros(p),))
     if task is not None:
         names = [nm for nm, _ in task.model.named_parameters()]
-        run.grads = PerExampleGradients(task.model, task.forward, task.loss, names)
-        run.layout = layout_for(task.model, names)
-        run.params = [task.model.get_parameter(nm) for nm in names]
-        run.model, run.names = task.model, names
-    return run
+        ctx.update(per_example=PerExampleGradients(task.model, task.forward, task.loss, names),
+                   layout=layout_for(task.model, names), model=task.model, names=tuple(names),
+                   params=tuple(task.model.get_parameter(nm) for nm in names))
+    return StepContext(**{**ctx, **fields})
 
 
 def orthonormal(p: int, k: int, seed: int = 0) -> torch.Tensor:

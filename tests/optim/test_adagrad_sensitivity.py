@@ -26,8 +26,8 @@ DENOM = Q * N
 
 
 def _hooks(v: torch.Tensor, *, diagonal: bool, z_b: float = 1.0, seed: int = 5) -> tuple[NoisyAdaGrad, object]:
-    run = fake_run(v.shape[0], sigma=1.0, q=Q, n=N, clip=C)
-    run.params = [torch.zeros(v.shape[0], dtype=torch.float64)]  # the basis in float64: exact gaps
+    # the basis in float64: exact gaps
+    run = fake_run(v.shape[0], sigma=1.0, q=Q, n=N, clip=C, params=(torch.zeros(v.shape[0], dtype=torch.float64),))
     hooks = NoisyAdaGrad(FixedProjector(v), precond_noise_multiplier=z_b, diagonal=diagonal, seed=seed)
     hooks.setup(run)
     return hooks, run

@@ -127,11 +127,10 @@ def test_fixed_projector_compares_names_shapes_and_order(basis_layout, run_layou
     from gradspec.store._layout import ParamLayout
 
     projector = FixedProjector(orthonormal(8, 2), layout=basis_layout)
-    run = fake_run(8)
-    run.layout = ParamLayout.from_shapes(run_layout)
+    run = fake_run(8, layout=ParamLayout.from_shapes(run_layout))
     with pytest.raises(ValueError, match=message):
         projector.setup(run)
-    run.layout = ParamLayout.from_shapes(basis_layout)
+    run = fake_run(8, layout=ParamLayout.from_shapes(basis_layout))
     projector.setup(run)
     torch.testing.assert_close(projector.basis.double(), orthonormal(8, 2), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="basis has 8 rows but its layout 6"):

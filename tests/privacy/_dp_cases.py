@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from gradspec.optim import Algorithm, RetrainResult, make_algorithm, retrain
 from gradspec.tasks._base import Task, TensorData
-from gradspec.train import CollectConfig, StepHooks
+from gradspec.train import CollectConfig, StepContext, StepHooks
 
 N_TRAIN, N_EVAL, N_PUBLIC = 48, 24, 32
 D_IN, HIDDEN, CLASSES = 6, 8, 3
@@ -232,7 +232,8 @@ class Probe:
                  batches: list[Tensor] | None = None) -> None:
         self.hooks, self.thetas, self.batches = hooks, thetas, batches
         self.steps: list[Step] = []
-        self.run: Any = None
+        self.ctx: StepContext | None = None  # what the hooks were set up with
+        self.accountant: Any = None  # the run's accountant (spied on from its creation)
         self.phase = "setup"
         self.result: RetrainResult | None = None
         for name in ("setup", "on_step_start", "precondition", "before_noise", "after_noise",
@@ -247,15 +248,12 @@ class Probe:
     # ------------------------------------------------------------------ the hooks
     def _setup(self, original, a) -> None:
         original(*a.args, **a.kwargs)
-        self.run = run = a.arguments["run"]
-        run.sampler.next = _call(run.sampler.next, self._next)
-        acc = run.accountant
-        acc.record_poisson = _call(acc.record_poisson, self._mechanism("poisson"))
-        acc.record_shuffled = _call(acc.record_shuffled, self._mechanism("shuffle"))
-        acc.record_gaussian = _call(acc.record_gaussian, self._mechanism("gaussian"))
+        self.ctx = ctx = a.arguments["ctx"]
+        ctx.sampler.next = _call(ctx.sampler.next, self._next)
+        assert self.accountant is not None, "the run's accountant was not created through gradspec.privacy"
 
     def _flat_params(self) -> Tensor:
-        return torch.cat([p.detach().flatten() for p in self.run.params]).clone()
+        return torch.cat([p.detach().flatten() for p in self.ctx.params]).clone()
 
     def _on_step_start(self, original, a) -> None:
         step = a.arguments["step"]
@@ -264,7 +262,7 @@ class Probe:
         if self.thetas is not None:
             with torch.no_grad():
                 flat, start = self.thetas[step], 0
-                for param in self.run.params:
+                for param in self.ctx.params:
                     param.copy_(flat[start : start + param.numel()].view_as(param))
                     start += param.numel()
         self.step.theta = self._flat_params()
@@ -336,7 +334,8 @@ class Probe:
     # ------------------------------------------------------------------ library functions
     @contextlib.contextmanager
     def patched(self) -> Iterator[None]:
-        """Wrap the library's noise draw and clip factors while the run lasts."""
+        """Wrap the library's noise draw and clip factors, and the run's accountant (the first
+        one created, before its hooks are set up), while the run lasts."""
         import gradspec.privacy as privacy
 
         def draw(original, a) -> Tensor:
@@ -352,7 +351,17 @@ class Probe:
                 self.step.factors.append(_clone(out))
             return out
 
+        def accountant(original, a) -> Any:
+            acc = original(*a.args, **a.kwargs)
+            if self.accountant is None and self.phase == "setup":
+                self.accountant = acc
+                acc.record_poisson = _call(acc.record_poisson, self._mechanism("poisson"))
+                acc.record_shuffled = _call(acc.record_shuffled, self._mechanism("shuffle"))
+                acc.record_gaussian = _call(acc.record_gaussian, self._mechanism("gaussian"))
+            return acc
+
         with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(privacy, "PrivacyAccountant", _call(privacy.PrivacyAccountant, accountant))
             mp.setattr(privacy, "gaussian_noise", _call(privacy.gaussian_noise, draw))
             mp.setattr(privacy, "clip_factors", _call(privacy.clip_factors, factors))
             yield

@@ -353,8 +353,9 @@ def test_noisy_adagrad_preconditioner_sensitivity_on_a_worst_case_dataset(varian
 # ---------------------------------------------------------------------- (d)
 def test_noise_std_matches_the_accounted_mechanism(runs):
     case, base = runs.case, runs.base
-    run = base.run
-    denominator = run.q * run.n  # the expected batch size, what the step divides by
+    ctx = base.ctx
+    denominator = ctx.sample_rate * ctx.n  # the expected batch size, what the step divides by
+    assert ctx.denominator == denominator
     gradient, preconditioner = [], []
     for s in base.steps:
         (sigma,) = [m[1] for m in s.mechanisms if m[0] == "poisson"]
@@ -385,7 +386,7 @@ def test_noise_std_matches_the_accounted_mechanism(runs):
 def test_every_noisy_release_is_one_accounted_mechanism(runs):
     case, base = runs.case, runs.base
     q = BATCH / N_TRAIN
-    assert base.run.sampler.q == pytest.approx(q, rel=1e-12)
+    assert base.ctx.sampler.q == pytest.approx(q, rel=1e-12)
     expected = sorted(case.mechanisms)
     for s in base.steps:
         assert len(s.draws) == len(case.mechanisms), f"step {s.index}: noise draws"
