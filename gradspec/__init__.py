@@ -13,6 +13,8 @@ Example:
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -82,3 +84,27 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+#: Flat names that are also the names of subpackages: the flat name is the function.
+_SHADOWED = frozenset({"collect"})
+
+
+class _FlatApi(types.ModuleType):
+    """``gradspec`` itself, so that ``gradspec.collect`` is always the function.
+
+    Importing a subpackage binds it as an attribute of its parent package. For
+    ``gradspec.collect`` that binding would replace the flat API's function ``collect``
+    with the subpackage, or not, depending on what was imported first. Here the binding
+    is the subpackage's function of the same name instead; the subpackage stays in
+    ``sys.modules``, so ``from gradspec.collect import GradientRecorder`` works as ever
+    (``import gradspec.collect as m``, which reads the attribute, gives the function).
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SHADOWED and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _FlatApi

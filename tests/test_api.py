@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
+
+import pytest
 
 import gradspec
 
@@ -71,3 +74,37 @@ def test_recorder_exports_resolve():
         assert "no_such_name" in str(exc)
     else:
         raise AssertionError("expected AttributeError")
+
+
+FIRST_IMPORTS = {  # what a program may import before it asks for the flat ``collect``
+    "nothing": "",
+    "the-subpackage": "import gradspec.collect",
+    "from-the-subpackage": "from gradspec.collect import GradientRecorder",
+    "a-private-module": "from gradspec.collect import _recorder",
+    "the-trainer": "import gradspec.train",
+    "the-optimizers": "import gradspec.optim",
+    "a-flat-recorder-name": "from gradspec import GradientRecorder",
+}
+
+
+@pytest.mark.parametrize("first", list(FIRST_IMPORTS.values()), ids=list(FIRST_IMPORTS))
+def test_flat_collect_is_the_function_whatever_was_imported_first(first):
+    """The subpackage ``gradspec.collect`` and the function ``collect`` share a name: the flat
+    API's is the function in either import order (fresh interpreters, no cached state)."""
+    code = textwrap.dedent(f"""
+        import importlib, inspect
+        {first}
+        from gradspec import collect
+        import gradspec
+        assert inspect.isfunction(collect), collect
+        # and after the subpackage is (re)imported, the other order
+        import gradspec.collect
+        from gradspec.collect import GradientRecorder, _recorder
+        package = importlib.import_module("gradspec.collect")
+        assert gradspec.collect is collect is package.collect, (gradspec.collect, collect)
+        from gradspec import collect as again
+        assert again is collect
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
