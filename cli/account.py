@@ -75,6 +75,11 @@ def account_command(
         if n is None:
             fail("give --delta, or --n for the default delta n^-1.1")
         delta = default_delta(n)
+    elif n is not None and delta >= 1 / n and (sigma is None or sigma > 0):
+        # as `gradspec collect` refuses: such a guarantee allows publishing an example outright
+        fail(f"--delta {delta:g} is not below 1/n = {1 / n:.4g} (n = {n}): a guarantee with "
+             f"delta >= 1/n allows publishing a training example outright; give a smaller --delta "
+             f"(the default is n^-1.1 = {default_delta(n):.4g})")
     run = {
         "sample_rate": q,
         "steps": steps,

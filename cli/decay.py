@@ -83,6 +83,7 @@ def decay_command(
     from gradspec.spectrum import DecayConfig
     from gradspec.spectrum._driver import decay_analysis
 
+    formats = _formats(fmt)  # before the analysis: a bad --format must not leave a report behind
     given = [x is not None for x in (n, epsilon, delta, diameter)]
     if any(given) and not all(given):
         raise ValueError("the bounds need all of --n, --epsilon, --delta and --diameter")
@@ -124,10 +125,27 @@ def decay_command(
     if plots:
         from gradspec.plot import report_figures
 
-        report_figures(analysis, out, formats=_formats(fmt))
+        report_figures(analysis, out, formats=formats)
     for key, line in report["summary"].items():
         typer.echo(f"{key}: {line}")
     typer.echo(f"wrote {out / 'report.json'}")
+
+
+def _read_report(path: Path) -> dict:
+    """The dict of a `gradspec decay` report.json, or a one-line error saying what it is not."""
+    from gradspec.spectrum import REPORT_FORMAT
+
+    what = (f"{str(path)!r} is not a report.json of `gradspec decay`; pass one, the directory "
+            "`gradspec decay --out` wrote, or a spectrum store")
+    try:
+        report = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{what} (it is not JSON)") from None
+    fmt = report.get("format") if isinstance(report, dict) else None
+    if fmt != REPORT_FORMAT:
+        found = f"format {fmt!r}" if fmt else "no format field"
+        raise ValueError(f"{what} ({found}; this gradspec reads {REPORT_FORMAT!r})")
+    return report
 
 
 def _load_view(path: Path):
@@ -138,7 +156,7 @@ def _load_view(path: Path):
 
     report = path / "report.json" if path.is_dir() else path
     if report.is_file():
-        return ReportView.from_report(json.loads(report.read_text()))
+        return ReportView.from_report(_read_report(report))
     from gradspec.spectrum import analyze_spectrum
     from gradspec.store._spectrum import SpectrumStore
 
@@ -161,7 +179,7 @@ def plot_command(
     label: list[str] | None = typer.Option(
         None, "--label", "-l", help="Legend label per input (repeat; default: the input's name)."
     ),
-    fmt: list[str] | None = typer.Option(None, "--format", help="png and/or pdf (default both)."),
+    fmt: list[str] | None = typer.Option(None, "--format", help="png, pdf and/or svg (default png and pdf)."),
 ) -> None:
     """Figures of one analysis, or overlays of several runs (one input: all its figures)."""
     labels = list(label or [])

@@ -8,6 +8,9 @@ import typer
 
 from cli._common import user_errors
 
+#: A relative triplet residual above this means an iterative method stopped short.
+UNCONVERGED = 1e-2
+
 
 @user_errors
 def pca_command(
@@ -94,3 +97,10 @@ def pca_command(
         f"{acc['reconstruction_error']:.4f}, explained variance {acc['explained_variance']:.4f}"
     )
     typer.echo(f"{result.passes} passes in {result.timings.get('total', 0):.1f}s -> {out}")
+    if acc["max_residual"] > UNCONVERGED:
+        typer.echo(
+            f"warning: max residual {acc['max_residual']:.2e} > {UNCONVERGED:g}: the top-{result.k} "
+            "triplets have not converged, so sigma and V are off; raise --iters (or --oversample), "
+            "or use --method gram",
+            err=True,
+        )

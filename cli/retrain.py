@@ -30,7 +30,7 @@ def _check_applicable(names: list[str], given: dict[str, object]) -> None:
         "--start-epoch": {Algorithm.PDP_SGD, Algorithm.RPDP_SGD},
         "--precond-sigma": {Algorithm.NOISY_ADAGRAD}, "--diagonal": {Algorithm.NOISY_ADAGRAD},
         "--rule": {Algorithm.ADADPS}, "--side-information": {Algorithm.ADADPS},
-        "--rank": projected,
+        "--rank": projected, "--ranks": projected,
     }
     chosen = {Algorithm(n) for n in names}
     for option, value in given.items():
@@ -109,7 +109,7 @@ def retrain_command(
         "--projector": projector, "--no-layout-check": no_layout_check, "--period": period,
         "--public-size": public_size, "--noise-in": noise_in, "--start-epoch": start_epoch,
         "--precond-sigma": precond_sigma, "--diagonal": diagonal, "--rule": rule,
-        "--side-information": side_information, "--rank": rank,
+        "--side-information": side_information, "--rank": rank, "--ranks": ranks,
     })
 
     config = training_config(

@@ -59,6 +59,21 @@ def row_index(rows: RowSelection, n: int) -> slice | np.ndarray:
     """
     from gradspec.store._spectrum import as_slice, resolve_rows
 
+    if rows is not None and not isinstance(rows, slice):
+        arr = np.asarray(rows)
+        if arr.dtype == np.bool_:
+            raise ValueError(
+                "--rows got a boolean mask; pass row indices (numpy.flatnonzero(mask)) or a slice"
+            )
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"--rows indices must be integers, got dtype {arr.dtype}")
+        uniq = np.unique(arr)
+        if uniq.size != arr.size:
+            dup = uniq[np.unique(arr, return_counts=True)[1] > 1]
+            raise ValueError(
+                f"--rows repeats row index {int(dup[0])} ({arr.size - uniq.size} repeats): a row "
+                "would count twice in H; pass each row once"
+            )
     idx = resolve_rows(rows, n, what="--rows")
     if rows is None or isinstance(rows, slice):
         return as_slice(idx)
@@ -81,6 +96,13 @@ def _check_ranges(col_ranges: ColRanges, p: int) -> list[tuple[int, int]]:
     for a, b in ranges:
         if not 0 <= a < b <= p:
             raise ValueError(f"column range ({a}, {b}) is outside [0, {p})")
+    ordered = sorted(ranges)
+    for (a0, b0), (a1, b1) in zip(ordered, ordered[1:], strict=False):
+        if a1 < b0:
+            raise ValueError(
+                f"column ranges ({a0}, {b0}) and ({a1}, {b1}) overlap: columns {a1}..{min(b0, b1) - 1} "
+                "would count twice in H; pass disjoint ranges"
+            )
     return ranges
 
 

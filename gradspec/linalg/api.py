@@ -29,9 +29,30 @@ def default_memory() -> int:
     return int(min(8 * 2**30, psutil.virtual_memory().available // 2))
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_settings(
+    *, iters: int | None, tol: float | None, oversample: int, seed: int, v_dtype: str
+) -> None:
+    """Refuse settings a method would run with and answer wrongly (or fail on deep inside)."""
+    if iters is not None and (not _is_int(iters) or iters < 1):
+        raise ValueError(f"--iters must be >= 1 (an integer), got {iters!r}")
+    if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating))
+                            or not np.isfinite(tol) or tol < 0):
+        raise ValueError(f"--tol must be a finite number >= 0, got {tol!r}")
+    if not _is_int(oversample) or oversample < 0:
+        raise ValueError(f"--oversample must be an integer >= 0, got {oversample!r}")
+    if not _is_int(seed) or seed < 0:
+        raise ValueError(f"--seed must be an integer >= 0, got {seed!r}")
+    if str(np.dtype(v_dtype)) not in ("float32", "float64"):
+        raise ValueError(f"v_dtype must be float32 or float64, got {v_dtype!r}")
+
+
 def _check_k(k: int, shape: tuple[int, int]) -> None:
     r, p = shape
-    if not isinstance(k, (int, np.integer)) or k < 1:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     if k > min(r, p):
         raise ValueError(
@@ -280,7 +301,10 @@ def pca(
     """
     t_start = time.perf_counter()
     meth = parse_choice(PcaMethod, method, "PCA method")
-    budget = parse_memory(memory) or default_memory()
+    _check_settings(iters=iters, tol=tol, oversample=oversample, seed=seed, v_dtype=v_dtype)
+    budget = default_memory() if memory is None else parse_memory(memory)
+    if budget is None or budget <= 0:
+        raise ValueError(f"--memory must be a positive size such as 4G, got {memory!r}")
     if resume and out is None:
         raise ValueError("--resume needs --out (the spectrum store of the interrupted run)")
     if resume and overwrite:

@@ -99,15 +99,16 @@ def krylov_pca(
     Args:
         op: a ``GradientOperator``.
         k: number of singular triplets.
-        iters: Krylov depth q (q + 1 passes over H).
+        iters: Krylov depth q >= 1 (q + 1 passes over H).
         oversample: block size b = k + oversample.
         seed: seed of the Gaussian start.
         state: a saved ``KrylovState`` to resume from.
         on_iteration: called with the state after each completed pass (checkpointing).
         sink, verify, out_dtype: as in ``gram_pca``.
     """
-    if iters < 0:
-        raise ValueError(f"iters must be >= 0, got {iters}")
+    if iters < 1:
+        # Depth 0 would be Rayleigh-Ritz on the random start itself: sigma off by any factor.
+        raise ValueError(f"iters must be >= 1 (the Krylov depth), got {iters}")
     r, p = op.shape
     b = block_size(k, oversample, r, p)
     t0 = time.perf_counter()

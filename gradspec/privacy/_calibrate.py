@@ -11,6 +11,7 @@ from gradspec.privacy._accountant import (
     _check_float,
     _check_int,
     check_delta,
+    check_noise_multiplier,
     check_sample_rate,
 )
 
@@ -46,7 +47,8 @@ def compute_epsilon(
     epoch, without amplification (see `gradspec.privacy._accountant`).
 
     Args:
-        noise_multiplier: sigma >= 0; 0 means non-private (epsilon = inf).
+        noise_multiplier: sigma = 0 (non-private: epsilon = inf) or sigma >= 0.01 (below
+            that epsilon is in the thousands and is refused).
         sample_rate: q in (0, 1] (batch size / dataset size).
         steps: number of steps, >= 1.
         delta: target delta in (0, 1).
@@ -57,7 +59,8 @@ def compute_epsilon(
         epsilon (a float, possibly inf).
 
     Raises:
-        ValueError: on out-of-range inputs or unknown choices.
+        ValueError: on out-of-range inputs or unknown choices, 0 < sigma < 0.01, or a
+            sigma too large to evaluate (overflow).
 
     Example:
         >>> round(compute_epsilon(noise_multiplier=1.1, sample_rate=256 / 60000,
@@ -68,11 +71,25 @@ def compute_epsilon(
     accountant = PrivacyAccountant(method=method)
     steps = _check_int(steps, "steps", minimum=1)
     delta = check_delta(delta)
-    if sampling == Sampling.POISSON:
-        accountant.record_poisson(noise_multiplier, sample_rate, steps)
-    else:
-        accountant.record_shuffled(noise_multiplier, steps_per_epoch(sample_rate), steps)
-    return accountant.epsilon(delta)
+    sigma = check_noise_multiplier(noise_multiplier)
+    if 0 < sigma < SIGMA_MIN:
+        # epsilon is in the thousands here; PLD would need tens of GB for it, and below
+        # ~1e-154 sigma**2 underflows and RDP would answer epsilon = 0.
+        raise ValueError(
+            f"noise_multiplier={sigma:g} is below {SIGMA_MIN:g}: such noise gives no meaningful "
+            "privacy (epsilon in the thousands); use noise_multiplier=0 for a non-private run"
+        )
+    try:
+        if sampling == Sampling.POISSON:
+            accountant.record_poisson(sigma, sample_rate, steps)
+        else:
+            accountant.record_shuffled(sigma, steps_per_epoch(sample_rate), steps)
+        return accountant.epsilon(delta)
+    except OverflowError:
+        raise ValueError(
+            f"noise_multiplier={sigma:g} is too large for the accountant to evaluate; above "
+            f"{SIGMA_MAX:g} epsilon is 0 for all practical purposes"
+        ) from None
 
 
 def calibrate_noise_multiplier(
@@ -83,7 +100,7 @@ def calibrate_noise_multiplier(
     delta: float,
     sampling: Sampling | str = Sampling.POISSON,
     method: Accounting | str = Accounting.PLD,
-    tol: float = 1e-3,
+    tol: float | None = None,
 ) -> float:
     """The smallest noise multiplier (to ``tol``) whose epsilon is at most ``target_epsilon``.
 
@@ -99,7 +116,9 @@ def calibrate_noise_multiplier(
     Args:
         target_epsilon: epsilon to meet, > 0.
         sample_rate, steps, delta, sampling, method: as in `compute_epsilon`.
-        tol: absolute tolerance on epsilon, > 0.
+        tol: absolute tolerance on epsilon, > 0; default ``min(1e-3, 1e-3 * target_epsilon)``
+            (an absolute 1e-3 at a target of 0.002 would accept half the target, i.e.
+            several percent more noise than needed).
 
     Returns:
         The noise multiplier sigma.
@@ -112,6 +131,8 @@ def calibrate_noise_multiplier(
     target = _check_float(target_epsilon, "target_epsilon")
     if not (math.isfinite(target) and target > 0):
         raise ValueError(f"target_epsilon must be finite and > 0, got {target}")
+    if tol is None:
+        tol = min(1e-3, 1e-3 * target)
     tol = _check_float(tol, "tol")
     if not (math.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be finite and > 0, got {tol}")
@@ -167,7 +188,7 @@ def _pld_bracket(
         return _bracket(eps, target, hi, 0.9)
     ratio = max(e_hi / target, 0.5)
     try:
-        lo = 0.98 * rdp_sigma(target / ratio)
+        lo = max(SIGMA_MIN, 0.98 * rdp_sigma(target / ratio))
     except ValueError:
         return _bracket(eps, target, hi, 0.9)
     e_lo = eps(lo)

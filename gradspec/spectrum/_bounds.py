@@ -52,6 +52,12 @@ class TailRule(StrEnum):
 
 
 def _check_privacy(n: float, epsilon: float, delta: float, diameter: float) -> dict[str, bool]:
+    for name, value in (("n", n), ("epsilon", epsilon), ("delta", delta), ("diameter D", diameter)):
+        if isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError(
+                f"{name} must be a finite number, got {value!r}: the bounds need a finite "
+                "privacy budget, training-set size and diameter"
+            )
     if n <= 0:
         raise ValueError(f"n (the number of training examples) must be > 0, got {n}")
     if epsilon <= 0:
@@ -273,13 +279,36 @@ def restricted_lipschitz_bound(
     hyp = _check_privacy(n, epsilon, delta, diameter)
     if dim < 1:
         raise ValueError(f"dim must be >= 1, got {dim}")
-    ks = np.asarray(ks, dtype=np.int64)
+    if isinstance(dim, bool) or not isinstance(dim, int | np.integer):
+        raise ValueError(f"dim must be an integer (the number of trained parameters), got {dim!r}")
+    ks_in = np.asarray(ks)
+    if ks_in.size and not np.all(np.asarray(ks_in, dtype=np.float64) == np.round(ks_in.astype(np.float64))):
+        raise ValueError(f"ks must be integer ranks, got {ks_in.tolist()}")
+    ks = ks_in.astype(np.int64)
+    if ks.size and ks.min() < 0:
+        raise ValueError(f"ks must be ranks >= 0, got {int(ks.min())}")
     G = np.asarray(G, dtype=np.float64)
     if ks.shape != G.shape:
         raise ValueError(f"ks and G need the same length, got {ks.size} and {G.size}")
+    if not np.all(np.isfinite(G)) or np.any(G < 0):
+        raise ValueError("G must hold finite values >= 0 (norms of projected gradients)")
     G0 = float(G[ks == 0][0]) if np.any(ks == 0) else math.nan
     if not np.isfinite(G0):
         raise ValueError("G must include G_0 (k = 0)")
+    if ks.max() > dim:
+        raise ValueError(
+            f"dim = {dim} is below the largest measured rank {int(ks.max())}; d is the number of "
+            "trained parameters, at least every rank measured"
+        )
+    order = np.argsort(ks, kind="stable")
+    rising = np.diff(G[order]) > 1e-9 * max(G0, float(G.max()))
+    if np.any(rising):
+        i = int(np.argmax(rising))
+        raise ValueError(
+            f"G rises from G_{int(ks[order][i])} = {G[order][i]:.4g} to G_{int(ks[order][i + 1])} = "
+            f"{G[order][i + 1]:.4g}; restricted-Lipschitz coefficients do not increase with k "
+            "(pass G and ks of one measurement, in matching order)"
+        )
     if candidates is None:
         pw = [2**i for i in range(int(dim).bit_length()) if 2**i <= dim]
         cand = np.unique(np.concatenate([ks[(ks >= 1) & (ks <= dim)], pw, [dim]]).astype(np.int64))

@@ -103,6 +103,10 @@ def spectral_density(
     from gradspec._enums import parse_choice
 
     sp = parse_choice(DensitySpace, space, "density space")
+    if isinstance(grid_size, bool) or not isinstance(grid_size, int | np.integer) or grid_size < 2:
+        raise ValueError(f"grid_size must be an integer >= 2, got {grid_size!r}")
+    if not (np.isfinite(pad) and pad >= 0):
+        raise ValueError(f"pad must be a finite number >= 0 (bandwidths beyond the data), got {pad}")
     s = np.asarray(sigma, dtype=np.float64).reshape(-1)
     s = s[np.isfinite(s)]
     x = np.log10(s[s > 0]) if sp is DensitySpace.LOG10 else s
@@ -123,8 +127,10 @@ def spectral_density(
             )
         rule = bandwidth
     else:
-        if not bandwidth > 0:
-            raise ValueError(f"bandwidth must be > 0, got {bandwidth}")
+        if isinstance(bandwidth, bool) or not (np.isfinite(bandwidth) and bandwidth > 0):
+            raise ValueError(
+                f"bandwidth must be scott, silverman or a finite number > 0, got {bandwidth!r}"
+            )
         factor = float(bandwidth) / std
         rule = "fixed"
     kde = gaussian_kde(x, bw_method=factor)

@@ -128,6 +128,28 @@ def _read_columns(spec: Any, store: Any) -> list[tuple[int, int]]:
     return cols
 
 
+def _heldout_index(rows: Any, n: int) -> np.ndarray:
+    """``--heldout-rows`` as indices; refuses a boolean mask and repeated rows (counted twice)."""
+    from gradspec.store._spectrum import resolve_rows
+
+    if rows is not None and not isinstance(rows, slice):
+        arr = np.asarray(rows)
+        if arr.dtype == np.bool_:
+            raise ValueError(
+                "--heldout-rows got a boolean mask; pass row indices (numpy.flatnonzero(mask)) or A:B"
+            )
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"--heldout-rows indices must be integers, got dtype {arr.dtype}")
+    idx = resolve_rows(rows, n, what="--heldout-rows")
+    uniq, counts = np.unique(idx, return_counts=True)
+    if uniq.size != idx.size:
+        raise ValueError(
+            f"--heldout-rows repeats row {int(uniq[counts > 1][0])}: it would count twice in G_k "
+            "and the explained variance; pass each row once"
+        )
+    return idx
+
+
 def _relation(spec: Any, store: Any) -> str:
     """``"source"`` (the spectrum's own store, or a copy of the same run) or ``"other"``.
 
@@ -203,7 +225,6 @@ def decay_analysis(
         SpectrumStore,
         as_slice,
         describe_row_indices,
-        resolve_rows,
         rows_text,
     )
 
@@ -282,7 +303,7 @@ def decay_analysis(
                 else:
                     row_sets["collected"] = own
                 if heldout_rows is not None:
-                    held = resolve_rows(heldout_rows, n, what="--heldout-rows")
+                    held = _heldout_index(heldout_rows, n)
                     if own is None:
                         raise ValueError(
                             "cannot check that --heldout-rows lie outside the spectrum's rows (not "
@@ -303,7 +324,7 @@ def decay_analysis(
                         "are the spectrum's own"
                     )
             else:
-                row_sets["heldout"] = resolve_rows(heldout_rows, n, what="--heldout-rows")
+                row_sets["heldout"] = _heldout_index(heldout_rows, n)
                 if bool(getattr(store, "per_example", False)) != bool(src.get("per_example", False)):
                     kinds = ("step-average", "per-example")
                     notes.append(

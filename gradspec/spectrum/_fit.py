@@ -106,6 +106,14 @@ class PowerLawFit:
         return cls(**kw)
 
 
+def _vector(values: Any, name: str) -> np.ndarray:
+    """A 1-D float64 array (a 2-D input would be flattened into a plausible wrong sequence)."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}; pass one sequence")
+    return arr
+
+
 def _ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
     """Slope, intercept, R² and the slope's standard error of y on x."""
     m = x.size
@@ -136,7 +144,8 @@ def fit_power_law(
 
     Args:
         k: positive ranks (or any positive abscissae).
-        y: values at ``k``; non-positive or non-finite values are left out and counted.
+        y: values at ``k``; non-positive values (e.g. zeros beyond the rank) are left out
+            and counted in ``n_dropped``; NaN/inf are refused.
         k_range: inclusive ``(k_min, k_max)``; default all points.
         ci: ``"analytic"`` (t-based) or ``"bootstrap"`` (pairs, percentile).
         level: confidence level of the interval for ``c``.
@@ -149,7 +158,8 @@ def fit_power_law(
 
     Raises:
         ValueError: if fewer than 3 usable points remain, ``k`` has non-positive
-            entries in range, or the arguments are inconsistent.
+            entries in range, ``k`` or ``y`` is not 1-D or holds NaN/inf, or the
+            arguments are inconsistent.
 
     Example:
         >>> k = np.arange(1, 101); fit = fit_power_law(k, 2.0 * k**-0.8)
@@ -159,10 +169,12 @@ def fit_power_law(
     from gradspec._enums import parse_choice
 
     method = parse_choice(CIMethod, ci, "confidence-interval method")
-    kk = np.asarray(k, dtype=np.float64).reshape(-1)
-    yy = np.asarray(y, dtype=np.float64).reshape(-1)
+    kk = _vector(k, "k")
+    yy = _vector(y, "y")
     if kk.shape != yy.shape:
         raise ValueError(f"k and y need the same length, got {kk.size} and {yy.size}")
+    if not np.all(np.isfinite(kk)):
+        raise ValueError("k holds NaN or inf; pass finite ranks")
     if not 0 < level < 1:
         raise ValueError(f"level must lie in (0, 1), got {level}")
     if k_range is not None:
@@ -173,7 +185,13 @@ def fit_power_law(
         kk, yy = kk[inside], yy[inside]
     if np.any(kk <= 0):
         raise ValueError("power-law fits need positive k; leave k = 0 out (use k_range=(1, K))")
-    ok = np.isfinite(yy) & (yy > 0)
+    bad = ~np.isfinite(yy)
+    if bad.any():
+        raise ValueError(
+            f"y holds {int(bad.sum())} NaN/inf value(s), first at k = {kk[bad][0]:g}: a fit "
+            "without them would look fine; fix or exclude them (k_range) first"
+        )
+    ok = yy > 0
     n_dropped = int((~ok).sum())
     kk, yy = kk[ok], yy[ok]
     if kk.size < 3 or np.unique(kk).size < 2:
@@ -246,7 +264,9 @@ def fit_spectrum(
     from gradspec._enums import parse_choice
 
     which = parse_choice(SpectrumScale, scale, "spectrum scale")
-    s = np.asarray(sigma, dtype=np.float64).reshape(-1)
+    s = _vector(sigma, "sigma")
+    if not np.all(np.isfinite(s)):
+        raise ValueError("sigma holds NaN or inf; a spectrum's singular values are finite")
     if s.size and np.any(np.diff(s) > 1e-9 * max(float(np.abs(s).max()), 1e-300)):
         raise ValueError("sigma must be sorted in decreasing order (rank 1 first)")
     k = np.arange(1, s.size + 1)

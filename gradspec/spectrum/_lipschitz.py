@@ -138,6 +138,10 @@ def project_rows(
             the blocks do not cover exactly once, or a basis that is not orthonormal.
     """
     p, k_stored = int(basis.shape[0]), int(basis.shape[1])
+    if ks is not None:
+        ks_in = np.asarray(ks)
+        if ks_in.size and not np.issubdtype(ks_in.dtype, np.integer):
+            raise ValueError(f"ks must be integer ranks, got {ks_in.tolist()}")
     ks_arr = rank_grid(k_stored) if ks is None else np.unique(np.asarray(ks, dtype=np.int64))
     if ks_arr.size == 0:
         raise ValueError("ks is empty; pass at least one rank")
@@ -152,6 +156,7 @@ def project_rows(
     col_norm_sq = np.zeros(kmax)
     gram = np.zeros((kmax, kmax)) if exact_projector else None
     covered = 0
+    spans: list[tuple[int, int]] = []
     for off, block in col_blocks:
         h = np.asarray(block)
         if h.ndim != 2:
@@ -177,12 +182,32 @@ def project_rows(
                 gram += v.T @ v
         sq += np.einsum("ij,ij->i", h64, h64)
         covered += c
+        spans.append((int(off), int(off) + c))
         if progress:
             logger.info("projected columns %d/%d", covered, p)
     if coords is None or sq is None:
         raise ValueError("no column blocks were given")
+    spans.sort()
+    for (a0, b0), (a1, b1) in zip(spans, spans[1:], strict=False):
+        if a1 < b0:
+            raise ValueError(
+                f"column blocks [{a0}, {b0}) and [{a1}, {b1}) overlap: columns would count twice; "
+                "give each column once (offsets index the basis rows)"
+            )
     if covered != p:
         raise ValueError(f"the column blocks cover {covered} columns but the basis has {p} rows")
+    if not np.all(np.isfinite(col_norm_sq)):
+        j = int(np.argmax(~np.isfinite(col_norm_sq)))
+        raise ValueError(
+            f"the basis V holds NaN/inf (column {j + 1}); check the spectrum with "
+            "`gradspec info --verify`, or rerun `gradspec pca`"
+        )
+    if not np.all(np.isfinite(sq)):
+        bad = np.flatnonzero(~np.isfinite(sq))
+        raise ValueError(
+            f"{bad.size} gradient row(s) hold NaN/inf (first: row {int(bad[0])} of the selection); "
+            "exclude them (--heldout-rows), or find them with `gradspec info --verify`"
+        )
     if check_orthonormal and kmax:
         dev = float(np.abs(np.sqrt(col_norm_sq) - 1.0).max())
         if dev > atol:

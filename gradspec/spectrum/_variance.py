@@ -28,15 +28,25 @@ def explained_variance(
     """Cumulative ``Σ_{j≤k} σ_j² / ‖H‖_F²`` for k = 1..K (index k − 1).
 
     Args:
-        sigma: singular values of H.
+        sigma: singular values of H, decreasing (1-D, finite, >= 0).
         total_energy: ``‖H‖_F²`` (sum of squared row norms). Without it the
             denominator is ``Σ σ_j²`` over the *computed* values only, so the
             curve reaches 1 at K whatever the tail holds.
     """
-    s2 = np.asarray(sigma, dtype=np.float64).reshape(-1) ** 2
+    s = np.asarray(sigma, dtype=np.float64)
+    if s.ndim != 1:
+        raise ValueError(f"sigma must be 1-D, got shape {s.shape}; pass one spectrum")
+    if not np.all(np.isfinite(s)) or np.any(s < 0):
+        raise ValueError("sigma must hold finite singular values >= 0 (got NaN, inf or a negative)")
+    if np.any(np.diff(s) > 1e-9 * max(float(s.max(initial=0.0)), 1e-300)):
+        raise ValueError(
+            "sigma must be sorted in decreasing order (rank 1 first): the curve is the energy "
+            "of the top-k directions"
+        )
+    s2 = s**2
     total = float(s2.sum()) if total_energy is None else float(total_energy)
-    if total <= 0:
-        raise ValueError("the total energy must be > 0")
+    if not (np.isfinite(total) and total > 0):
+        raise ValueError(f"the total energy ‖H‖_F² must be finite and > 0, got {total:g}")
     if total_energy is not None and s2.sum() > total * (1 + 1e-6):
         raise ValueError(
             f"Σσ² = {s2.sum():.6g} exceeds the total energy {total:.6g}; wrong ‖H‖_F²?"
