@@ -280,9 +280,7 @@ ROWS: list[Row] = [
         xfail="gradspec/train/_config.py: lr = nan passes `lr > 0`'s negation; the run then stops at step 1 "
               "with 'non-finite gradients ... lower the learning rate'"),
     lib("task-option-not-a-number", lambda fx: gs.make_task("lowrank", n="abc", d=5, r=2),
-        r"\bn\b.*integer",
-        xfail="gradspec/tasks/lowrank.py: n='abc' (CLI -t n=abc) fails with \"'<' not supported between "
-              "instances of 'str' and 'int'\""),
+        r"\bn\b.*integer"),
     lib("task-name-typo", lambda fx: gs.make_task("lowrnk"),
         r"unknown task 'lowrnk'; choose one of \['cnn', 'geomedian', 'lowrank', 'text'\]"),
     lib("per-example-batch-mean-loss", lambda fx: _pe("mean-loss"), r"one value per example.*reduction='none'"),
@@ -294,12 +292,8 @@ ROWS: list[Row] = [
     cli("info-plain-dir", ["info", "{notes}"], r"not a gradspec store \(no zarr\.json\)"),
     cli("info-damaged-chunk", ["info", "{damaged}"], code=1,
         check=lambda res, fx: (res.exit_code == 1 and "DAMAGED" in res.output) or pytest.fail(res.output)),
-    cli("info-zarr-array", ["info", "{array}"], r"not a gradspec store",
-        xfail="gradspec/store (open_store): a Zarr array, e.g. a store's own grads/, gives 'An array "
-              "already exists in store ...'"),
-    cli("info-corrupt-zarr-json", ["info", "{corrupt}"], r"zarr\.json",
-        xfail="gradspec/store (open_store): an undecodable zarr.json gives the JSON decoder's "
-              "'Expecting property name enclosed in double quotes: line 1 column 2 (char 1)'"),
+    cli("info-zarr-array", ["info", "{array}"], r"not a gradspec store"),
+    cli("info-corrupt-zarr-json", ["info", "{corrupt}"], r"zarr\.json"),
     lib("store-float16-overflow", lambda fx: _append_f16(fx),
         r"exceed float16's largest value \(65504\) .* --dtype bfloat16 or float32"),
     lib("store-status-typo", lambda fx: GradientStore.open(fx["grads"], mode="r+").set_status("done"),

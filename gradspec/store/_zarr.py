@@ -50,6 +50,17 @@ def open_checked(path: str | os.PathLike, kind: str | None, mode: str = "r") -> 
         group = zarr.open_group(store=str(path), mode="r" if mode == "r" else "r+")
     except (FileNotFoundError, zarr.errors.GroupNotFoundError) as exc:
         raise ValueError(f"{str(path)!r} is not a gradspec store (not a Zarr v3 group)") from exc
+    except (zarr.errors.ContainsArrayError, zarr.errors.NodeTypeValidationError) as exc:
+        raise ValueError(
+            f"{str(path)!r} is a Zarr array, not a gradspec store; pass the store's directory "
+            f"(the one holding grads/ and meta/, or sigma/ and V/)"
+        ) from exc
+    except (ValueError, TypeError, zarr.errors.MetadataValidationError) as exc:  # bad zarr.json
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"{str(path)!r} is not a readable gradspec store: its zarr.json is damaged ({first}); "
+            f"restore it from a copy"
+        ) from exc
     attrs = group.attrs.asdict()
     found = attrs.get(KIND_KEY)
     if found is None:

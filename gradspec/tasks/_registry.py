@@ -109,7 +109,46 @@ def make_task(name: str, /, **options: Any) -> Task:
         raise ValueError(
             f"unknown option(s) {unknown} for task {name!r}; valid options are {sorted(valid)}"
         )
+    options = {k: _checked_option(name, k, v, valid[k]) for k, v in options.items()}
     return _factory(name)(**options)
+
+
+def _checked_option(task: str, key: str, value: Any, default: Any) -> Any:
+    """``value`` as the type of the option's default (int, float or bool), or a one-line error.
+
+    A string that is not a number (``-t n=abc`` on the CLI) used to reach the factory and
+    fail deep inside it, or worse, run with a nonsensical value.
+    """
+    if default is None or default is inspect.Parameter.empty:
+        return value
+    want = type(default)
+    if want is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ValueError(f"option {key} of task {task!r} must be true or false, got {value!r}")
+    if want is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ValueError(f"option {key} of task {task!r} must be an integer, got {value!r}")
+    if want is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ValueError(f"option {key} of task {task!r} must be a number, got {value!r}")
+    return value
 
 
 def _factory(name: str) -> Callable[..., Task]:
