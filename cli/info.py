@@ -75,10 +75,17 @@ def info_command(
             typer.echo(f"privacy  epsilon = {cfg['final_epsilon']:.3f} at delta = {cfg.get('delta', 0):.3g}")
         rows = summary["rows"]
         if rows:
+            if rows.get("grad_norm_mean") is None:
+                norms = "grad norms not recorded by this source"
+            else:
+                clipped = ("not clipped" if c.get("max_grad_norm", cfg.get("max_grad_norm", 0)) is None
+                           else f"clipped {rows['frac_clipped_mean']:.0%}")
+                partial = rows.get("rows_with_norms", summary["shape"][0])
+                norms = (f"grad norm mean {rows['grad_norm_mean']:.3g} max {rows['grad_norm_max']:.3g}  "
+                         f"{clipped}" + (f" ({partial} rows with norms)" if partial != summary["shape"][0] else ""))
             typer.echo(
                 f"rows     steps {rows['steps'][0]}..{rows['steps'][1]}  loss {rows['loss_first_last'][0]:.4f} -> "
-                f"{rows['loss_first_last'][1]:.4f}  grad norm mean {rows['grad_norm_mean']:.3g} max "
-                f"{rows['grad_norm_max']:.3g}  clipped {rows['frac_clipped_mean']:.0%}"
+                f"{rows['loss_first_last'][1]:.4f}  {norms}"
             )
         _precision(summary.get("dtype_report"))
         _missing(summary)

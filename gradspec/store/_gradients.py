@@ -702,9 +702,7 @@ class GradientStore:
                     "steps": [int(meta["step"].min()), int(meta["step"].max())],
                     "epochs": [int(meta["epoch"].min()), int(meta["epoch"].max())],
                     "loss_first_last": [float(meta["loss"][0]), float(meta["loss"][-1])],
-                    "grad_norm_mean": float(meta["norm_mean"].mean()),
-                    "grad_norm_max": float(meta["norm_max"].max()),
-                    "frac_clipped_mean": float(meta["frac_clipped"].mean()),
+                    **_norm_summary(meta),
                 }
         params = self._layout.params
         out = {
@@ -735,3 +733,22 @@ class GradientStore:
 
     def __repr__(self) -> str:
         return f"GradientStore({self.path!r}, rows={self._rows}, p={self.p}, dtype={self._dtype})"
+
+
+def _norm_summary(meta: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Norm statistics over the rows whose source knew them (NaN marks an unknown norm).
+
+    Recorders fed by loops that never see per-example norms (a Hugging Face callback, a
+    plain ``record_step`` without ``norms=``) store NaN; a plain mean would turn one such
+    row into a NaN statistic. ``None`` when no row has a known norm.
+    """
+    known = np.isfinite(meta["norm_mean"])
+    if not known.any():
+        return {"grad_norm_mean": None, "grad_norm_max": None, "frac_clipped_mean": None,
+                "rows_with_norms": 0}
+    return {
+        "grad_norm_mean": float(meta["norm_mean"][known].mean()),
+        "grad_norm_max": float(np.nanmax(meta["norm_max"][known])),
+        "frac_clipped_mean": float(np.nanmean(meta["frac_clipped"][known])),
+        "rows_with_norms": int(known.sum()),
+    }
