@@ -35,7 +35,7 @@ RATES = (1e-4, 1e-3, 0.01, 0.025, 0.1, 0.25, 0.5)
 STEPS = (10, 1000, 100_000)
 DELTAS = (1e-5, 1e-8)
 # The default run checks 25 of the 70 (sigma, q) pairs (~15 s); ``pytest -m slow`` the other
-# 45 (~3 min): the intermediate sigmas and rates, and pairs whose optimal orders reach the
+# 45 (~4 min): the intermediate sigmas and rates, and pairs whose optimal orders reach the
 # thousands (epsilon ~ 1e-4 to 1e-2), where the reference evaluates thousands of integer orders.
 FAST = {(s, q) for s in (0.5, 1.0, 2.0, 5.0, 14.0, 50.0) for q in (1e-4, 1e-3, 0.025, 0.1, 0.5)} - {
     (14.0, 1e-4), (14.0, 1e-3), (50.0, 1e-4), (50.0, 1e-3), (50.0, 0.025)}
