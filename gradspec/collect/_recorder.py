@@ -51,12 +51,12 @@ logger = logging.getLogger(__name__)
 STORE_NAME = "gradients.zarr"
 
 def _acquire_run_lock(out: Path) -> Any:
-    """Take the run directory's one-writer lock (``gradspec.store._lock.RunLock``), before anything is touched.
+    """Take the run directory's one-writer lock (:class:`gradspec.store.RunLock`), before anything is touched.
 
     Raises:
         DirectoryBusyError: another process (or thread) writes in ``out``.
     """
-    from gradspec.store._lock import RunLock
+    from gradspec.store import RunLock
 
     return RunLock(out, what="run directory").acquire()
 

@@ -90,7 +90,7 @@ def spectrum_basis(path: str | os.PathLike, rank: int) -> torch.Tensor:
     Raises:
         ValueError: if the store is not complete or holds fewer than ``rank`` vectors.
     """
-    from gradspec.store._spectrum import SpectrumStore
+    from gradspec.store import SpectrumStore
 
     store = SpectrumStore.open(path)
     if store.status != "complete":
@@ -114,8 +114,7 @@ def spectrum_layout(path: str | os.PathLike) -> list[tuple[str, tuple[int, ...]]
         ValueError: if the recorded columns cut a parameter in two, or do not add up to
             the store's p.
     """
-    from gradspec.store._layout import ParamLayout
-    from gradspec.store._spectrum import SpectrumStore
+    from gradspec.store import ParamLayout, SpectrumStore
 
     store = SpectrumStore.open(path)
     src, p = store.source, store.shape[1]
@@ -146,7 +145,7 @@ def _source_store_layout(recorded: list[str | None], spectrum: str | os.PathLike
     """The layout of a spectrum's source gradient store, if it can be opened here."""
     from pathlib import Path
 
-    from gradspec.store._gradients import GradientStore
+    from gradspec.store import GradientStore
 
     candidates = [Path(r) for r in recorded if r]
     candidates += [Path(spectrum).parent / c.name for c in candidates]

@@ -3,15 +3,19 @@
 from gradspec.store._gradients import META_FIELDS, GradientStore
 from gradspec.store._integrity import StoreDamagedError
 from gradspec.store._layout import ParamLayout, ParamSpec, match_names
+from gradspec.store._lock import LOCK_NAME, DirectoryBusyError, RunLock
 from gradspec.store._spectrum import SpectrumStore
 from gradspec.store._writer import BackgroundWriter, WriterError
 
 __all__ = [
     "BackgroundWriter",
+    "DirectoryBusyError",
     "GradientStore",
+    "LOCK_NAME",
     "META_FIELDS",
     "ParamLayout",
     "ParamSpec",
+    "RunLock",
     "SpectrumStore",
     "StoreDamagedError",
     "WriterError",

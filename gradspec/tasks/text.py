@@ -473,7 +473,7 @@ def _reseed_head(model: nn.Module, seed: int, std: float) -> None:
 
 
 def _freeze_except(model: nn.Module, patterns: Sequence[str]) -> None:
-    from gradspec.store._layout import match_names
+    from gradspec.store import match_names
 
     names = [n for n, _ in model.named_parameters()]
     selected = set(match_names(names, list(patterns)))

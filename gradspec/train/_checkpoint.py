@@ -1,7 +1,7 @@
 """A run directory on disk: what it holds, checkpoints written atomically and validated when loaded.
 
 A run directory holds exactly the entries of :data:`RUN_ENTRIES` (and the lock
-file of :mod:`gradspec.store._lock`); it is recognised by its ``config.json``,
+file of :class:`gradspec.store.RunLock`); it is recognised by its ``config.json``,
 which parses as a :class:`~gradspec.train.TrainConfig`. Other files may sit
 next to them (``gradspec pca`` output, figures): ``overwrite`` removes only the
 run's own entries, and never touches a directory that is not a run directory.
@@ -114,7 +114,7 @@ def is_run_dir(out: str | os.PathLike) -> bool:
 
 
 def _entries(out: Path) -> list[str]:
-    from gradspec.store._lock import LOCK_NAME
+    from gradspec.store import LOCK_NAME
 
     return sorted(e.name for e in out.iterdir() if e.name != LOCK_NAME)
 

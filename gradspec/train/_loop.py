@@ -466,8 +466,7 @@ def train(
             ``out`` is not empty and not a run directory.
         DirectoryBusyError: another process is writing to ``out``.
     """
-    from gradspec.store import GradientStore
-    from gradspec.store._lock import RunLock
+    from gradspec.store import GradientStore, RunLock
 
     out = Path(out)
     if resume and overwrite:
