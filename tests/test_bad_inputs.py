@@ -240,9 +240,7 @@ ROWS: list[Row] = [
     lib("default-delta-n-1", lambda fx: gs.default_delta(1), r"n \(the training-set size\) must be >= 2"),
     lib("compute-epsilon-pld-tiny-delta",
         lambda fx: gs.compute_epsilon(noise_multiplier=1, sample_rate=0.01, steps=10, delta=1e-15),
-        check=lambda eps, fx: math.isfinite(eps) or pytest.fail(f"epsilon {eps}"),
-        xfail="gradspec/privacy/_accountant.py: PLD answers inf for delta <= 1e-15 (its truncated tail "
-              "mass), where RDP gives 3.7; min(PLD, RDP) is a valid bound"),
+        check=lambda eps, fx: math.isfinite(eps) or pytest.fail(f"epsilon {eps}")),
     # -------------------------------------------------------------- collect
     cli("collect-out-is-a-file", ["collect", "--out", "{file}", "--steps", "3", *LOWRANK],
         r"is a file, not a directory: choose a directory"),

@@ -188,7 +188,14 @@ def _epsilon(method: Accounting, events: tuple[_Event, ...], delta: float) -> fl
         if not poisson:
             return float(dpa.get_epsilon_gaussian(gaussian_weight**-0.5, delta))
         accountant = dpa.pld.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
-        return float(accountant.compose(dpa.ComposedDpEvent(parts)).get_epsilon(delta))
+        eps = float(accountant.compose(dpa.ComposedDpEvent(parts)).get_epsilon(delta))
+        if math.isfinite(eps):
+            return eps
+        # The discretised PLD truncates its tail, so at a tiny delta (<= ~1e-15) it can only
+        # answer inf. RDP bounds the same composition; both are valid upper bounds, so the
+        # smaller one is too.
+        logger.info("PLD gives epsilon = inf at delta = %g; using the RDP bound", delta)
+        return _epsilon(Accounting.RDP, events, delta)
 
     from gradspec.privacy._rdp import poisson_gaussian_rdp  # scipy: imported when first used
 
