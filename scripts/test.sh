@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh test
 PY="${PYTHON:-python3}"
-"$PY" -m ruff check gradspec cli tests analyses benchmarks scripts
+"$PY" -m ruff check gradspec cli tests analyses benchmarks scripts examples
 "$PY" -m pytest -q "$@"
