@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -130,6 +131,19 @@ class TrainConfig:
         if self.params is not None:
             object.__setattr__(self, "params", tuple(self.params))
         object.__setattr__(self, "task_options", dict(self.task_options))
+        for name, flag in (("epochs", "--epochs"), ("max_grad_norm", "the clipping norm C"),
+                           ("noise_multiplier", "the noise multiplier (--sigma)"),
+                           ("target_epsilon", "the target epsilon"), ("delta", "delta"),
+                           ("lr", "the learning rate")):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(float(value)):
+                raise ValueError(f"{flag} must be a finite number, got {value}")
+        if self.noise_multiplier is not None and 0 < self.noise_multiplier < 0.01:
+            raise ValueError(
+                f"the noise multiplier {self.noise_multiplier} is below 0.01: its epsilon is "
+                "astronomically large and the accountant cannot compute it; use --sigma 0 for a "
+                "non-private run"
+            )
         if self.steps is None and self.epochs is None:
             raise ValueError("give the run length as steps or epochs")
         if self.steps is not None and self.steps < 1:
