@@ -59,22 +59,7 @@ def row_index(rows: RowSelection, n: int) -> slice | np.ndarray:
     """
     from gradspec.store._spectrum import as_slice, resolve_rows
 
-    if rows is not None and not isinstance(rows, slice):
-        arr = np.asarray(rows)
-        if arr.dtype == np.bool_:
-            raise ValueError(
-                "--rows got a boolean mask; pass row indices (numpy.flatnonzero(mask)) or a slice"
-            )
-        if arr.size and not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"--rows indices must be integers, got dtype {arr.dtype}")
-        uniq = np.unique(arr)
-        if uniq.size != arr.size:
-            dup = uniq[np.unique(arr, return_counts=True)[1] > 1]
-            raise ValueError(
-                f"--rows repeats row index {int(dup[0])} ({arr.size - uniq.size} repeats): a row "
-                "would count twice in H; pass each row once"
-            )
-    idx = resolve_rows(rows, n, what="--rows")
+    idx = resolve_rows(rows, n, what="--rows", distinct=True)
     if rows is None or isinstance(rows, slice):
         return as_slice(idx)
     return np.asarray(rows, dtype=np.int64).reshape(-1)

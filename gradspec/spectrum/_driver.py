@@ -132,22 +132,8 @@ def _heldout_index(rows: Any, n: int) -> np.ndarray:
     """``--heldout-rows`` as indices; refuses a boolean mask and repeated rows (counted twice)."""
     from gradspec.store._spectrum import resolve_rows
 
-    if rows is not None and not isinstance(rows, slice):
-        arr = np.asarray(rows)
-        if arr.dtype == np.bool_:
-            raise ValueError(
-                "--heldout-rows got a boolean mask; pass row indices (numpy.flatnonzero(mask)) or A:B"
-            )
-        if arr.size and not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"--heldout-rows indices must be integers, got dtype {arr.dtype}")
-    idx = resolve_rows(rows, n, what="--heldout-rows")
-    uniq, counts = np.unique(idx, return_counts=True)
-    if uniq.size != idx.size:
-        raise ValueError(
-            f"--heldout-rows repeats row {int(uniq[counts > 1][0])}: it would count twice in G_k "
-            "and the explained variance; pass each row once"
-        )
-    return idx
+    return resolve_rows(rows, n, what="--heldout-rows", distinct=True,
+                        counted_in="G_k and the explained variance")
 
 
 def _relation(spec: Any, store: Any) -> str:

@@ -38,16 +38,45 @@ def _jsonable(obj: Any) -> Any:
 
 
 # ---------------------------------------------------------------------- row selections
-def resolve_rows(rows: Any, n: int, *, what: str = "the row selection") -> np.ndarray:
+def resolve_rows(
+    rows: Any, n: int, *, what: str = "the row selection", distinct: bool = False,
+    counted_in: str = "H",
+) -> np.ndarray:
     """A row selection (None, a slice, or indices) as absolute int64 indices into ``n`` rows.
 
     Strict where Python slicing clips: a bound outside ``[-n, n]`` or an index
     outside ``[0, n)`` is an error, so a selection never silently means fewer
-    rows than it says. Negative bounds count from the end, as in Python.
+    rows than it says. Negative bounds count from the end, as in Python. A boolean
+    mask is refused (numpy would read it as the indices 0 and 1), and so are
+    non-integer indices.
+
+    Args:
+        rows: None (all), a slice, or row indices.
+        n: the number of committed rows.
+        what: how the selection is named in errors (``--rows``).
+        distinct: refuse a repeated index (a row that would count twice).
+        counted_in: what a repeated row would be counted twice in (for the message).
 
     Raises:
-        ValueError: out-of-range bounds or indices, a non-positive step, or an empty selection.
+        ValueError: out-of-range bounds or indices, a non-positive step, a boolean mask,
+            non-integer or (with ``distinct``) repeated indices, or an empty selection.
     """
+    if rows is not None and not isinstance(rows, slice):
+        arr = np.asarray(rows)
+        if arr.dtype == np.bool_:
+            raise ValueError(
+                f"{what} got a boolean mask; pass row indices (numpy.flatnonzero(mask)) or a slice"
+            )
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"{what} indices must be integers, got dtype {arr.dtype}")
+        if distinct:
+            uniq, counts = np.unique(arr, return_counts=True)
+            if uniq.size != arr.size:
+                raise ValueError(
+                    f"{what} repeats row index {int(uniq[counts > 1][0])} "
+                    f"({arr.size - uniq.size} repeats): a row would count twice in {counted_in}; "
+                    "pass each row once"
+                )
     if rows is None:
         idx = np.arange(n, dtype=np.int64)
     elif isinstance(rows, slice):
