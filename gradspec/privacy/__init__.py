@@ -12,7 +12,13 @@ from gradspec.privacy._calibrate import (
     compute_epsilon,
     steps_per_epoch,
 )
-from gradspec.privacy._clip import ClipResult, clip_factors, clip_per_example, norm_stats
+from gradspec.privacy._clip import (
+    OPACUS_CLIP_EPS,
+    ClipResult,
+    clip_factors,
+    clip_per_example,
+    norm_stats,
+)
 from gradspec.privacy._noise import gaussian_noise
 
 __all__ = [
@@ -27,6 +33,7 @@ __all__ = [
     "ClipResult",
     "clip_per_example",
     "clip_factors",
+    "OPACUS_CLIP_EPS",
     "norm_stats",
     "gaussian_noise",
 ]

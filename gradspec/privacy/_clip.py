@@ -1,9 +1,11 @@
 """Flat (all-parameter) clipping of per-example gradients, the first half of DP-SGD.
 
-Scale factors are the exact ``min(1, C / ||g||)`` computed as ``C / max(||g||, C)``:
-rows with norm <= C (zero rows included, so no epsilon guard is needed) are left
-untouched and longer rows get norm C up to rounding. (Opacus uses
-``min(1, C / (||g|| + 1e-6))`` instead, which shrinks rows just below C a little.)
+`clip_factors` is the one clipping formula of gradspec: ``C / max(||g|| + eps, C)``.
+With ``eps = 0`` (the default, and what the trainer's DP step and its stored rows use)
+that is the exact ``min(1, C / ||g||)``: rows with norm <= C (zero rows included, so no
+guard is needed) are left untouched and longer rows get norm C up to rounding. With
+``eps = 1e-6`` it is Opacus's ``min(1, C / (||g|| + 1e-6))``, which shrinks rows just
+below C a little; `PerExampleGradients.clipped_sum` uses that (``OPACUS_CLIP_EPS``).
 Norms are computed in float32 at least, also for half-precision gradients.
 """
 
@@ -14,6 +16,9 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+#: Opacus's guard added to a norm before dividing by it (``clip_factors(..., eps=...)``).
+OPACUS_CLIP_EPS = 1e-6
 
 
 class ClipResult(NamedTuple):
@@ -32,14 +37,16 @@ def _check_max_norm(max_norm: float) -> float:
     return float(max_norm)
 
 
-def clip_factors(norms: Tensor, max_norm: float) -> Tensor:
-    """Per-example scale factors ``min(1, C / norm)`` (1 for zero norms).
+def clip_factors(norms: Tensor, max_norm: float, *, eps: float = 0.0) -> Tensor:
+    """Per-example scale factors ``C / max(norm + eps, C)`` (1 for zero norms).
 
-    For callers that compute norms themselves, e.g. over microbatches.
+    For callers that compute norms themselves, e.g. over microbatches. ``eps = 0`` is
+    the exact ``min(1, C / norm)``; ``eps = OPACUS_CLIP_EPS`` is Opacus's formula.
 
     Args:
         norms: (B,) per-example L2 norms, >= 0.
         max_norm: the clipping norm C > 0.
+        eps: added to each norm before dividing by it (>= 0; default 0).
 
     Returns:
         (B,) factors in (0, 1], same dtype and device as ``norms``.
@@ -47,7 +54,9 @@ def clip_factors(norms: Tensor, max_norm: float) -> Tensor:
     c = _check_max_norm(max_norm)
     if not torch.is_floating_point(norms):
         raise TypeError(f"norms must be a floating tensor, got {norms.dtype}")
-    return c / norms.clamp(min=c)
+    if not eps:
+        return c / norms.clamp(min=c)
+    return c / (norms + eps).clamp(min=c)
 
 
 def clip_per_example(grads: Tensor, max_norm: float) -> ClipResult:

@@ -52,6 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from gradspec._enums import PerExampleBackend, parse_choice
+from gradspec.privacy import OPACUS_CLIP_EPS, clip_factors
 from gradspec.store import ParamLayout, match_names
 from gradspec.train._masks import (  # noqa: F401 - re-exported: they lived here
     _measured_causal,
@@ -66,8 +67,8 @@ Batch = dict[str, Tensor]
 ForwardFn = Callable[[Callable[..., Tensor], Batch], Tensor]
 LossFn = Callable[[Tensor, Batch], Tensor]
 
-#: Added to a norm before dividing by it in clipping (as Opacus does).
-CLIP_EPS = 1e-6
+#: Added to a norm before dividing by it in `clipped_sum` (as Opacus does).
+CLIP_EPS = OPACUS_CLIP_EPS
 
 
 def select_parameters(model: nn.Module, patterns: str | Sequence[str]) -> list[str]:
@@ -266,7 +267,9 @@ class PerExampleGradients:
         """Sum of the clipped per-example gradients, without keeping all rows.
 
         Each row g_i is scaled by min(1, C / (||g_i|| + 1e-6)) (Abadi et al. 2016; the
-        epsilon as in Opacus), then the rows are summed, one microbatch at a time.
+        epsilon as in Opacus: `gradspec.privacy.clip_factors` with ``eps=1e-6``), then the
+        rows are summed, one microbatch at a time. The trainer's DP step clips with
+        ``eps=0`` instead (the exact ``min(1, C / ||g_i||)``).
 
         Returns:
             ``(sum (p,), norms (B,), losses (B,))``; norms are before clipping.
@@ -276,7 +279,7 @@ class PerExampleGradients:
         total, norms, losses = None, [], []
         for grads, loss in self.iter_microbatches(batch):
             norm = torch.linalg.vector_norm(grads, dim=1)
-            factor = (max_norm / (norm + CLIP_EPS)).clamp(max=1.0)
+            factor = clip_factors(norm, max_norm, eps=CLIP_EPS)
             part = factor.to(grads.dtype) @ grads
             total = part if total is None else total.add_(part)
             norms.append(norm)
