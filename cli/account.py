@@ -46,6 +46,8 @@ def account_command(
         calibrate_noise_multiplier,
         compute_epsilon,
         default_delta,
+        epochs_for_steps,
+        steps_for_epochs,
         steps_per_epoch,
     )
 
@@ -69,8 +71,7 @@ def account_command(
     if steps is None:
         if not (math.isfinite(epochs) and epochs > 0):
             fail(f"--epochs must be > 0, got {epochs}")
-        per_epoch = steps_per_epoch(q) if sampling_ == Sampling.SHUFFLE else 1 / q
-        steps = max(1, math.ceil(epochs * per_epoch - 1e-9))
+        steps = max(1, steps_for_epochs(epochs, steps_per_epoch(q, sampling=sampling_)))
     if delta is None:
         if n is None:
             fail("give --delta, or --n for the default delta n^-1.1")
@@ -97,7 +98,7 @@ def account_command(
             "noise_multiplier": sigma,
             "epsilon": compute_epsilon(noise_multiplier=sigma, **run),
         }
-    epochs_done = steps / steps_per_epoch(q) if sampling_ == Sampling.SHUFFLE else steps * q
+    epochs_done = epochs_for_steps(steps, q, sampling=sampling_)
     out = {
         "method": method_.value,
         "sampling": sampling_.value,

@@ -14,13 +14,14 @@ projector of rank k instead. Options from §5: the epoch at which projection sta
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from torch import Tensor
 
+from gradspec._enums import Sampling
 from gradspec.optim._base import OptimHooks
 from gradspec.optim._projectors import Projector, PublicProjector, RandomProjector
+from gradspec.privacy import steps_for_epochs, steps_per_epoch
 from gradspec.train import StepContext
 
 __all__ = ["PDPSGD", "pdp_sgd", "rpdp_sgd"]
@@ -49,8 +50,10 @@ class PDPSGD(OptimHooks):
     def setup(self, ctx: StepContext) -> None:
         super().setup(ctx)
         sampler = ctx.sampler
-        per_epoch = getattr(sampler, "steps_per_epoch", None) or 1.0 / ctx.sample_rate
-        self.start_step = math.ceil(self.start_epoch * per_epoch - 1e-9)
+        per_epoch = getattr(sampler, "steps_per_epoch", None) or steps_per_epoch(
+            ctx.sample_rate, sampling=Sampling.POISSON
+        )
+        self.start_step = steps_for_epochs(self.start_epoch, per_epoch)
         self.projector.setup(ctx)
 
     def on_step_start(self, step: int, ctx: StepContext) -> None:

@@ -7,17 +7,19 @@ batches are accounted without amplification.
 """
 
 from gradspec.privacy._accountant import RDP_ORDERS, PrivacyAccountant, default_delta
-from gradspec.privacy._calibrate import (
-    calibrate_noise_multiplier,
-    compute_epsilon,
-    steps_per_epoch,
-)
+from gradspec.privacy._calibrate import calibrate_noise_multiplier, compute_epsilon
 from gradspec.privacy._clip import (
     OPACUS_CLIP_EPS,
     ClipResult,
     clip_factors,
     clip_per_example,
     norm_stats,
+)
+from gradspec.privacy._epochs import (
+    batches_per_epoch,
+    epochs_for_steps,
+    steps_for_epochs,
+    steps_per_epoch,
 )
 from gradspec.privacy._noise import gaussian_noise
 
@@ -28,6 +30,9 @@ __all__ = [
     "calibrate_noise_multiplier",
     "default_delta",
     "steps_per_epoch",
+    "batches_per_epoch",
+    "steps_for_epochs",
+    "epochs_for_steps",
     "RDP_ORDERS",
     # clipping and noise
     "ClipResult",

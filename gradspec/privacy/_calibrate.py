@@ -14,21 +14,13 @@ from gradspec.privacy._accountant import (
     check_noise_multiplier,
     check_sample_rate,
 )
+from gradspec.privacy._epochs import steps_per_epoch
 
 logger = logging.getLogger(__name__)
 
 # The calibrated noise multiplier is searched in [SIGMA_MIN, SIGMA_MAX].
 SIGMA_MIN = 1e-2
 SIGMA_MAX = 1e6
-
-
-def steps_per_epoch(sample_rate: float) -> int:
-    """Batches per epoch of shuffled fixed-size batches with rate q: ``max(1, round(1/q))``.
-
-    For q = b/n with n/b not an integer, round(n/b) <= ceil(n/b), so counting
-    epochs with it never undercounts them.
-    """
-    return max(1, round(1 / check_sample_rate(sample_rate)))
 
 
 def compute_epsilon(

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gradspec.privacy import batches_per_epoch
+
 
 class PoissonSampler:
     """Poisson subsampling with rate ``q`` from its own seeded generator."""
@@ -65,7 +67,7 @@ class ShuffleSampler:
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.n // self.batch_size
+        return batches_per_epoch(self.n, self.batch_size)
 
     @property
     def q(self) -> float:
