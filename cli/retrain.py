@@ -157,6 +157,8 @@ def retrain_command(
         eps = "inf (non-private)" if res.epsilon == float("inf") else f"{res.epsilon:.3f}"
         typer.echo(f"run      {res.out}  ({res.algorithm}, k = {res.rank}, {res.steps} steps)")
         typer.echo(f"privacy  epsilon = {eps} at delta = {res.delta:.3g}   sigma = {res.noise_multiplier:.4g}")
+        if "without subsampling amplification" in res.accounting:
+            typer.echo(f"         accounting: {res.accounting}")
         final = res.final_metrics
         held = {k: v for k, v in final.items() if k.startswith("eval_") and k not in
                 ("eval_examples", "eval_accuracy_se")}

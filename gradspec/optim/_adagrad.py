@@ -57,10 +57,34 @@ sqrt(2) sigma_B and noise multiplier z_B = sqrt(2) sigma_B(t) / Delta_t; we fix 
 (``precond_noise_multiplier``) and set sigma_B(t) = z_B Delta_t / sqrt(2) (= z_B L sqrt(t) / n
 for the full matrix). The diagonal variant adds N(0, 2 sigma_B^2) to each h_j (the diagonal
 of sigma_B M) — noise multiplier z_B as well — and clips each entry at 2 sqrt(2) sigma_B
-(our per-coordinate analogue of alpha(t)). G_t depends on every past batch, so no
-subsampling amplification is claimed: each step records one plain Gaussian mechanism with
-multiplier z_B (``record_privacy``) next to the subsampled gradient mechanism, and the
-accountant composes both.
+(our per-coordinate analogue of alpha(t)).
+
+**Accounting: no amplification by subsampling, for the gradient either.** G_t is a
+function of the past batches, i.e. of the sampling randomness that amplification by
+subsampling needs hidden, and it can reveal which steps included an example; composing a
+Poisson-subsampled gradient mechanism with releases that read its hidden batches is not
+covered by adaptive composition. So the hooks set ``subsampling_amplification = False``
+and every step records two plain Gaussian mechanisms: the gradient with multiplier sigma
+(the trainer's ``record_gaussian(sigma, 1)``) and G_t + B_t with multiplier z_B
+(``record_privacy``). Proof. Let D' = D + {x} (add/remove-one). The sampling of D's
+examples and x's inclusion pattern I (the steps whose batch holds x) are drawn
+independently of the data, with the same law under D and D'. Fix I and every other
+example's inclusion. Then, given the past releases, step t's gradient release is Gaussian
+with std sigma C / n and a mean that moves by at most C / n (by clip(g_x) / n when t is in
+I, not at all otherwise; n the public denominator): multiplier >= sigma. Its preconditioner
+release is Gaussian with std sqrt(2) sigma_B(t) and a mean that moves by at most
+Delta_t = L sqrt(t) / n (times sqrt(2) for the full matrix; the bound above holds for every
+inclusion pattern): multiplier z_B. Adaptive composition of these 2T Gaussian mechanisms
+bounds the privacy loss of the whole transcript, for this pattern, by that of T Gaussians
+of multiplier sigma composed with T of multiplier z_B (RDP or PLD of plain Gaussians, both
+directions of the neighbouring relation). The transcript's law under D (and D') is the
+mixture over patterns of these conditional laws with the same data-independent weights,
+and the hockey-stick divergence (and exp((alpha - 1) D_alpha)) is jointly convex, so the
+mixtures satisfy the bound that every component does. Shuffled sampling (the trainer's
+``record_shuffled``: one Gaussian of multiplier sigma per epoch) holds by the same
+argument: for every fixed permutation x is in one batch per epoch, so the epoch's other
+gradient releases do not move and the epoch composes to one Gaussian (sigma), next to the
+T preconditioner Gaussians (z_B).
 """
 
 from __future__ import annotations
@@ -108,6 +132,8 @@ class NoisyAdaGrad(OptimHooks):
     name = "noisy-adagrad"
     own_direction = True
     extra_privacy = True
+    # G_t reads the sampled batches (see the module docstring): no amplification.
+    subsampling_amplification = False
 
     def __init__(
         self, projector: Projector, *, precond_noise_multiplier: float = 1.0,

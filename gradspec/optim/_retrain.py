@@ -67,13 +67,15 @@ class RetrainResult:
     metrics: Path
     hooks: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    accounting: str = ""
 
     def to_row(self) -> dict[str, Any]:
         """A flat summary-table row."""
         return {
             "algorithm": self.algorithm, "rank": self.rank, "seed": self.seed,
             "noise_multiplier": self.noise_multiplier, "epsilon": self.epsilon,
-            "delta": self.delta, "steps": self.steps, **self.final_metrics, "out": str(self.out),
+            "delta": self.delta, "steps": self.steps, "accounting": self.accounting,
+            **self.final_metrics, "out": str(self.out),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -154,6 +156,23 @@ def _train_metrics(task: Task, config: TrainConfig) -> dict[str, float]:
     return {f"train_{k.removeprefix('eval_')}": v for k, v in found.items()}
 
 
+def _accounting(hooks: StepHooks, config: TrainConfig) -> str:
+    """How the run's epsilon accounts the gradient releases (and the hooks' own)."""
+    if config.sampling != "poisson":
+        text = "gradient mechanism per epoch of shuffled batches (no subsampling amplification)"
+    elif getattr(hooks, "subsampling_amplification", True):
+        text = "Poisson-subsampled gradient mechanism"
+    else:
+        text = (f"gradient mechanism without subsampling amplification ({hooks.name}'s releases "
+                "read the sampled batches)")
+        if hooks.name == "noisy-adagrad":
+            text = ("gradient mechanism without subsampling amplification (noisy AdaGrad's "
+                    "preconditioner reads the sampled batches)")
+    if getattr(hooks, "extra_privacy", False):
+        text += f", composed with {hooks.name}'s own Gaussian mechanisms"
+    return text
+
+
 def retrain(
     *,
     config: TrainConfig,
@@ -218,6 +237,9 @@ def retrain(
         from gradspec.tasks import make_task
 
         task = make_task(config.task, seed=config.seed, **config.task_options)
+    if not getattr(hooks, "subsampling_amplification", True) and config.sampling == "poisson":
+        logger.info("%s: the gradient releases are accounted without amplification by subsampling "
+                    "(the hooks' releases read the sampled batches)", hooks.name)
     settings = {"config": requested, "options": _jsonable(options),
                 "algorithm": hooks.name if isinstance(algorithm, StepHooks) else str(algorithm)}
     result = train(config, out=out, task=task, resume=resume, overwrite=overwrite,
@@ -231,6 +253,7 @@ def retrain(
         seed=config.seed, noise_multiplier=result.noise_multiplier, epsilon=result.epsilon,
         delta=result.delta, steps=result.steps, final_metrics=final, metrics=result.metrics,
         hooks=_describe(hooks), settings=settings,
+        accounting=_accounting(hooks, config) if math.isfinite(result.epsilon) else "non-private",
     )
     (Path(out) / RESULT_NAME).write_text(json.dumps(res.to_dict(), indent=2, default=str))
     return res

@@ -26,9 +26,21 @@ if TYPE_CHECKING:
 
 
 class StepHooks:
-    """DP-SGD: every hook is the identity."""
+    """DP-SGD: every hook is the identity.
+
+    Attributes:
+        subsampling_amplification: whether the trainer may account each Poisson-sampled
+            gradient release as the Poisson-subsampled Gaussian mechanism. Amplification by
+            subsampling needs the batch membership hidden, so set it ``False`` when the hooks
+            release anything computed from past private batches (noisy AdaGrad's
+            preconditioner): the trainer then records each gradient release as a plain
+            Gaussian mechanism (``record_gaussian(sigma, 1)``), which holds for every fixed
+            sampling pattern (see ``gradspec.optim._adagrad``). Shuffled sampling is
+            accounted without amplification either way.
+    """
 
     name = "dp-sgd"
+    subsampling_amplification: bool = True
 
     def setup(self, ctx: StepContext) -> None:
         """Called once, before training, with what the hooks may read of the run

@@ -369,8 +369,10 @@ class _Run:
             update = clipped / max(b, 1)
         self._apply(self.hooks.direction(self.hooks.after_noise(update)))
         if self.sigma > 0:
-            if c.sampling == Sampling.POISSON:
+            if c.sampling == Sampling.POISSON and self.hooks.subsampling_amplification:
                 self.accountant.record_poisson(self.sigma, self.q, 1)
+            elif c.sampling == Sampling.POISSON:  # the hooks' releases read the sampled batches
+                self.accountant.record_gaussian(self.sigma, 1)
             else:
                 self.accountant.record_shuffled(self.sigma, self.sampler.steps_per_epoch, 1)
         self.hooks.record_privacy(self.accountant, self.step)

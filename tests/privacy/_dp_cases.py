@@ -111,9 +111,9 @@ class Case:
         algorithm: the registry name.
         variant: a short label ('' for the default configuration).
         options: ``make_algorithm`` options.
-        mechanisms: the noisy releases of one step, as (kind, noise multiplier): ``poisson``
-            (the Poisson-subsampled gradient) or ``gaussian`` (not subsampled); each must be
-            one noise draw and one accounted mechanism.
+        mechanisms: the noisy releases of one step, as (kind, noise multiplier), the
+            gradient's first: ``poisson`` (the Poisson-subsampled gradient) or ``gaussian``
+            (not subsampled); each must be one noise draw and one accounted mechanism.
         pre_noise: how the clipped sum becomes the pre-noise release: ``sum`` (as is)
             or ``project`` (``V V^T`` of the hooks' projector, fixed-subspace retraining).
         noise_space: where the gradient noise lives: ``full`` (all p coordinates) or
@@ -143,7 +143,9 @@ class Case:
 
 _BASIS = dict(projector="spectrum", rank=24, basis=orthonormal(P, 24))
 _PUBLIC = dict(public_size=N_PUBLIC)
-_PRECONDITIONED = (("poisson", SIGMA), ("gaussian", Z_B))
+# Noisy AdaGrad's preconditioner reads the sampled batches, so the gradient is accounted
+# without amplification by subsampling: two plain Gaussians a step, no q recorded.
+_PRECONDITIONED = (("gaussian", SIGMA), ("gaussian", Z_B))
 
 CASES: dict[Algorithm, list[Case]] = {
     Algorithm.DP_SGD: [Case(Algorithm.DP_SGD)],

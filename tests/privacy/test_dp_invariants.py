@@ -47,7 +47,9 @@ from ._dp_cases import (
     DELTA,
     MICROBATCH,
     N_TRAIN,
+    SIGMA,
     STEPS,
+    Z_B,
     Case,
     P,
     Probe,
@@ -358,7 +360,9 @@ def test_noise_std_matches_the_accounted_mechanism(runs):
     assert ctx.denominator == denominator
     gradient, preconditioner = [], []
     for s in base.steps:
-        (sigma,) = [m[1] for m in s.mechanisms if m[0] == "poisson"]
+        # the trainer accounts the gradient release first, then the hooks their own
+        kind, sigma = s.mechanisms[0][:2]
+        assert (kind, sigma) == case.mechanisms[0], f"step {s.index}: gradient accounted as {kind}"
         std = sigma * CLIP / denominator  # noise multiplier x sensitivity / denominator
         noise = s.noisy.double() - s.release.double() / denominator
         if case.noise_space == "subspace":
@@ -369,7 +373,7 @@ def test_noise_std_matches_the_accounted_mechanism(runs):
         gradient.append(noise / std)
         if case.preconditioner is None:
             continue
-        (z,) = [m[1] for m in s.mechanisms if m[0] == "gaussian"]
+        ((_, z, _, _),) = s.mechanisms[1:]
         std = z * s.sensitivity  # in the Frobenius-isometric coordinates of symmetric matrices
         m = s.statistic_release - s.statistic  # the noise the release carries
         if case.preconditioner == "matrix":
@@ -405,3 +409,27 @@ def test_every_noisy_release_is_one_accounted_mechanism(runs):
     epsilon = accountant.compose(dpa.ComposedDpEvent(parts)).get_epsilon(DELTA)
     assert math.isfinite(epsilon) and epsilon > 0
     assert base.result.epsilon == pytest.approx(epsilon, rel=1e-9)
+
+
+def test_noisy_adagrad_epsilon_is_that_of_2t_plain_gaussians(tmp_path):
+    """Pinned: a noisy-AdaGrad run's epsilon is dp-accounting's for T Gaussians (sigma) and
+    T Gaussians (z_B), with no amplification by subsampling (its preconditioner reads the
+    sampled batches; see ``gradspec.optim._adagrad``), and above the amplified figure."""
+    (case,) = [c for c in CASES[Algorithm.NOISY_ADAGRAD] if c.variant == "diagonal"]
+    probe = train(case, "vmap", tmp_path / "run")
+    for s in probe.steps:
+        assert [m[:2] for m in s.mechanisms] == [("gaussian", SIGMA), ("gaussian", Z_B)]
+    relation = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
+    composed = dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(SIGMA), STEPS),
+                                    dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(Z_B), STEPS)])
+    epsilon = dpa.rdp.RdpAccountant(list(RDP_ORDERS), relation).compose(composed).get_epsilon(DELTA)
+    # the same composition in closed form: one Gaussian of multiplier (T / s^2 + T / z_B^2)^-1/2
+    single = dpa.GaussianDpEvent((STEPS / SIGMA**2 + STEPS / Z_B**2) ** -0.5)
+    assert epsilon == pytest.approx(
+        dpa.rdp.RdpAccountant(list(RDP_ORDERS), relation).compose(single).get_epsilon(DELTA), rel=1e-9)
+    assert probe.result.epsilon == pytest.approx(epsilon, rel=1e-9)
+    assert "without subsampling amplification" in probe.result.accounting
+    amplified = dpa.ComposedDpEvent([
+        dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(BATCH / N_TRAIN, dpa.GaussianDpEvent(SIGMA)), STEPS),
+        dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(Z_B), STEPS)])
+    assert epsilon > dpa.rdp.RdpAccountant(list(RDP_ORDERS), relation).compose(amplified).get_epsilon(DELTA)
