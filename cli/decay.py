@@ -158,15 +158,14 @@ def _load_view(path: Path):
     if report.is_file():
         return ReportView.from_report(_read_report(report))
     from gradspec.spectrum import analyze_spectrum
-    from gradspec.store._spectrum import SpectrumStore
+    from gradspec.store import SpectrumStore
 
     spec = SpectrumStore.open(path)
-    if spec.status != "complete":
-        raise ValueError(f"{str(path)!r} is not complete (status {spec.status!r})")
-    frob2 = spec.attrs.get("gradspec.frob2")
+    spec.require_complete()
+    frob2 = spec.frob2
     sigma = spec.sigma
     sigma = sigma[: int(np.argmin(sigma > 0)) if np.any(sigma <= 0) else sigma.size]
-    a = analyze_spectrum(sigma=sigma, total_energy=float(frob2) if frob2 is not None else None)
+    a = analyze_spectrum(sigma=sigma, total_energy=frob2)
     return ReportView.from_analysis(a)
 
 

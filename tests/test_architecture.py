@@ -29,15 +29,10 @@ KNOWN_PRIVATE: frozenset[tuple[str, str]] = frozenset({
     ("cli.account", "gradspec._enums"),
     ("cli.decay", "gradspec._enums"),
     ("cli.decay", "gradspec.spectrum._driver"),
-    ("cli.decay", "gradspec.store._spectrum"),
     ("cli.info", "gradspec.store._precision"),
     ("cli.retrain", "gradspec._enums"),
     ("cli.retrain", "gradspec.optim._registry"),
     ("cli.retrain", "gradspec.plot._retrain"),
-    ("gradspec.linalg._sources", "gradspec.store._spectrum"),
-    ("gradspec.linalg.api", "gradspec.store._spectrum"),
-    ("gradspec.linalg.api", "gradspec.store._zarr"),
-    ("gradspec.spectrum._driver", "gradspec.store._spectrum"),
 })
 
 

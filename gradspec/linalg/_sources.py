@@ -54,10 +54,10 @@ def parse_rows(text: str | None) -> slice | None:
 def row_index(rows: RowSelection, n: int) -> slice | np.ndarray:
     """Normalize a row selection against n available rows; raise on an empty or bad one.
 
-    Strict (``gradspec.store._spectrum.resolve_rows``): bounds beyond the n rows are an
+    Strict (``gradspec.store.resolve_rows``): bounds beyond the n rows are an
     error, not clipped, so ``--rows 50:200`` of 100 rows never means rows 50..99.
     """
-    from gradspec.store._spectrum import as_slice, resolve_rows
+    from gradspec.store import as_slice, resolve_rows
 
     idx = resolve_rows(rows, n, what="--rows", distinct=True)
     if rows is None or isinstance(rows, slice):
@@ -176,13 +176,8 @@ class StoreSource:
         return self._store.to_dask(rows=self._idx, col_ranges=self._ranges)
 
     def describe(self) -> dict[str, Any]:
-        """What a spectrum records of its source (see ``gradspec.store._spectrum``)."""
-        from gradspec.store._spectrum import (
-            config_digest,
-            describe_row_indices,
-            resolved_path,
-            rows_digest,
-        )
+        """What a spectrum records of its source (see ``gradspec.store.SpectrumStore``)."""
+        from gradspec.store import config_digest, describe_row_indices, resolved_path, rows_digest
 
         if self._digest is None:
             self._digest = rows_digest(self._store, self._abs)

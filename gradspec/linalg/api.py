@@ -86,8 +86,7 @@ def _source_rows(op: Any) -> np.ndarray | None:
 
 def _check_not_source(out: Any, desc: dict) -> None:
     """Refuse an --out that is, holds or lies inside the gradient store being read."""
-    from gradspec.store._spectrum import resolved_path
-    from gradspec.store._zarr import is_url
+    from gradspec.store import is_url, resolved_path
 
     src = desc.get("abspath")
     if src is None or is_url(out) or is_url(src):
@@ -113,15 +112,14 @@ def _open_output(
     v_dtype: str,
 ):
     """-> (store to write, final path when the store is staged beside a complete one, or None)."""
-    from gradspec.store._spectrum import SpectrumStore
-    from gradspec.store._zarr import is_url
+    from gradspec.store import SpectrumStatus, SpectrumStore, is_url
 
     r, p = op.shape
     desc = op.describe()
     _check_not_source(out, desc)
     if resume and Path(out).exists():
         store = SpectrumStore.open(out, mode="r+")
-        if store.status == "complete":
+        if store.status == SpectrumStatus.COMPLETE:
             raise ValueError(
                 f"{str(out)!r} is already complete; nothing to resume (use --overwrite to redo it)"
             )
@@ -151,7 +149,7 @@ def _open_output(
     final = None
     if overwrite and not is_url(out) and Path(out).exists():
         try:
-            complete = SpectrumStore.open(out).status == "complete"
+            complete = SpectrumStore.open(out).status == SpectrumStatus.COMPLETE
         except (ValueError, OSError):
             complete = False  # check_target refuses what is not a spectrum store
         if complete:
@@ -188,9 +186,9 @@ def _jsonish(value: Any) -> Any:
     """Settings as they read back from a store's JSON attributes (tuples as lists)."""
     import json
 
-    from gradspec.store._spectrum import _jsonable
+    from gradspec.store import jsonable
 
-    return json.loads(json.dumps(_jsonable(value)))
+    return json.loads(json.dumps(jsonable(value)))
 
 
 class _VSink:

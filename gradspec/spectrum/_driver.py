@@ -130,7 +130,7 @@ def _read_columns(spec: Any, store: Any) -> list[tuple[int, int]]:
 
 def _heldout_index(rows: Any, n: int) -> np.ndarray:
     """``--heldout-rows`` as indices; refuses a boolean mask and repeated rows (counted twice)."""
-    from gradspec.store._spectrum import resolve_rows
+    from gradspec.store import resolve_rows
 
     return resolve_rows(rows, n, what="--heldout-rows", distinct=True,
                         counted_in="G_k and the explained variance")
@@ -141,7 +141,7 @@ def _relation(spec: Any, store: Any) -> str:
 
     Raises when the store is at the source's path but no longer holds its rows.
     """
-    from gradspec.store._spectrum import config_digest, resolved_path, rows_digest, rows_text
+    from gradspec.store import config_digest, resolved_path, rows_digest, rows_text
 
     src = spec.source
     here = resolved_path(store.path)
@@ -206,8 +206,8 @@ def decay_analysis(
             source store rewritten since the spectrum; held-out rows outside the store
             or overlapping the spectrum's rows; gradients asked for that cannot be read.
     """
-    from gradspec.store import GradientStore
-    from gradspec.store._spectrum import (
+    from gradspec.store import (
+        GradientStore,
         SpectrumStore,
         as_slice,
         describe_row_indices,
@@ -215,12 +215,8 @@ def decay_analysis(
     )
 
     spec = spectrum if isinstance(spectrum, SpectrumStore) else SpectrumStore.open(spectrum)
-    if spec.status != "complete":
-        raise ValueError(
-            f"{spec.path!r} is not complete (status {spec.status!r}); finish `gradspec pca` first"
-        )
+    spec.require_complete()
     cfg = config or DecayConfig()
-    attrs = spec.attrs
     src = spec.source
     notes: list[str] = []
     k = _stored_k(spec, notes)
@@ -233,7 +229,7 @@ def decay_analysis(
             "--spectrum-only reads no gradients; drop --gradients and --heldout-rows, or "
             "--spectrum-only"
         )
-    frob2 = attrs.get("gradspec.frob2")
+    frob2 = spec.frob2
     sources: dict[str, Any] = {
         "spectrum": {
             "path": spec.path,
@@ -243,7 +239,7 @@ def decay_analysis(
             "shape": list(spec.shape),
             "center": bool(src.get("center")),
             "source": src,
-            "accuracy": attrs.get("gradspec.accuracy"),
+            "accuracy": spec.accuracy,
         },
     }
     if src.get("center"):
@@ -346,6 +342,6 @@ def decay_analysis(
 
 
 def _abspath(path: Any) -> str:
-    from gradspec.store._spectrum import resolved_path
+    from gradspec.store import resolved_path
 
     return resolved_path(path)

@@ -4,8 +4,19 @@ from gradspec.store._gradients import META_FIELDS, GradientStore
 from gradspec.store._integrity import StoreDamagedError
 from gradspec.store._layout import ParamLayout, ParamSpec, match_names
 from gradspec.store._lock import LOCK_NAME, DirectoryBusyError, RunLock
-from gradspec.store._spectrum import SpectrumStore
+from gradspec.store._source import (
+    as_slice,
+    config_digest,
+    describe_row_indices,
+    jsonable,
+    resolve_rows,
+    resolved_path,
+    rows_digest,
+    rows_text,
+)
+from gradspec.store._spectrum import SpectrumStatus, SpectrumStore
 from gradspec.store._writer import BackgroundWriter, WriterError
+from gradspec.store._zarr import is_url
 
 __all__ = [
     "BackgroundWriter",
@@ -16,10 +27,20 @@ __all__ = [
     "ParamLayout",
     "ParamSpec",
     "RunLock",
+    "SpectrumStatus",
     "SpectrumStore",
     "StoreDamagedError",
     "WriterError",
+    "as_slice",
+    "config_digest",
+    "describe_row_indices",
+    "is_url",
+    "jsonable",
     "match_names",
+    "resolve_rows",
+    "resolved_path",
+    "rows_digest",
+    "rows_text",
 ]
 
 

@@ -23,11 +23,13 @@ import numpy as np
 from gradspec.store._zarr import is_url
 
 
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
+    """``obj`` as store attributes hold it: numpy values as Python ones, tuples as lists,
+    non-finite floats as strings (``"inf"``), dict keys as strings."""
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     if isinstance(obj, np.generic):
@@ -35,6 +37,9 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, float) and not np.isfinite(obj):
         return str(obj)
     return obj
+
+
+_jsonable = jsonable  # the former private name
 
 
 # ---------------------------------------------------------------------- row selections

@@ -24,8 +24,8 @@ directions its precision resolves (σ above ``gradspec.rank_rtol``·σ_1, see
 ``gradspec.linalg``), so every stored column of V is a unit vector.
 
 The source record (``gradspec.source``) says what the spectrum was computed
-from; it and the row-selection helpers (:func:`resolve_rows`, ...) live in
-``gradspec.store._source`` and are importable from here too.
+from; it and the row-selection helpers (``resolve_rows``, ...) live in
+``gradspec.store._source``, exported by ``gradspec.store``.
 
 Integrity. Every chunk is written, even an all-zero one (zarr skips those
 unless ``write_empty_chunks``), and the attribute ``gradspec.all_chunks`` says
@@ -54,6 +54,7 @@ import shutil
 import socket
 import time
 from collections.abc import Iterator
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -63,24 +64,35 @@ import zarr
 from gradspec.store._integrity import ALL_CHUNKS_KEY, ArrayChecker, StoreDamagedError
 from gradspec.store._layout import ParamLayout
 from gradspec.store._rowsink import RowBlockWriter
-from gradspec.store._source import (  # re-exported: callers import them from here
-    _jsonable,
-    as_slice,  # noqa: F401
-    config_digest,  # noqa: F401
-    describe_row_indices,  # noqa: F401
-    resolve_rows,  # noqa: F401
-    resolved_path,  # noqa: F401
-    rows_digest,  # noqa: F401
-    rows_text,  # noqa: F401
-)
+from gradspec.store._source import jsonable as _jsonable
 from gradspec.store._zarr import create_group, is_url, open_checked, size_on_disk
 
 logger = logging.getLogger(__name__)
 
 KIND = "spectrum"
 STATUS_KEY = "gradspec.status"
+
+
+class SpectrumStatus(StrEnum):
+    """The status words of a spectrum store (the module note's Lifecycle).
+
+    ``DAMAGED`` is never recorded: :meth:`SpectrumStore.summary` reports it for a store
+    with a missing or wrong-sized chunk.
+    """
+
+    RUNNING = "running"
+    COMPLETE = "complete"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    DAMAGED = "damaged"
+
+
+RUNNING, COMPLETE, FAILED, INTERRUPTED, DAMAGED = (
+    SpectrumStatus.RUNNING, SpectrumStatus.COMPLETE, SpectrumStatus.FAILED,
+    SpectrumStatus.INTERRUPTED, SpectrumStatus.DAMAGED,
+)
 #: Statuses of a store that a run left unfinished (a resumable state is kept).
-UNFINISHED = ("failed", "interrupted")
+UNFINISHED = (FAILED, INTERRUPTED)
 V_CHUNK_BYTES = 8 * 2**20
 VECTOR_ARRAYS = (
     "residuals",
@@ -181,7 +193,7 @@ class SpectrumStore:
                              f"{np.asarray(source_rows).shape}")
         replace = cls.check_target(path, overwrite=overwrite)
         attrs = {
-            STATUS_KEY: "running",
+            STATUS_KEY: RUNNING,
             "gradspec.shape": [int(r), int(p)],
             "gradspec.k": int(k),
             "gradspec.k_requested": int(k),
@@ -234,7 +246,7 @@ class SpectrumStore:
         if why is not None:
             logger.warning("replacing the unfinished spectrum store %r (%s)", str(path), why)
             return True
-        if existing.status == "complete":
+        if existing.status == COMPLETE:
             raise FileExistsError(
                 f"{str(path)!r} already exists and holds a complete spectrum; choose another --out, "
                 "or pass --overwrite to replace it"
@@ -257,7 +269,7 @@ class SpectrumStore:
             state = self.attrs.get("gradspec.state") or {}
             saved = f"; iteration {state.get('iteration')} was saved, --resume would continue it"
             return f"{status}: {self.attrs.get('gradspec.error', '')}" + (saved if state else "")
-        if status == "running" and not _owner_alive(self.attrs.get("gradspec.owner")):
+        if status == RUNNING and not _owner_alive(self.attrs.get("gradspec.owner")):
             return "its pca process is gone"
         return None
 
@@ -270,7 +282,7 @@ class SpectrumStore:
                 its k and shape (chunks are checked when read, see the module note).
         """
         store = cls(open_checked(path, KIND, mode), str(path), mode)
-        if store.status == "complete":
+        if store.status == COMPLETE:
             store._check_arrays()
         return store
 
@@ -302,7 +314,7 @@ class SpectrumStore:
     def _written(self) -> list[str]:
         """The arrays whose every chunk is written by now (the module note's Integrity)."""
         names = ["source_rows"] if "source_rows" in self._group else []
-        if self.status == "complete":
+        if self.status == COMPLETE:
             return [*RESULT_ARRAYS, *names]
         state = self.attrs.get("gradspec.state") or {}
         return [*names, *(f"state/{key}" for key in state.get("arrays", []))]
@@ -353,7 +365,31 @@ class SpectrumStore:
 
     @property
     def status(self) -> str:
-        return str(self.attrs.get(STATUS_KEY, "running"))
+        return str(self.attrs.get(STATUS_KEY, RUNNING))
+
+    def require_complete(self) -> None:
+        """Raise unless the run that writes this store finished (status ``complete``).
+
+        The one completeness check of a spectrum store for readers (decay, plot, retrain).
+
+        Raises:
+            ValueError: the store is running, failed or interrupted.
+        """
+        if self.status != COMPLETE:
+            raise ValueError(
+                f"{self.path!r} is not complete (status {self.status!r}); finish `gradspec pca` first"
+            )
+
+    @property
+    def frob2(self) -> float | None:
+        """‖H‖_F² of the matrix the spectrum was computed from (None: not recorded, or unfinished)."""
+        value = self.attrs.get("gradspec.frob2")
+        return None if value is None else float(value)
+
+    @property
+    def accuracy(self) -> dict[str, Any] | None:
+        """The accuracy report of a finished run (residuals, convergence; None before it finishes)."""
+        return self.attrs.get("gradspec.accuracy")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -536,12 +572,12 @@ class SpectrumStore:
         """Record that the run stopped (``failed`` or ``interrupted``) with its resumable state."""
         self._check_writable()
         if status not in UNFINISHED:
-            raise ValueError(f"status must be one of {UNFINISHED}, got {status!r}")
+            raise ValueError(f"status must be one of {tuple(map(str, UNFINISHED))}, got {status!r}")
         self._group.attrs.update({STATUS_KEY: status, "gradspec.error": str(error)[:500]})
 
     def discard(self) -> None:
         """Delete this unfinished store from disk (a complete store is never deleted)."""
-        if self.status == "complete":
+        if self.status == COMPLETE:
             raise ValueError(f"{self.path!r} is complete; it is not discarded")
         if is_url(self.path):
             self._group.store.clear()  # type: ignore[union-attr]
@@ -553,7 +589,7 @@ class SpectrumStore:
 
         The old store is renamed aside first and deleted only after this one is in place.
         """
-        if self.status != "complete":
+        if self.status != COMPLETE:
             raise ValueError(f"{self.path!r} is not complete; only a finished run replaces a store")
         dest = Path(path)
         old = dest.with_name(f".{dest.name}.replaced-{os.getpid()}")
@@ -601,7 +637,7 @@ class SpectrumStore:
                 del g.attrs[key]
         g.attrs.update(
             {
-                STATUS_KEY: "complete",
+                STATUS_KEY: COMPLETE,
                 "gradspec.k": k,
                 "gradspec.rank_rtol": result.params.get("rank_rtol"),
                 "gradspec.method": result.method,
@@ -631,7 +667,7 @@ class SpectrumStore:
         damaged = self.find_damaged_chunks()
         status = self.status
         if any(self._checks.strict or d["problem"] != "missing" for d in damaged):
-            status = "damaged"
+            status = DAMAGED
         out: dict[str, Any] = {
             "kind": KIND,
             "path": self.path,
@@ -647,7 +683,7 @@ class SpectrumStore:
             "damaged_chunks": damaged,
             "all_chunks_written": self._checks.strict,
         }
-        if self.status == "complete":
+        if self.status == COMPLETE:
             try:
                 sigma = self.sigma
                 cev = self.array("cumulative_explained_variance")
@@ -663,7 +699,7 @@ class SpectrumStore:
                 )
             out.update(
                 {
-                    "accuracy": a.get("gradspec.accuracy"),
+                    "accuracy": self.accuracy,
                     "passes": a.get("gradspec.passes"),
                     "timings": a.get("gradspec.timings"),
                 }
