@@ -2,11 +2,11 @@
 
 Accounting uses Google's dp-accounting as the engine (PLD, RDP with the
 improved conversion, and RDP with the classical conversion); see
-`gradspec.privacy._accountant` for what each method computes and why shuffled
+`gradspec.privacy._compose` for what each method computes and why shuffled
 batches are accounted without amplification.
 """
 
-from gradspec.privacy._accountant import RDP_ORDERS, PrivacyAccountant, default_delta
+from gradspec.privacy._accountant import PrivacyAccountant
 from gradspec.privacy._calibrate import calibrate_noise_multiplier, compute_epsilon
 from gradspec.privacy._clip import (
     OPACUS_CLIP_EPS,
@@ -15,6 +15,7 @@ from gradspec.privacy._clip import (
     clip_per_example,
     norm_stats,
 )
+from gradspec.privacy._compose import RDP_ORDERS
 from gradspec.privacy._epochs import (
     batches_per_epoch,
     epochs_for_steps,
@@ -22,6 +23,7 @@ from gradspec.privacy._epochs import (
     steps_per_epoch,
 )
 from gradspec.privacy._noise import gaussian_noise
+from gradspec.privacy._validate import default_delta
 
 __all__ = [
     # accounting

@@ -6,15 +6,15 @@ import logging
 import math
 
 from gradspec._enums import Accounting, Sampling, parse_choice
-from gradspec.privacy._accountant import (
-    PrivacyAccountant,
+from gradspec.privacy._accountant import PrivacyAccountant
+from gradspec.privacy._epochs import steps_per_epoch
+from gradspec.privacy._validate import (
     _check_float,
     _check_int,
     check_delta,
     check_noise_multiplier,
     check_sample_rate,
 )
-from gradspec.privacy._epochs import steps_per_epoch
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def compute_epsilon(
 
     Poisson sampling is accounted as the Poisson-subsampled Gaussian mechanism;
     shuffled batches as ceil(steps / round(1/q)) Gaussian mechanisms, one per
-    epoch, without amplification (see `gradspec.privacy._accountant`).
+    epoch, without amplification (see `gradspec.privacy._compose`).
 
     Args:
         noise_multiplier: sigma = 0 (non-private: epsilon = inf) or sigma >= 0.01 (below

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from gradspec._enums import Sampling, parse_choice
-from gradspec.privacy._accountant import check_sample_rate
+from gradspec.privacy._validate import check_sample_rate
 
 #: Slack when turning a fractional number of epochs into steps, so that e.g.
 #: 0.3 epochs of 10 steps are 3 steps and not 4 (0.3 * 10 = 3.0000000000000004).

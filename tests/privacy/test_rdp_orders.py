@@ -189,7 +189,7 @@ def test_refinement_finds_the_steep_edge_of_the_subsampled_gaussian():
 def test_logging_every_step_reuses_the_per_mechanism_rdp():
     """epsilon is asked for at every log step with one more step recorded: the mechanism's
     per-step RDP is computed once and scaled by the step count."""
-    from gradspec.privacy._accountant import _step_rdp
+    from gradspec.privacy._compose import _step_rdp
 
     acc = PrivacyAccountant(method="rdp")
     acc.record_poisson(1.37, 0.0123, 10)
