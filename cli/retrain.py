@@ -155,10 +155,15 @@ def retrain_command(
         res = run_retrain(config=config, algorithm=names[0], options=options(names[0]), out=out,
                           overwrite=overwrite, progress=not no_progress, train_metrics=train_metrics)
         eps = "inf (non-private)" if res.epsilon == float("inf") else f"{res.epsilon:.3f}"
+        if not res.dp_guarantee and res.epsilon != float("inf"):
+            eps += (" (gradient noise only; NOT a DP guarantee: the subspace comes from noise-free "
+                    "gradients of the private training data)")
         typer.echo(f"run      {res.out}  ({res.algorithm}, k = {res.rank}, {res.steps} steps)")
         typer.echo(f"privacy  epsilon = {eps} at delta = {res.delta:.3g}   sigma = {res.noise_multiplier:.4g}")
         if "without subsampling amplification" in res.accounting:
             typer.echo(f"         accounting: {res.accounting}")
+        if not res.dp_guarantee:
+            typer.echo(f"         {res.dp_caveat}")
         final = res.final_metrics
         held = {k: v for k, v in final.items() if k.startswith("eval_") and k not in
                 ("eval_examples", "eval_accuracy_se")}

@@ -32,6 +32,7 @@ __all__ = [
     "make_projector",
     "spectrum_basis",
     "spectrum_layout",
+    "spectrum_provenance",
 ]
 
 
@@ -139,6 +140,54 @@ def spectrum_layout(path: str | os.PathLike) -> list[tuple[str, tuple[int, ...]]
         raise ValueError(f"the spectrum store {os.fspath(path)!r} has p={p} columns but its recorded "
                          f"source parameters hold {total}")
     return pairs
+
+
+def spectrum_provenance(path: str | os.PathLike) -> dict[str, Any]:
+    """What data a spectrum store's basis was computed from, as far as its records tell.
+
+    Read from the config of the source gradient store (recorded in the spectrum store's
+    source, opened at its recorded path or next to the spectrum store): the training run's
+    task name, ``n_train``, and, when the task's config records them, ``train_ids`` (the
+    examples it trained on, i.e. whose gradients are in the store) and ``pool`` (what the
+    ids index; default the task's name). A spectrum whose source is not a readable gradient
+    store has ``known: False``.
+
+    Returns:
+        ``{"spectrum", "known", "task", "pool", "n_train", "train_ids", "noise_multiplier"}``.
+    """
+    from gradspec.store import SpectrumStore
+
+    src = SpectrumStore.open(path).source
+    out: dict[str, Any] = {"spectrum": os.fspath(path), "known": False, "task": None, "pool": None,
+                           "n_train": None, "train_ids": None, "noise_multiplier": None}
+    config = None
+    if src.get("source") in (None, "gradient-store"):
+        config = _source_store_config([src.get("path"), src.get("abspath")], path)
+    if not config or not config.get("task"):
+        return out
+    task_config = config.get("task_config") or {}
+    ids = task_config.get("train_ids")
+    out.update(known=True, task=config["task"], pool=task_config.get("pool", config["task"]),
+               n_train=config.get("n_train"), noise_multiplier=config.get("noise_multiplier"),
+               train_ids=None if ids is None else [int(i) for i in ids])
+    return out
+
+
+def _source_store_config(recorded: list[str | None], spectrum: str | os.PathLike) -> dict[str, Any] | None:
+    """The run config of a spectrum's source gradient store, if it can be opened here."""
+    from pathlib import Path
+
+    from gradspec.store import GradientStore
+
+    candidates = [Path(r) for r in recorded if r]
+    candidates += [Path(spectrum).parent / c.name for c in candidates]
+    for candidate in candidates:
+        if candidate.exists():
+            try:
+                return dict(GradientStore.open(candidate, mode="r").config)
+            except (OSError, ValueError, KeyError):
+                continue
+    return None
 
 
 def _source_store_layout(recorded: list[str | None], spectrum: str | os.PathLike) -> Any:

@@ -68,6 +68,8 @@ class RetrainResult:
     hooks: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     accounting: str = ""
+    dp_guarantee: bool = True
+    dp_caveat: str | None = None
 
     def to_row(self) -> dict[str, Any]:
         """A flat summary-table row."""
@@ -75,6 +77,7 @@ class RetrainResult:
             "algorithm": self.algorithm, "rank": self.rank, "seed": self.seed,
             "noise_multiplier": self.noise_multiplier, "epsilon": self.epsilon,
             "delta": self.delta, "steps": self.steps, "accounting": self.accounting,
+            "dp_guarantee": self.dp_guarantee, "dp_caveat": self.dp_caveat,
             **self.final_metrics, "out": str(self.out),
         }
 
@@ -173,6 +176,50 @@ def _accounting(hooks: StepHooks, config: TrainConfig) -> str:
     return text
 
 
+def _dp_guarantee(hooks: StepHooks, task: Task) -> tuple[bool, str | None]:
+    """Whether the run's epsilon is a DP guarantee, and if not why.
+
+    A fixed subspace (a :class:`FixedProjector`, e.g. from ``gradspec pca`` of a collect
+    run) is computed without noise, so its privacy cost is not accounted and cannot be:
+    when its gradients came from examples of this run's private training split, the
+    reported epsilon covers the gradient noise only. The basis is taken to be of
+    disjoint data only when its records show it (:func:`spectrum_provenance`): another
+    pool of examples (the source task's ``pool``, default its name, differs from this
+    task's), or the same pool with recorded ``train_ids`` disjoint from this run's
+    training ids (``task.train.ids``, else ``task.config["train_ids"]``). Anything else,
+    a basis given as a tensor included, is treated as computed from the private data.
+    """
+    from gradspec.optim._projectors import FixedProjector
+    from gradspec.optim._registry import spectrum_provenance
+
+    projector = getattr(hooks, "projector", None)
+    if not isinstance(projector, FixedProjector):
+        return True, None
+    if projector.source is None:
+        return False, ("the fixed basis was given as a tensor, with no record of the data it came "
+                       "from: it is treated as computed from the private training data")
+    prov = spectrum_provenance(projector.source)
+    if not prov["known"]:
+        return False, (f"the spectrum store {prov['spectrum']!r} does not say what data its gradients "
+                       "came from (its source gradient store is not readable here): it is treated as "
+                       "computed from the private training data")
+    pool = task.config.get("pool", task.name) if isinstance(task.config, dict) else task.name
+    if prov["pool"] != pool:
+        return True, None
+    ids = task.train.ids if task.train.ids is not None else task.config.get("train_ids")
+    if prov["train_ids"] is not None and ids is not None:
+        shared = len(set(prov["train_ids"]) & {int(i) for i in ids})
+        if shared == 0:
+            return True, None
+        how = f"shares {shared} examples with"
+    else:
+        how = "is not recorded as disjoint from"
+    return False, (f"the subspace comes from noise-free gradients (`gradspec pca` of "
+                   f"{prov['spectrum']!r}) of task {prov['task']!r}'s training split (n = "
+                   f"{prov['n_train']}), which {how} this run's private training split; its "
+                   "privacy cost is not accounted")
+
+
 def retrain(
     *,
     config: TrainConfig,
@@ -240,6 +287,9 @@ def retrain(
     if not getattr(hooks, "subsampling_amplification", True) and config.sampling == "poisson":
         logger.info("%s: the gradient releases are accounted without amplification by subsampling "
                     "(the hooks' releases read the sampled batches)", hooks.name)
+    dp_guarantee, dp_caveat = _dp_guarantee(hooks, task)
+    if not dp_guarantee:
+        logger.warning("%s: the reported epsilon is NOT a DP guarantee: %s", hooks.name, dp_caveat)
     settings = {"config": requested, "options": _jsonable(options),
                 "algorithm": hooks.name if isinstance(algorithm, StepHooks) else str(algorithm)}
     result = train(config, out=out, task=task, resume=resume, overwrite=overwrite,
@@ -254,6 +304,7 @@ def retrain(
         delta=result.delta, steps=result.steps, final_metrics=final, metrics=result.metrics,
         hooks=_describe(hooks), settings=settings,
         accounting=_accounting(hooks, config) if math.isfinite(result.epsilon) else "non-private",
+        dp_guarantee=dp_guarantee, dp_caveat=dp_caveat,
     )
     (Path(out) / RESULT_NAME).write_text(json.dumps(res.to_dict(), indent=2, default=str))
     return res

@@ -8,8 +8,18 @@ the isotropic DP noise is still applied to all dimensions." One step::
 
 With ``noise="subspace"`` the noise is drawn in the subspace only,
 ``b = V z, z ~ N(0, sigma^2 C^2 I_k)`` — distributed as ``V V^T`` applied to
-isotropic noise. Privacy is that of DP-SGD either way: the projection is a
-contraction, so the clipped sum keeps sensitivity C.
+isotropic noise. The gradient releases cost what DP-SGD's do either way: the
+projection is a contraction, so the clipped sum keeps sensitivity C.
+
+**That epsilon is a DP guarantee only if V is independent of the private data.** V
+from ``gradspec pca`` of a collect run on the same training data (Li et al. Fig. 2b,
+the README's retraining step) is computed from noise-free clipped gradients of the
+private examples: its privacy cost is not accounted, and cannot be, so such a run is a
+diagnostic, not a private algorithm. :func:`gradspec.optim.retrain` checks the spectrum
+store's recorded source (``spectrum_provenance``) and reports ``dp_guarantee: false``
+with the reason unless the source gradients are of data disjoint from the run's
+private training split (another pool of examples, or recorded disjoint ids — e.g. a
+collect run on the public split).
 """
 
 from __future__ import annotations
