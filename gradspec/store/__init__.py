@@ -1,9 +1,10 @@
 """Stores on disk: the only package that imports zarr."""
 
+from gradspec._layout import ParamLayout, ParamSpec, match_names
 from gradspec.store._gradients import META_FIELDS, GradientStore
 from gradspec.store._integrity import StoreDamagedError
-from gradspec.store._layout import ParamLayout, ParamSpec, match_names
 from gradspec.store._lock import LOCK_NAME, DirectoryBusyError, RunLock
+from gradspec.store._precision import material as precision_material
 from gradspec.store._source import (
     as_slice,
     config_digest,
@@ -37,6 +38,7 @@ __all__ = [
     "is_url",
     "jsonable",
     "match_names",
+    "precision_material",
     "resolve_rows",
     "resolved_path",
     "rows_digest",

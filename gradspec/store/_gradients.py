@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from gradspec._layout import ParamLayout
 from gradspec.store import _precision
 from gradspec.store._fastread import ChunkFileReader
 from gradspec.store._integrity import (
@@ -55,7 +56,6 @@ from gradspec.store._integrity import (
     row_chunks,
     verify_arrays,
 )
-from gradspec.store._layout import ParamLayout
 from gradspec.store._prefetch import prefetch_iter
 from gradspec.store._zarr import (
     create_group,

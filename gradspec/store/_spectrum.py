@@ -61,8 +61,8 @@ from typing import Any
 import numpy as np
 import zarr
 
+from gradspec._layout import ParamLayout
 from gradspec.store._integrity import ALL_CHUNKS_KEY, ArrayChecker, StoreDamagedError
-from gradspec.store._layout import ParamLayout
 from gradspec.store._rowsink import RowBlockWriter
 from gradspec.store._source import jsonable as _jsonable
 from gradspec.store._zarr import create_group, is_url, open_checked, size_on_disk

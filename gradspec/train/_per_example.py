@@ -52,8 +52,8 @@ import torch
 from torch import Tensor, nn
 
 from gradspec._enums import PerExampleBackend, parse_choice
+from gradspec._layout import ParamLayout, match_names
 from gradspec.privacy import OPACUS_CLIP_EPS, clip_factors
-from gradspec.store import ParamLayout, match_names
 from gradspec.train._masks import (  # noqa: F401 - re-exported: they lived here
     _measured_causal,
     additive_attention_mask,
