@@ -27,25 +27,11 @@ import warnings
 import numpy as np
 import torch
 
+from gradspec._device import resolve_device  # noqa: F401 - re-exported for gradspec.linalg
+
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "float64", "float32", "tf32")
-
-
-def resolve_device(device: str | torch.device = "cpu") -> torch.device:
-    """``"cpu"`` | ``"cuda"`` | ``"cuda:N"`` | ``"auto"`` (CUDA when available) -> a torch device."""
-    name = str(device)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(
-                f"device {name!r} requested but CUDA is not available; use --device cpu or auto"
-            )
-        return torch.device(name)
-    if name != "cpu":
-        raise ValueError(f"unknown device {name!r}; choose cpu, cuda, cuda:N or auto")
-    return torch.device("cpu")
 
 
 def resolve_precision(precision: str, device: torch.device) -> tuple[torch.dtype, bool]:

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gradspec._device import resolve_device
 from gradspec._enums import CollectMode, GradDtype, Sampling
 from gradspec.tasks import Task
 from gradspec.train._checkpoint import (
@@ -111,14 +112,6 @@ def package_versions() -> dict[str, str]:
             out[name] = metadata.version(name)
     out["python"] = sys.version.split()[0]
     return out
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but no CUDA device is available; use --device cpu")
-    return torch.device(device)
 
 
 @torch.no_grad()
@@ -242,7 +235,10 @@ class _Run:
 
         if self.sigma <= 0:
             return math.inf
-        return compute_epsilon(noise_multiplier=self.sigma, sample_rate=self.acct_q, steps=max(1, steps),
+        q = self.acct_q
+        if self.config.sampling == Sampling.POISSON and not self.hooks.subsampling_amplification:
+            q = 1.0  # accounted as a plain Gaussian per step (see StepHooks.subsampling_amplification)
+        return compute_epsilon(noise_multiplier=self.sigma, sample_rate=q, steps=max(1, steps),
                                delta=self.delta, sampling=self.config.sampling, method=self.config.accounting)
 
     def run_config(self) -> dict[str, Any]:
@@ -262,7 +258,11 @@ class _Run:
             "max_grad_norm": c.max_grad_norm,
             "delta": self.delta,
             "sampling_note": (
-                "Poisson sampling, accounted as the Poisson-subsampled Gaussian mechanism"
+                ("Poisson sampling, accounted as the Poisson-subsampled Gaussian mechanism"
+                 if self.hooks.subsampling_amplification else
+                 "Poisson sampling, the gradient accounted as a plain Gaussian mechanism per step "
+                 f"(no subsampling amplification: {self.hooks.name}'s own releases read the "
+                 "sampled batches)")
                 if c.sampling == Sampling.POISSON
                 else "shuffled fixed-size batches, accounted as one Gaussian mechanism per epoch (no amplification)"
             ),
