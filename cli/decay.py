@@ -80,8 +80,7 @@ def decay_command(
     progress: bool = typer.Option(False, "--progress/--no-progress", help="Log progress."),
 ) -> None:
     """Fit the spectrum's decay, measure G_k, evaluate the bounds; write report.json (+ figures)."""
-    from gradspec.spectrum import DecayConfig
-    from gradspec.spectrum._driver import decay_analysis
+    from gradspec.spectrum import DecayConfig, decay_analysis
 
     formats = _formats(fmt)  # before the analysis: a bad --format must not leave a report behind
     given = [x is not None for x in (n, epsilon, delta, diameter)]
@@ -100,7 +99,7 @@ def decay_command(
         dim=dim,
         tail=tail,
     )
-    from gradspec._enums import parse_choice
+    from gradspec import parse_choice
     from gradspec.spectrum import CIMethod, TailRule
 
     parse_choice(TailRule, tail, "--tail")

@@ -100,9 +100,9 @@ def info_command(
 def _precision(rep: dict | None) -> None:
     if not rep or not rep.get("rows"):
         return
-    from gradspec.store._precision import material
+    from gradspec.store import precision_material
 
-    flag = "  (material: see the warning when it was written)" if material(rep) else ""
+    flag = "  (material: see the warning when it was written)" if precision_material(rep) else ""
     typer.echo(
         f"dtype    {rep['dtype']}: {rep['underflowed_share']:.2%} of nonzero entries flushed to 0, "
         f"{rep['subnormal_share']:.2%} subnormal; relative error {rep['rel_error']:.2e} "

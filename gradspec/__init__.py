@@ -23,6 +23,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     # choices shared by the library and the CLI
     "gradspec._enums": (
         "Accounting", "CollectMode", "GradDtype", "PcaMethod", "PerExampleBackend", "Sampling",
+        "parse_choice",
     ),
     # stores on disk
     "gradspec.store": (

@@ -33,6 +33,7 @@ from gradspec.optim._projectors import (
     top_eigenvectors_from_rows,
 )
 from gradspec.optim._registry import (
+    PROJECTED,
     Algorithm,
     ProjectorKind,
     algorithm_options,
@@ -69,6 +70,7 @@ __all__ = [
     "public_split",
     "top_eigenvectors_from_rows",
     # registry
+    "PROJECTED",
     "Algorithm",
     "ProjectorKind",
     "algorithm_options",

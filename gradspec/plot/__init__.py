@@ -9,6 +9,12 @@ from gradspec.plot._figures import (
     save_figure,
 )
 from gradspec.plot._report import ReportView, overlay_figures, report_figures
+from gradspec.plot._retrain import (
+    load_curve,
+    plot_metric_vs_epsilon,
+    plot_retrain_curves,
+    save_sweep_figures,
+)
 
 __all__ = [
     # single figures
@@ -22,4 +28,9 @@ __all__ = [
     "ReportView",
     "overlay_figures",
     "report_figures",
+    # retraining runs and sweeps
+    "load_curve",
+    "plot_metric_vs_epsilon",
+    "plot_retrain_curves",
+    "save_sweep_figures",
 ]
