@@ -130,42 +130,15 @@ def decay_command(
     typer.echo(f"wrote {out / 'report.json'}")
 
 
-def _read_report(path: Path) -> dict:
-    """The dict of a `gradspec decay` report.json, or a one-line error saying what it is not."""
-    from gradspec.spectrum import REPORT_FORMAT
-
-    what = (f"{str(path)!r} is not a report.json of `gradspec decay`; pass one, the directory "
-            "`gradspec decay --out` wrote, or a spectrum store")
-    try:
-        report = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError(f"{what} (it is not JSON)") from None
-    fmt = report.get("format") if isinstance(report, dict) else None
-    if fmt != REPORT_FORMAT:
-        found = f"format {fmt!r}" if fmt else "no format field"
-        raise ValueError(f"{what} ({found}; this gradspec reads {REPORT_FORMAT!r})")
-    return report
-
-
 def _load_view(path: Path):
     """A report.json, a directory holding one, or a spectrum store → a ReportView."""
-    import numpy as np
-
     from gradspec.plot import ReportView
+    from gradspec.spectrum import read_report, sigma_analysis
 
     report = path / "report.json" if path.is_dir() else path
     if report.is_file():
-        return ReportView.from_report(_read_report(report))
-    from gradspec.spectrum import analyze_spectrum
-    from gradspec.store import SpectrumStore
-
-    spec = SpectrumStore.open(path)
-    spec.require_complete()
-    frob2 = spec.frob2
-    sigma = spec.sigma
-    sigma = sigma[: int(np.argmin(sigma > 0)) if np.any(sigma <= 0) else sigma.size]
-    a = analyze_spectrum(sigma=sigma, total_energy=frob2)
-    return ReportView.from_analysis(a)
+        return ReportView.from_report(read_report(report))
+    return ReportView.from_analysis(sigma_analysis(path))
 
 
 @user_errors

@@ -15,7 +15,7 @@ from gradspec.spectrum._bounds import (
     subspace_term,
 )
 from gradspec.spectrum._density import DensitySpace, SpectralDensity, spectral_density
-from gradspec.spectrum._driver import decay_analysis, parse_row_range
+from gradspec.spectrum._driver import decay_analysis, parse_row_range, read_report, sigma_analysis
 from gradspec.spectrum._fit import (
     CIMethod,
     PowerLawFit,
@@ -91,4 +91,6 @@ __all__ = [
     # from stores (the one entry point that reads gradspec stores)
     "decay_analysis",
     "parse_row_range",
+    "read_report",
+    "sigma_analysis",
 ]

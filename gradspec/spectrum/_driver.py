@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from gradspec.spectrum._report import DecayAnalysis, DecayConfig, analyze_spectrum
+from gradspec.spectrum._report import REPORT_FORMAT, DecayAnalysis, DecayConfig, analyze_spectrum
 
 logger = logging.getLogger(__name__)
 
@@ -339,6 +339,50 @@ def decay_analysis(
     )
     analysis.notes.extend(notes)
     return analysis
+
+
+def sigma_analysis(spectrum: Any) -> DecayAnalysis:
+    """The analysis of a complete spectrum store's σ alone, as `gradspec plot` draws a store.
+
+    σ is cut at its first non-positive value (directions the precision did not resolve);
+    the explained variance is relative to the recorded ‖H‖_F² when the store has it.
+
+    Args:
+        spectrum: a spectrum store path or an open ``SpectrumStore``.
+
+    Raises:
+        ValueError: the spectrum is not complete.
+    """
+    from gradspec.store import SpectrumStore
+
+    spec = spectrum if isinstance(spectrum, SpectrumStore) else SpectrumStore.open(spectrum)
+    spec.require_complete()
+    sigma = spec.sigma
+    sigma = sigma[: int(np.argmin(sigma > 0)) if np.any(sigma <= 0) else sigma.size]
+    return analyze_spectrum(sigma=sigma, total_energy=spec.frob2)
+
+
+def read_report(path: str | Path) -> dict[str, Any]:
+    """The dict of a ``report.json`` that `gradspec decay` wrote.
+
+    Raises:
+        ValueError: the file is not JSON, or not a report of this format
+            (``REPORT_FORMAT``); the message says what it is instead.
+    """
+    import json
+
+    path = Path(path)
+    what = (f"{str(path)!r} is not a report.json of `gradspec decay`; pass one, the directory "
+            "`gradspec decay --out` wrote, or a spectrum store")
+    try:
+        report = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{what} (it is not JSON)") from None
+    fmt = report.get("format") if isinstance(report, dict) else None
+    if fmt != REPORT_FORMAT:
+        found = f"format {fmt!r}" if fmt else "no format field"
+        raise ValueError(f"{what} ({found}; this gradspec reads {REPORT_FORMAT!r})")
+    return report
 
 
 def _abspath(path: Any) -> str:
