@@ -35,8 +35,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import torch
-
+from gradspec._json import describe_jsonable as _jsonable
 from gradspec.optim._projectors import Projector
 from gradspec.optim._registry import PROJECTED, Algorithm, algorithm_options, make_algorithm
 from gradspec.tasks import Task
@@ -91,20 +90,6 @@ class RetrainResult:
         d = {k: v for k, v in d.items() if k in names}
         d["out"], d["metrics"] = Path(d["out"]), Path(d["metrics"])
         return cls(**d)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return f"<tensor {tuple(value.shape)}>"
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    return getattr(value, "kind", None) or type(value).__name__
 
 
 def _rank(hooks: StepHooks, options: dict[str, Any]) -> int | None:

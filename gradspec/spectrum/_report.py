@@ -10,13 +10,13 @@ came from, and held-out rows). :meth:`DecayAnalysis.to_dict` is the content of
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from gradspec._json import report_jsonable as _jsonable
 from gradspec.spectrum._bounds import BoundReport, TailRule, restricted_lipschitz_bound
 from gradspec.spectrum._density import SpectralDensity, spectral_density
 from gradspec.spectrum._fit import PowerLawFit, fit_spectrum
@@ -189,21 +189,6 @@ class DecayAnalysis:
                 "notes": list(self.notes),
             }
         )
-
-
-def _jsonable(obj: Any) -> Any:
-    """Plain JSON: numpy scalars to Python, NaN/inf to None."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def _analyze_rows(

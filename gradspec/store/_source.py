@@ -20,24 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from gradspec._json import store_jsonable as jsonable
 from gradspec.store._zarr import is_url
-
-
-def jsonable(obj: Any) -> Any:
-    """``obj`` as store attributes hold it: numpy values as Python ones, tuples as lists,
-    non-finite floats as strings (``"inf"``), dict keys as strings."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return str(obj)
-    return obj
-
 
 _jsonable = jsonable  # the former private name
 

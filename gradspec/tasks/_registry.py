@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
-import math
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
+from gradspec._json import strict_jsonable as _jsonable
 from gradspec.tasks._base import Task, split_summary
 
 __all__ = ["available_tasks", "make_task", "register_task", "task_options"]
@@ -158,23 +156,3 @@ def _factory(name: str) -> Callable[..., Task]:
         raise ValueError(
             f"unknown task {name!r}; choose one of {list(available_tasks())}"
         ) from None
-
-
-def _jsonable(value: Any, key: str) -> Any:
-    """``value`` as plain JSON types (tuples become lists, paths strings)."""
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        raise TypeError(f"task option {key!r} must be finite, got {value}")
-    if isinstance(value, tuple | list):
-        return [_jsonable(v, key) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v, key) for k, v in value.items()}
-    try:
-        json.dumps(value)
-    except TypeError:
-        raise TypeError(
-            f"task option {key!r} must be JSON-able (str, number, bool, None, list, dict), "
-            f"got {type(value).__name__}"
-        ) from None
-    return value
