@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from cli._common import user_errors
+from gradspec import PcaMethod
 
 #: A relative triplet residual above this means an iterative method stopped short.
 UNCONVERGED = 1e-2
@@ -18,7 +19,7 @@ def pca_command(
     k: int = typer.Option(..., "--k", "-k", help="Number of singular values/vectors."),
     out: Path = typer.Option(..., "--out", "-o", help="Spectrum store to write (Zarr)."),
     method: str = typer.Option(
-        "auto", "--method", help="auto | gram (exact) | orthogonal | krylov | lanczos."
+        PcaMethod.AUTO.value, "--method", help="auto | gram (exact) | orthogonal | krylov | lanczos."
     ),
     rows: str = typer.Option(
         None, "--rows", help="Row selection START:STOP[:STEP], e.g. 300:1300."
