@@ -41,7 +41,7 @@ def account_command(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Privacy of DP-SGD: epsilon for --sigma, or the sigma for a target --epsilon."""
-    from gradspec._enums import Accounting, Sampling, parse_choice
+    from gradspec import Accounting, Sampling, parse_choice
     from gradspec.privacy import (
         calibrate_noise_multiplier,
         compute_epsilon,
