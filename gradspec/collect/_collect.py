@@ -36,26 +36,11 @@ def collect(
     owner exits or is killed.
 
     Args:
-        config: run settings (default: ``CollectConfig()``, the text task). On resume:
-            None (continue as saved), or the saved settings with only those in
-            :data:`~gradspec.train.RESUMABLE` changed (e.g. more ``steps``).
-        out: run directory (store, metrics, config, checkpoint): new, empty, or a
-            gradspec run directory.
-        task: a user's own :class:`~gradspec.tasks.Task`; default builds ``config.task``.
-            A task not built by the registry is saved as ``custom:<name>``; resume such a
-            run by passing the same task again.
-        resume: continue the run in ``out`` from its last checkpoint.
-        overwrite: replace the run in ``out`` (only its own files; a directory that is
-            not a gradspec run directory is never cleared).
-        progress: show a progress bar on stderr.
-        writer: write rows on a background thread (``False``: synchronously).
-        stop_after: stop (with a checkpoint) after this many steps in this call (>= 1);
-            for splitting long runs and for tests.
-        hooks: changes to the DP-SGD step (the private optimizers of ``gradspec.optim``).
-        write_store: write a gradient store; ``False`` only trains (metrics and
-            checkpoints are still written), like :func:`gradspec.train.train`.
-        allow_larger_epsilon: on resume, allow more steps than a target-epsilon run's
-            sigma was calibrated for (its epsilon then exceeds the target; it is reported).
+        config, out, task, resume, overwrite, progress, writer, stop_after, hooks,
+            allow_larger_epsilon: as in :func:`gradspec.train.train` (one place documents
+            them; ``config`` defaults to ``CollectConfig()``, the text task).
+        write_store: write the gradient store (the point of ``collect``); ``False`` only
+            trains, as :func:`gradspec.train.train` does by default.
 
     Returns:
         A :class:`~gradspec.train.TrainResult` (also known as ``CollectResult``).

@@ -126,26 +126,19 @@ def _checked_option(task: str, key: str, value: Any, default: Any) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
         raise ValueError(f"option {key} of task {task!r} must be true or false, got {value!r}")
-    if want is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ValueError(f"option {key} of task {task!r} must be an integer, got {value!r}")
-    if want is float:
+    if want in (int, float):
+        kind = "an integer" if want is int else "a number"
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
+            if want is float:
                 return float(value)
+            if float(value).is_integer():
+                return int(value)
+        elif isinstance(value, str):
+            try:
+                return want(value)
             except ValueError:
                 pass
-        raise ValueError(f"option {key} of task {task!r} must be a number, got {value!r}")
+        raise ValueError(f"option {key} of task {task!r} must be {kind}, got {value!r}")
     return value
 
 
