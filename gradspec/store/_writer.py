@@ -1,9 +1,11 @@
 """The background writer: training hands rows over a bounded queue; a thread writes them.
 
 Rows are buffered until a chunk's worth of rows is ready, so each chunk is
-written once. A *commit* flushes the buffer, runs an optional callback (the
-trainer saves its checkpoint there, so that the checkpoint never gets ahead
-of the bytes on disk) and then advances the store's committed row count.
+written once. A *commit* flushes the buffer, advances the store's committed row
+count and then runs an optional callback (the trainer saves its checkpoint
+there): the checkpoint never gets ahead of the committed rows, so a kill at any
+moment leaves a checkpoint that a resume can continue from (rows committed after
+it are truncated and regenerated identically).
 An error on the writer thread (a full disk, say) is raised in the training
 thread at its next call, naming how many rows are safely committed.
 """
@@ -87,7 +89,7 @@ class BackgroundWriter:
         self._handed += n
 
     def commit(self, callback: Callable[[int], None] | None = None, *, wait: bool = False) -> None:
-        """Flush queued rows, run ``callback(n_committed)``, then advance the committed count."""
+        """Flush queued rows, advance the committed count, then run ``callback(n_committed)``."""
         done = threading.Event()
         self._submit(("commit", callback, done))
         if wait:
@@ -165,9 +167,13 @@ class BackgroundWriter:
             _, callback, done = item
             try:
                 self._flush()
+                # Count first, then the callback (the trainer's checkpoint): a kill between the
+                # two leaves committed rows beyond the last checkpoint, which a resume truncates
+                # and regenerates identically. The other order left a checkpoint ahead of the
+                # committed rows, which no resume could use.
+                self.store.commit(self._next)
                 if callback is not None:
                     callback(self._next)
-                self.store.commit(self._next)
             finally:
                 done.set()
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from gradspec.collect import collect
 from gradspec.store import GradientStore
@@ -57,4 +58,46 @@ def test_sigkill_then_resume(tmp_path):
     assert b.n_rows == a.n_rows >= n_killed
     np.testing.assert_array_equal(a.read(), b.read())
     np.testing.assert_array_equal(a.row_meta()["example_index"], b.row_meta()["example_index"])
+    assert metrics_without_time(ref.metrics) == metrics_without_time(done.metrics)
+
+
+KILL_AT_SECOND_CHECKPOINT = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, sys.argv[2])
+    import gradspec.train._loop as loop
+    from gradspec.collect import collect
+    from tests.collect.test_collect import cfg
+    from tests.collect._tiny import tiny_task
+    real, calls = loop.save_checkpoint, []
+    def dying(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2 and sys.argv[3] == "before":
+            os._exit(9)  # killed before the checkpoint is written
+        out = real(*args, **kwargs)
+        if len(calls) == 2:
+            os._exit(9)  # killed right after it
+        return out
+    loop.save_checkpoint = dying
+    collect(cfg(steps=12, checkpoint_every=3, mode="per-example"), out=sys.argv[1], task=tiny_task())
+    """
+)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_killed_around_a_checkpoint_resumes(tmp_path, when):
+    """A kill just before or just after the trainer writes a checkpoint leaves a run that
+    resumes to the uninterrupted run's rows. (The writer used to save the checkpoint before
+    advancing the committed count: a kill right after the save left a checkpoint ahead of the
+    committed rows, and the resume refused.)"""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", KILL_AT_SECOND_CHECKPOINT, str(out),
+                           str(HERE.parent.parent), when], timeout=300)
+    assert proc.returncode == 9
+    done = collect(out=out, task=tiny_task(), resume=True)
+    ref = collect(cfg(steps=12, checkpoint_every=3, mode="per-example"), out=tmp_path / "ref",
+                  task=tiny_task())
+    a, b = GradientStore.open(ref.store), GradientStore.open(done.store)
+    assert b.n_rows == a.n_rows
+    np.testing.assert_array_equal(a.read(), b.read())
     assert metrics_without_time(ref.metrics) == metrics_without_time(done.metrics)
