@@ -112,18 +112,25 @@ def _precision(rep: dict | None) -> None:
 
 def _missing(summary: dict) -> None:
     missing = summary.get("missing_chunks") or []
-    if not missing:
-        return
-    shown = ", ".join(f"{m['array']}/{m['chunk']} (rows {m['rows'][0]}..{m['rows'][1]})" for m in missing[:3])
-    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-    if summary.get("all_chunks_written", True):
-        typer.echo(f"DAMAGED  {len(missing)} chunk(s) of committed rows are missing: {shown}{more}; "
-                   "they would read as zeros. Restore them, or truncate the store before them")
-    else:
-        typer.echo(f"absent   {len(missing)} chunk(s) of committed rows read as zeros: {shown}{more}; this "
-                   "store predates gradspec writing all-zero chunks, so they may be zero or lost")
-    if summary.get("meta_error"):
-        typer.echo(f"         {summary['meta_error']}")
+    _damage([f"{m['array']}/{m['chunk']} (rows {m['rows'][0]}..{m['rows'][1]})" for m in missing],
+            summary.get("all_chunks_written", True),
+            "of committed rows are missing", "they would read as zeros. Restore them, or truncate "
+            "the store before them", "of committed rows read as zeros", summary.get("meta_error"))
+
+
+def _damage(shown_all: list[str], damaged: bool, what: str, remedy: str, legacy: str,
+            error: str | None) -> None:
+    """The DAMAGED / absent line of a store's missing chunks (gradient or spectrum), and its error."""
+    if shown_all:
+        shown = ", ".join(shown_all[:3])
+        more = f" and {len(shown_all) - 3} more" if len(shown_all) > 3 else ""
+        if damaged:
+            typer.echo(f"DAMAGED  {len(shown_all)} chunk(s) {what}: {shown}{more}; {remedy}")
+        else:
+            typer.echo(f"absent   {len(shown_all)} chunk(s) {legacy}: {shown}{more}; this store predates "
+                       "gradspec writing all-zero chunks, so they may be zero or lost")
+    if error:
+        typer.echo(f"         {error}")
 
 
 def _verified(rep: dict) -> None:
@@ -173,14 +180,6 @@ def _spectrum(summary: dict) -> None:
 
 def _spectrum_damage(summary: dict) -> None:
     bad = summary.get("damaged_chunks") or []
-    if bad:
-        shown = ", ".join(f"{d['array']}/{d['chunk']} ({d['problem']})" for d in bad[:3])
-        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-        if summary.get("status") == "damaged":
-            typer.echo(f"DAMAGED  {len(bad)} chunk(s) are missing or the wrong size: {shown}{more}; they would "
-                       "read as zeros or fail. Restore them, or run `gradspec pca` again with --overwrite")
-        else:
-            typer.echo(f"absent   {len(bad)} chunk(s) read as zeros: {shown}{more}; this store predates "
-                       "gradspec writing all-zero chunks, so they may be zero or lost")
-    if summary.get("read_error"):
-        typer.echo(f"         {summary['read_error']}")
+    _damage([f"{d['array']}/{d['chunk']} ({d['problem']})" for d in bad], summary.get("status") == "damaged",
+            "are missing or the wrong size", "they would read as zeros or fail. Restore them, or run "
+            "`gradspec pca` again with --overwrite", "read as zeros", summary.get("read_error"))
