@@ -58,11 +58,15 @@ def norm_stats(norms: Any, max_grad_norm: float | None) -> tuple[float, float, f
     """(norm_mean, norm_max, frac_clipped) as ``collect`` stores them; NaN when unknown."""
     if norms is None:
         return math.nan, math.nan, math.nan
+    from gradspec.privacy import norm_stats as privacy_norm_stats
+
     norms = floats(norms)
     if norms.size == 0:
         return 0.0, 0.0, 0.0
-    frac = float((norms > max_grad_norm).mean()) if max_grad_norm else 0.0
-    return float(norms.mean()), float(norms.max()), frac
+    if not max_grad_norm:  # unclipped rows: nothing was clipped
+        return float(norms.mean()), float(norms.max()), 0.0
+    stats = privacy_norm_stats(torch.from_numpy(norms), max_grad_norm)
+    return stats["mean"], stats["max"], stats["frac_clipped"]
 
 
 def flat_rows(

@@ -326,7 +326,7 @@ class _Run:
     # ------------------------------------------------------------------ one step
     def train_step(self, store_row: bool):
         """One DP-SGD step. Returns (rows or None, meta or None, stats) — rows to store."""
-        from gradspec.privacy import clip_factors
+        from gradspec.privacy import clip_factors, norm_stats
 
         c = self.config
         self.hooks.on_step_start(self.step, self.context)
@@ -377,12 +377,13 @@ class _Run:
                 self.accountant.record_shuffled(self.sigma, self.sampler.steps_per_epoch, 1)
         self.hooks.record_privacy(self.accountant, self.step)
 
+        norm = norm_stats(norms_t, c.max_grad_norm) if b else {"mean": 0.0, "max": 0.0, "frac_clipped": 0.0}
         stats = {
             "loss": float(loss_t.mean()) if b else float("nan"),
             "batch_size": b,
-            "norm_mean": float(norms_t.mean()) if b else 0.0,
-            "norm_max": float(norms_t.max()) if b else 0.0,
-            "frac_clipped": float((norms_t > c.max_grad_norm).float().mean()) if b and c.clip else 0.0,
+            "norm_mean": norm["mean"],
+            "norm_max": norm["max"],
+            "frac_clipped": norm["frac_clipped"] if c.clip else 0.0,
         }
         rows = meta = None
         if store_row and b:
