@@ -124,7 +124,7 @@ CASES = [  # (basis layout, run layout, message)
 
 @pytest.mark.parametrize(("basis_layout", "run_layout", "message"), CASES)
 def test_fixed_projector_compares_names_shapes_and_order(basis_layout, run_layout, message):
-    from gradspec.store._layout import ParamLayout
+    from gradspec.store import ParamLayout
 
     projector = FixedProjector(orthonormal(8, 2), layout=basis_layout)
     run = fake_run(8, layout=ParamLayout.from_shapes(run_layout))

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
-from gradspec.store._layout import match_names
+from gradspec._layout import match_names
 from gradspec.tasks import Batch, Task
 
 

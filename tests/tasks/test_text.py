@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradspec.store._layout import match_names
+from gradspec._layout import match_names
 from gradspec.tasks import HEAD_PATTERNS, QV_PATTERNS, make_task, tiny_bert
 from gradspec.tasks import text as text_mod
 from gradspec.tasks.text import dataset_to_tensordata, tokenize_texts
