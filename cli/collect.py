@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from cli._common import user_errors
-from cli._options import (  # training_config is imported from here by `gradspec retrain`
+from cli._options import (
     AccountingChoice,
     BatchSize,
     Delta,

@@ -7,6 +7,29 @@ from pathlib import Path
 import typer
 
 from cli._common import user_errors
+from cli._options import (
+    AccountingChoice,
+    BatchSize,
+    Delta,
+    Device,
+    Epochs,
+    Epsilon,
+    EvalEvery,
+    LogEvery,
+    Lr,
+    MaxGradNorm,
+    Microbatch,
+    NoiseMultiplier,
+    Optimizer,
+    Params,
+    SamplingChoice,
+    Seed,
+    Steps,
+    Task,
+    TaskOption,
+    training_config,
+)
+from gradspec import Accounting, Sampling
 
 
 def _csv(text: str | None, cast) -> list:
@@ -20,8 +43,7 @@ def _csv(text: str | None, cast) -> list:
 
 def _check_applicable(names: list[str], given: dict[str, object]) -> None:
     """Refuse an option that none of the chosen algorithms uses (it would be ignored)."""
-    from gradspec.optim import Algorithm
-    from gradspec.optim._registry import PROJECTED
+    from gradspec.optim import PROJECTED, Algorithm
 
     projected = set(PROJECTED)
     users = {
@@ -59,37 +81,35 @@ def retrain_command(
     diagonal: bool = typer.Option(False, "--diagonal", help="noisy-adagrad: diagonal preconditioner."),
     rule: str = typer.Option(None, help="AdaDPS preconditioner: rmsprop (default), adam, adagrad (public data), or fixed (side information)."),
     side_information: str = typer.Option(None, "--side-information", metavar="FILE|frequency", help="AdaDPS without public data (Option 2): a file of p positive values (.npy, .pt, .txt), or 'frequency' (feature/token frequencies of the public examples)."),
-    task: str = typer.Option("text", help="Task: text, cnn, geomedian, lowrank."),
-    task_option: list[str] = typer.Option([], "--task-option", "-t", help="Task option KEY=VALUE (repeatable), e.g. -t n_public=200."),
-    params: list[str] = typer.Option([], "--params", help="Parameter name patterns to train (as for collect)."),
-    steps: int = typer.Option(None, help="Training steps (default 200 unless --epochs)."),
-    epochs: float = typer.Option(None, help="Training epochs (instead of --steps)."),
-    batch_size: int = typer.Option(64, help="Expected (Poisson) or fixed batch size."),
-    sampling: str = typer.Option("poisson", help="poisson or shuffle."),
-    max_grad_norm: float = typer.Option(1.0, "--max-grad-norm", "-C", help="Clipping norm C."),
-    sigma: float = typer.Option(None, "--sigma", "--noise-multiplier", help="Noise multiplier (default 1.0 unless --epsilon)."),
-    epsilon: float = typer.Option(None, "--epsilon", help="Target epsilon (sigma calibrated)."),
-    delta: float = typer.Option(None, help="Delta (default n^-1.1)."),
-    accounting: str = typer.Option("pld", help="pld, rdp or rdp-classic."),
-    optimizer: str = typer.Option("sgd", help="Outer optimizer: sgd or adam (noisy-adagrad and dp-adam use sgd)."),
-    lr: float = typer.Option(0.05, help="Learning rate."),
-    microbatch: int = typer.Option(32, help="Examples per per-example-gradient call."),
-    eval_every: int = typer.Option(20, help="Evaluate every N steps."),
-    log_every: int = typer.Option(10, help="Log every N steps."),
-    seed: int = typer.Option(0, help="Random seed (also of the random projector and the public examples drawn)."),
-    device: str = typer.Option("cpu", help="cpu, cuda or auto."),
+    task: Task = "text",
+    task_option: TaskOption = [],  # noqa: B006 (typer copies it)
+    params: Params = [],  # noqa: B006
+    steps: Steps = None,
+    epochs: Epochs = None,
+    batch_size: BatchSize = 64,
+    sampling: SamplingChoice = Sampling.POISSON.value,
+    max_grad_norm: MaxGradNorm = 1.0,
+    sigma: NoiseMultiplier = None,
+    epsilon: Epsilon = None,
+    delta: Delta = None,
+    accounting: AccountingChoice = Accounting.PLD.value,
+    optimizer: Optimizer = "sgd",  # retraining's default (collect's is adam); noisy-adagrad and dp-adam use sgd
+    lr: Lr = 0.05,
+    microbatch: Microbatch = 32,
+    eval_every: EvalEvery = 20,
+    log_every: LogEvery = 10,
+    seed: Seed = 0,  # also seeds the random projector and the public examples drawn
+    device: Device = "cpu",
     train_metrics: bool = typer.Option(True, "--train-metrics/--no-train-metrics", help="Also report loss and accuracy on the training set at the end."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing runs."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Write figures of a sweep."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
     """Retrain in a subspace, or run PDP-SGD, noisy AdaGrad, AdaDPS, DP-Adam, DP-SGD."""
-    from cli.collect import training_config
-    from gradspec._enums import parse_choice
-    from gradspec.optim import Algorithm
+    from gradspec import parse_choice
+    from gradspec.optim import PROJECTED, Algorithm, ProjectorKind
     from gradspec.optim import retrain as run_retrain
     from gradspec.optim import sweep as run_sweep
-    from gradspec.optim._registry import PROJECTED, ProjectorKind
 
     if sigma is not None and epsilon is not None:
         raise ValueError("give --sigma or --epsilon, not both")
@@ -187,7 +207,7 @@ def retrain_command(
     )
     typer.echo(f"sweep    {len(rows)} runs in {out}; summary: {out / 'summary.csv'}")
     if plot:
-        from gradspec.plot._retrain import save_sweep_figures
+        from gradspec.plot import save_sweep_figures
 
         for path in save_sweep_figures(rows, out):
             typer.echo(f"figure   {path}")
