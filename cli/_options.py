@@ -40,10 +40,13 @@ BatchSize = Annotated[int, typer.Option(
 SamplingChoice = Annotated[str, typer.Option("--sampling", help=f"{choices(Sampling)}.")]
 MaxGradNorm = Annotated[float, typer.Option("--max-grad-norm", "-C", help="Clipping norm C.")]
 NoiseMultiplier = Annotated[float, typer.Option(
-    "--sigma", "--noise-multiplier",
-    help="Noise multiplier (0 = non-private). Default 1.0 unless --epsilon.")]
+    "--noise-multiplier",
+    help="Noise multiplier z: noise std z*C on the clipped sum (0 = non-private). Default 1.0 "
+         "unless --epsilon. (--sigma is a deprecated alias: sigma means singular values.)")]
+SigmaAlias = Annotated[float, typer.Option(
+    "--sigma", hidden=True, help="Deprecated alias of --noise-multiplier.")]
 Epsilon = Annotated[float, typer.Option(
-    "--epsilon", help="Target epsilon: calibrate sigma to reach it at the end.")]
+    "--epsilon", help="Target epsilon: calibrate the noise multiplier to reach it at the end.")]
 Delta = Annotated[float, typer.Option("--delta", help="Delta (default n^-1.1).")]
 AccountingChoice = Annotated[str, typer.Option("--accounting", help=f"{choices(Accounting)}.")]
 Optimizer = Annotated[str, typer.Option("--optimizer", help="sgd or adam (on the privatised gradient).")]
@@ -55,13 +58,14 @@ LogEvery = Annotated[int, typer.Option("--log-every", help="Log loss and epsilon
 Seed = Annotated[int, typer.Option("--seed", help="Random seed.")]
 Device = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
 
-# Options that set a CollectConfig field: option parameter -> field. On --resume only the
+# Options that set a CollectConfig field: option parameter -> field ("sigma" is the
+# deprecated alias of --noise-multiplier). On --resume only the
 # options a user actually passed are compared with (or applied to) the saved run.
 SETTINGS = {
     "task": "task", "task_option": "task_options", "params": "params", "mode": "mode",
     "every": "every", "steps": "steps", "epochs": "epochs", "batch_size": "batch_size",
     "sampling": "sampling", "max_grad_norm": "max_grad_norm", "no_clip": "clip",
-    "sigma": "noise_multiplier", "epsilon": "target_epsilon", "delta": "delta",
+    "noise_multiplier": "noise_multiplier", "sigma": "noise_multiplier", "epsilon": "target_epsilon", "delta": "delta",
     "accounting": "accounting", "optimizer": "optimizer", "lr": "lr", "dtype": "dtype",
     "backend": "backend", "microbatch": "microbatch", "eval_every": "eval_every",
     "log_every": "log_every", "checkpoint_every": "checkpoint_every",
@@ -83,19 +87,34 @@ def parse_task_options(items: list[str]) -> dict:
     return options
 
 
-def training_config(*, task_option: list[str], params: list[str], sigma: float | None,
+def deprecated_alias(value, alias_value, *, option: str, alias: str):
+    """The value of an option given by its name or by its deprecated alias (which warns).
+
+    Giving both is an error; giving the alias prints one ``warning:`` line on stderr.
+    """
+    if alias_value is None:
+        return value
+    if value is not None:
+        raise ValueError(f"give {option} only ({alias} is its deprecated alias), not both")
+    typer.echo(f"warning: {alias} is deprecated, use {option} (sigma means singular values in gradspec)",
+               err=True)
+    return alias_value
+
+
+def training_config(*, task_option: list[str], params: list[str], noise_multiplier: float | None,
                     epsilon: float | None, steps: int | None, epochs: float | None, **settings):
     """The CollectConfig of the training options shared by `collect` and `retrain`.
 
-    CLI defaults live here once: sigma 1.0 unless --epsilon, 200 steps unless --epochs.
+    CLI defaults live here once: noise multiplier 1.0 unless --epsilon, 200 steps unless
+    --epochs.
     """
     from gradspec.collect import CollectConfig
 
-    if sigma is None and epsilon is None:
-        sigma = 1.0
+    if noise_multiplier is None and epsilon is None:
+        noise_multiplier = 1.0
     return CollectConfig(
         task_options=parse_task_options(task_option), params=tuple(params) or None,
-        noise_multiplier=sigma, target_epsilon=epsilon,
+        noise_multiplier=noise_multiplier, target_epsilon=epsilon,
         steps=steps if steps is not None or epochs is not None else 200, epochs=epochs, **settings,
     )
 

@@ -7,13 +7,15 @@ import math
 import typer
 
 from cli._common import echo_json, fail, user_errors
+from cli._options import SigmaAlias, deprecated_alias
 
 
 @user_errors
 def account_command(
-    sigma: float = typer.Option(
-        None, "--sigma", "--noise-multiplier", help="Noise multiplier: print the epsilon it gives."
+    noise_multiplier: float = typer.Option(
+        None, "--noise-multiplier", help="Noise multiplier: print the epsilon it gives (--sigma is a deprecated alias)."
     ),
+    sigma: SigmaAlias = None,
     epsilon: float = typer.Option(
         None, "--epsilon", help="Target epsilon: print the noise multiplier that meets it."
     ),
@@ -40,7 +42,7 @@ def account_command(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Privacy of DP-SGD: epsilon for --sigma, or the sigma for a target --epsilon."""
+    """Privacy of DP-SGD: epsilon for a --noise-multiplier, or the noise multiplier for a target --epsilon."""
     from gradspec import Accounting, Sampling, parse_choice
     from gradspec.privacy import (
         calibrate_noise_multiplier,
@@ -51,8 +53,9 @@ def account_command(
         steps_per_epoch,
     )
 
-    if (sigma is None) == (epsilon is None):
-        fail("give exactly one of --sigma (to get epsilon) or --epsilon (to get sigma)")
+    noise_multiplier = deprecated_alias(noise_multiplier, sigma, option="--noise-multiplier", alias="--sigma")
+    if (noise_multiplier is None) == (epsilon is None):
+        fail("give exactly one of --noise-multiplier (to get epsilon) or --epsilon (to get the noise multiplier)")
     method_ = parse_choice(Accounting, method, "accounting method")
     sampling_ = parse_choice(Sampling, sampling, "sampling")
     if q is not None:
@@ -76,7 +79,7 @@ def account_command(
         if n is None:
             fail("give --delta, or --n for the default delta n^-1.1")
         delta = default_delta(n)
-    elif n is not None and delta >= 1 / n and (sigma is None or sigma > 0):
+    elif n is not None and delta >= 1 / n and (noise_multiplier is None or noise_multiplier > 0):
         # as `gradspec collect` refuses: such a guarantee allows publishing an example outright
         fail(f"--delta {delta:g} is not below 1/n = {1 / n:.4g} (n = {n}): a guarantee with "
              f"delta >= 1/n allows publishing a training example outright; give a smaller --delta "
@@ -88,15 +91,15 @@ def account_command(
         "method": method_,
         "sampling": sampling_,
     }
-    if sigma is not None:
-        eps = compute_epsilon(noise_multiplier=sigma, **run)
-        result = {"noise_multiplier": sigma, "epsilon": eps}
+    if noise_multiplier is not None:
+        eps = compute_epsilon(noise_multiplier=noise_multiplier, **run)
+        result = {"noise_multiplier": noise_multiplier, "epsilon": eps}
     else:
-        sigma = calibrate_noise_multiplier(target_epsilon=epsilon, **run)
+        noise_multiplier = calibrate_noise_multiplier(target_epsilon=epsilon, **run)
         result = {
             "target_epsilon": epsilon,
-            "noise_multiplier": sigma,
-            "epsilon": compute_epsilon(noise_multiplier=sigma, **run),
+            "noise_multiplier": noise_multiplier,
+            "epsilon": compute_epsilon(noise_multiplier=noise_multiplier, **run),
         }
     epochs_done = epochs_for_steps(steps, q, sampling=sampling_)
     out = {
@@ -111,11 +114,11 @@ def account_command(
     if as_json:
         echo_json(out)
         return
-    typer.echo(f"method    {out['method']}  ({out['sampling']} sampling)")
-    typer.echo(f"q         {q:.6g}")
-    typer.echo(f"steps     {steps}  ({epochs_done:.4g} epochs)")
-    typer.echo(f"delta     {delta:.4g}")
+    typer.echo(f"method            {out['method']}  ({out['sampling']} sampling)")
+    typer.echo(f"q                 {q:.6g}")
+    typer.echo(f"steps             {steps}  ({epochs_done:.4g} epochs)")
+    typer.echo(f"delta             {delta:.4g}")
     if "target_epsilon" in out:
-        typer.echo(f"target    epsilon <= {out['target_epsilon']:g}")
-    typer.echo(f"sigma     {out['noise_multiplier']:.6g}")
-    typer.echo(f"epsilon   {out['epsilon']:.6g}")
+        typer.echo(f"target            epsilon <= {out['target_epsilon']:g}")
+    typer.echo(f"noise multiplier  {out['noise_multiplier']:.6g}")
+    typer.echo(f"epsilon           {out['epsilon']:.6g}")

@@ -24,10 +24,12 @@ from cli._options import (
     Params,
     SamplingChoice,
     Seed,
+    SigmaAlias,
     Steps,
     Task,
     TaskOption,
     choices,
+    deprecated_alias,
     resume_settings,
     training_config,
 )
@@ -49,7 +51,8 @@ def collect_command(
     sampling: SamplingChoice = Sampling.POISSON.value,
     max_grad_norm: MaxGradNorm = 1.0,
     no_clip: bool = typer.Option(False, "--no-clip", help="Do not clip (non-private runs only)."),
-    sigma: NoiseMultiplier = None,
+    noise_multiplier: NoiseMultiplier = None,
+    sigma: SigmaAlias = None,
     epsilon: Epsilon = None,
     delta: Delta = None,
     accounting: AccountingChoice = Accounting.PLD.value,
@@ -66,7 +69,7 @@ def collect_command(
     device: Device = "cpu",
     compressor: str = typer.Option(None, help="Store compression: zstd or blosc (default none)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint. Options given with it must match the run, except the run's length (--steps/--epochs), --eval-every, --log-every, --checkpoint-every, --skip-nonfinite, --microbatch."),
-    allow_larger_epsilon: bool = typer.Option(False, "--allow-larger-epsilon", help="With --resume: run more steps than the sigma of an --epsilon run was calibrated for (its epsilon then exceeds the target)."),
+    allow_larger_epsilon: bool = typer.Option(False, "--allow-larger-epsilon", help="With --resume: run more steps than the noise multiplier of an --epsilon run was calibrated for (its epsilon then exceeds the target)."),
     stop_after: int = typer.Option(None, "--stop-after", help="Stop (checkpointed) after N steps of this call; continue later with --resume."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run in --out."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
@@ -74,6 +77,7 @@ def collect_command(
     """Train a model and stream clipped gradients into OUT/gradients.zarr."""
     from gradspec.collect import collect, merge_resume, read_run_config
 
+    noise_multiplier = deprecated_alias(noise_multiplier, sigma, option="--noise-multiplier", alias="--sigma")
     if resume:
         # (with --overwrite too, collect() refuses the pair before reading anything)
         config = None if overwrite else merge_resume(read_run_config(out), resume_settings(ctx, ctx.params))
@@ -83,7 +87,7 @@ def collect_command(
         config = training_config(
             task=task, task_option=task_option, params=params, mode=mode, every=every, steps=steps,
             epochs=epochs, batch_size=batch_size, sampling=sampling, max_grad_norm=max_grad_norm,
-            clip=not no_clip, sigma=sigma, epsilon=epsilon, delta=delta, accounting=accounting,
+            clip=not no_clip, noise_multiplier=noise_multiplier, epsilon=epsilon, delta=delta, accounting=accounting,
             optimizer=optimizer, lr=lr, dtype=dtype, backend=backend, microbatch=microbatch,
             eval_every=eval_every, log_every=log_every, checkpoint_every=checkpoint_every,
             skip_nonfinite=skip_nonfinite, seed=seed, device=device, compressor=compressor,
@@ -92,7 +96,7 @@ def collect_command(
                      stop_after=stop_after, allow_larger_epsilon=allow_larger_epsilon)
     eps = "inf (non-private)" if result.epsilon == float("inf") else f"{result.epsilon:.3f}"
     typer.echo(f"store    {result.store}  ({result.rows} rows)")
-    typer.echo(f"steps    {result.steps}   q = {result.sample_rate:.4g}   sigma = {result.noise_multiplier:.4g}")
+    typer.echo(f"steps    {result.steps}   q = {result.sample_rate:.4g}   noise multiplier = {result.noise_multiplier:.4g}")
     typer.echo(f"privacy  epsilon = {eps} at delta = {result.delta:.3g}")
     if result.final_metrics:
         typer.echo("eval     " + "  ".join(f"{k} = {v:.4f}" for k, v in result.final_metrics.items()))

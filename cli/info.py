@@ -68,7 +68,7 @@ def info_command(
         if c:
             typer.echo(
                 f"run      task {cfg.get('task')}  mode {c.get('mode')}  steps {cfg.get('steps')}  "
-                f"q {cfg.get('sample_rate', 0):.4g}  sigma {cfg.get('noise_multiplier', 0):.4g}  C {cfg.get('max_grad_norm')}  "
+                f"q {cfg.get('sample_rate', 0):.4g}  noise multiplier {cfg.get('noise_multiplier', 0):.4g}  C {cfg.get('max_grad_norm')}  "
                 f"lr {c.get('lr')} ({c.get('optimizer')})  seed {c.get('seed')}"
             )
         if "final_epsilon" in cfg:

@@ -24,9 +24,11 @@ from cli._options import (
     Params,
     SamplingChoice,
     Seed,
+    SigmaAlias,
     Steps,
     Task,
     TaskOption,
+    deprecated_alias,
     training_config,
 )
 from gradspec import Accounting, Sampling
@@ -50,7 +52,7 @@ def _check_applicable(names: list[str], given: dict[str, object]) -> None:
         "--projector": projected, "--no-layout-check": projected, "--period": projected,
         "--public-size": projected | {Algorithm.ADADPS}, "--noise-in": {Algorithm.SUBSPACE},
         "--start-epoch": {Algorithm.PDP_SGD, Algorithm.RPDP_SGD},
-        "--precond-sigma": {Algorithm.NOISY_ADAGRAD}, "--diagonal": {Algorithm.NOISY_ADAGRAD},
+        "--precond-noise-multiplier": {Algorithm.NOISY_ADAGRAD}, "--diagonal": {Algorithm.NOISY_ADAGRAD},
         "--rule": {Algorithm.ADADPS}, "--side-information": {Algorithm.ADADPS},
         "--rank": projected, "--ranks": projected,
     }
@@ -68,16 +70,18 @@ def retrain_command(
     projector: str = typer.Option(None, "--projector", metavar="SPECTRUM|public|random", help="A spectrum store (gradspec pca output), or 'public' / 'random'. Default per algorithm."),
     no_layout_check: bool = typer.Option(False, "--no-layout-check", help="Use a spectrum store that does not record its parameters, comparing p only."),
     rank: int = typer.Option(None, "--rank", "-k", help="Subspace rank k (one run; a sweep takes --ranks)."),
-    sweep: bool = typer.Option(False, "--sweep", help="Run a grid over --ranks, --seeds and --sigmas or --epsilons."),
+    sweep: bool = typer.Option(False, "--sweep", help="Run a grid over --ranks, --seeds and --noise-multipliers or --epsilons."),
     ranks: str = typer.Option(None, help="Ranks of a sweep (comma-separated; default 10,20,100)."),
     seeds: str = typer.Option(None, help="Seeds of a sweep (comma-separated; default --seed)."),
-    sigmas: str = typer.Option(None, help="Noise multipliers of a sweep (comma-separated)."),
+    noise_multipliers: str = typer.Option(None, "--noise-multipliers", help="Noise multipliers of a sweep (comma-separated; --sigmas is a deprecated alias)."),
+    sigmas: str = typer.Option(None, "--sigmas", hidden=True, help="Deprecated alias of --noise-multipliers."),
     epsilons: str = typer.Option(None, help="Target epsilons of a sweep (comma-separated)."),
     noise_in: str = typer.Option(None, help="subspace retraining: noise in all p dims (full, default) or the subspace."),
     public_size: int = typer.Option(None, help="Public examples m (public projector, AdaDPS; default 100), drawn from the task's public split (-t n_public=M)."),
     period: int = typer.Option(None, help="Recompute the public subspace every s steps (default 1)."),
     start_epoch: float = typer.Option(None, help="PDP-SGD: epochs of plain DP-SGD before projecting (default 0)."),
-    precond_sigma: float = typer.Option(None, help="noisy-adagrad: noise multiplier of the preconditioner (default 1)."),
+    precond_noise_multiplier: float = typer.Option(None, "--precond-noise-multiplier", help="noisy-adagrad: noise multiplier of the preconditioner (default 1; --precond-sigma is a deprecated alias)."),
+    precond_sigma: float = typer.Option(None, "--precond-sigma", hidden=True, help="Deprecated alias of --precond-noise-multiplier."),
     diagonal: bool = typer.Option(False, "--diagonal", help="noisy-adagrad: diagonal preconditioner."),
     rule: str = typer.Option(None, help="AdaDPS preconditioner: rmsprop (default), adam, adagrad (public data), or fixed (side information)."),
     side_information: str = typer.Option(None, "--side-information", metavar="FILE|frequency", help="AdaDPS without public data (Option 2): a file of p positive values (.npy, .pt, .txt), or 'frequency' (feature/token frequencies of the public examples)."),
@@ -89,7 +93,8 @@ def retrain_command(
     batch_size: BatchSize = 64,
     sampling: SamplingChoice = Sampling.POISSON.value,
     max_grad_norm: MaxGradNorm = 1.0,
-    sigma: NoiseMultiplier = None,
+    noise_multiplier: NoiseMultiplier = None,
+    sigma: SigmaAlias = None,
     epsilon: Epsilon = None,
     delta: Delta = None,
     accounting: AccountingChoice = Accounting.PLD.value,
@@ -111,31 +116,36 @@ def retrain_command(
     from gradspec.optim import retrain as run_retrain
     from gradspec.optim import sweep as run_sweep
 
-    if sigma is not None and epsilon is not None:
-        raise ValueError("give --sigma or --epsilon, not both")
+    noise_multiplier = deprecated_alias(noise_multiplier, sigma, option="--noise-multiplier", alias="--sigma")
+    noise_multipliers = deprecated_alias(noise_multipliers, sigmas, option="--noise-multipliers", alias="--sigmas")
+    precond_noise_multiplier = deprecated_alias(precond_noise_multiplier, precond_sigma,
+                                                option="--precond-noise-multiplier", alias="--precond-sigma")
+    if noise_multiplier is not None and epsilon is not None:
+        raise ValueError("give --noise-multiplier or --epsilon, not both")
     if steps is not None and epochs is not None:
         raise ValueError("give --steps or --epochs, not both")
     names = [str(parse_choice(Algorithm, a, "algorithm")) for a in algorithm]
     if not sweep:
         if len(names) != 1:
             raise ValueError("give one --algorithm, or --sweep to run several")
-        for option, value in (("--ranks", ranks), ("--seeds", seeds), ("--sigmas", sigmas),
-                              ("--epsilons", epsilons)):
+        for option, value in (("--ranks", ranks), ("--seeds", seeds),
+                              ("--noise-multipliers", noise_multipliers), ("--epsilons", epsilons)):
             if value is not None:
-                raise ValueError(f"{option} is for --sweep; one run takes --rank, --seed, --sigma, --epsilon")
+                raise ValueError(f"{option} is for --sweep; one run takes --rank, --seed, --noise-multiplier, "
+                                 "--epsilon")
     elif rank is not None:
         raise ValueError("a sweep takes its ranks from --ranks, not --rank")
     _check_applicable(names, {
         "--projector": projector, "--no-layout-check": no_layout_check, "--period": period,
         "--public-size": public_size, "--noise-in": noise_in, "--start-epoch": start_epoch,
-        "--precond-sigma": precond_sigma, "--diagonal": diagonal, "--rule": rule,
+        "--precond-noise-multiplier": precond_noise_multiplier, "--diagonal": diagonal, "--rule": rule,
         "--side-information": side_information, "--rank": rank, "--ranks": ranks,
     })
 
     config = training_config(
         task=task, task_option=task_option, params=params, steps=steps, epochs=epochs,
         batch_size=batch_size, sampling=sampling, max_grad_norm=max_grad_norm,
-        sigma=sigma, epsilon=epsilon, delta=delta, accounting=accounting, optimizer=optimizer, lr=lr,
+        noise_multiplier=noise_multiplier, epsilon=epsilon, delta=delta, accounting=accounting, optimizer=optimizer, lr=lr,
         microbatch=microbatch, eval_every=eval_every, log_every=log_every,
         checkpoint_every=max(eval_every, 50), seed=seed, device=device,
     )
@@ -161,7 +171,7 @@ def retrain_command(
         elif alg in (Algorithm.PDP_SGD, Algorithm.RPDP_SGD):
             opts["start_epoch"] = 0.0 if start_epoch is None else start_epoch
         elif alg == Algorithm.NOISY_ADAGRAD:
-            opts.update(precond_noise_multiplier=1.0 if precond_sigma is None else precond_sigma,
+            opts.update(precond_noise_multiplier=1.0 if precond_noise_multiplier is None else precond_noise_multiplier,
                         diagonal=diagonal)
         elif alg == Algorithm.ADADPS:
             opts.update(public_size=100 if public_size is None else public_size)
@@ -179,7 +189,7 @@ def retrain_command(
             eps += (" (gradient noise only; NOT a DP guarantee: the subspace comes from noise-free "
                     "gradients of the private training data)")
         typer.echo(f"run      {res.out}  ({res.algorithm}, k = {res.rank}, {res.steps} steps)")
-        typer.echo(f"privacy  epsilon = {eps} at delta = {res.delta:.3g}   sigma = {res.noise_multiplier:.4g}")
+        typer.echo(f"privacy  epsilon = {eps} at delta = {res.delta:.3g}   noise multiplier = {res.noise_multiplier:.4g}")
         if "without subsampling amplification" in res.accounting:
             typer.echo(f"         accounting: {res.accounting}")
         if not res.dp_guarantee:
@@ -202,7 +212,7 @@ def retrain_command(
     rows = run_sweep(
         config=config, algorithms=[(n, options(n)) for n in names], out=out,
         ranks=_csv(ranks or "10,20,100", int), seeds=_csv(seeds, int) or [seed],
-        noise_multipliers=_csv(sigmas, float), epsilons=_csv(epsilons, float),
+        noise_multipliers=_csv(noise_multipliers, float), epsilons=_csv(epsilons, float),
         overwrite=overwrite, progress=not no_progress, train_metrics=train_metrics,
     )
     typer.echo(f"sweep    {len(rows)} runs in {out}; summary: {out / 'summary.csv'}")

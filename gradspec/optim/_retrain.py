@@ -3,7 +3,7 @@
 :func:`retrain` runs a configuration through the trainer (:func:`gradspec.train.train`) with
 the optimizer's hooks and no gradient store, and writes ``retrain.json`` (algorithm,
 options, epsilon, final metrics) next to the run's ``metrics.jsonl``. :func:`sweep`
-runs a grid over algorithms, ranks, seeds and sigma or epsilon, one directory each,
+runs a grid over algorithms, ranks, seeds and noise multiplier or epsilon, one directory each,
 and writes ``summary.csv`` and ``summary.json``.
 
 ``retrain.json`` also records what the optimizer used (``hooks``: the public examples'
@@ -224,7 +224,7 @@ def retrain(
     changed to that and the change is logged and saved in ``config.json``.
 
     Args:
-        config: the training run (task, steps, batch size, sigma or epsilon, lr, ...).
+        config: the training run (task, steps, batch size, noise multiplier or epsilon, lr, ...).
         algorithm: a name (see :class:`Algorithm`) or ready hooks.
         out: run directory (``metrics.jsonl``, ``config.json``, ``retrain.json``).
         options: options of :func:`make_algorithm` when ``algorithm`` is a name; ``seed``
@@ -241,7 +241,7 @@ def retrain(
 
     Raises:
         ValueError: bad options, or a target epsilon with an optimizer that spends
-            privacy of its own (calibrate sigma with ``gradspec account`` instead).
+            privacy of its own (calibrate the noise multiplier with ``gradspec account`` instead).
     """
     from gradspec.train import train
 
@@ -263,7 +263,7 @@ def retrain(
     if getattr(hooks, "extra_privacy", False) and config.target_epsilon is not None:
         raise ValueError(
             f"{hooks.name} spends privacy beyond the gradient noise, so a target epsilon cannot be "
-            "met by calibrating sigma alone: give the noise multiplier (and the preconditioner's)"
+            "met by calibrating the noise multiplier alone: give the noise multiplier (and the preconditioner's)"
         )
     if task is None:
         from gradspec.tasks import make_task
@@ -295,12 +295,14 @@ def retrain(
     return res
 
 
-def _run_name(algorithm: str, rank: int | None, seed: int, sigma: float | None,
-              epsilon: float | None, tag: str | None = None) -> str:
+def _run_name(algorithm: str, rank: int | None, seed: int, noise_multiplier: float | None,
+              epsilon: float | None, tag: str | None = None, *, legacy: bool = False) -> str:
+    """A sweep run's directory name, e.g. ``rpdp-sgd-k5-seed1-nm0.5``; ``legacy``: the name
+    sweeps used before (``...-sigma0.5``, when sigma still meant the noise multiplier)."""
     parts = [algorithm] + ([tag] if tag else []) + ([f"k{rank}"] if rank is not None else [])
     parts.append(f"seed{seed}")
-    if sigma is not None:
-        parts.append(f"sigma{sigma:g}")
+    if noise_multiplier is not None:
+        parts.append(f"{'sigma' if legacy else 'nm'}{noise_multiplier:g}")
     if epsilon is not None:
         parts.append(f"eps{epsilon:g}")
     return "-".join(parts)
@@ -354,13 +356,16 @@ def sweep(
     listed twice (with different options) gets an options tag in its run names.
 
     Args:
-        config: the base run; ``seed`` and sigma/epsilon are replaced per grid point.
+        config: the base run; ``seed`` and the noise multiplier / epsilon are replaced per
+            grid point.
         algorithms: names, or ``(name, options)`` pairs.
-        out: the sweep directory; each run in ``out/<algorithm>-k<rank>-seed<s>-sigma<x>``.
+        out: the sweep directory; each run in ``out/<algorithm>-k<rank>-seed<s>-nm<z>``
+            (``-eps<e>`` for a target epsilon). A finished run of an older sweep, named
+            ``...-sigma<z>``, is reused as well.
         ranks: k values for projected algorithms (e.g. 10, 20, 100 as Li et al. Fig. 2b).
         seeds: training seeds.
-        noise_multipliers: sigma values (or give ``epsilons``; neither: the config's).
-        epsilons: target epsilons (sigma calibrated per run).
+        noise_multipliers: noise multipliers z (or give ``epsilons``; neither: the config's).
+        epsilons: target epsilons (the noise multiplier calibrated per run).
         task_factory: builds the task for a seed (default: from the config).
         overwrite: rerun finished runs.
         progress: progress bar per run.
@@ -394,17 +399,20 @@ def sweep(
             raise ValueError(f"{name!r} is projected: give ranks to sweep over")
         for rank in (ranks or [None]) if projected else [None]:
             for seed in seeds:
-                for sigma, eps in privacy:
+                for z, eps in privacy:
                     cfg = dataclasses.replace(
                         config, seed=seed,
-                        noise_multiplier=sigma if sigma is not None else (
+                        noise_multiplier=z if z is not None else (
                             None if eps is not None else config.noise_multiplier),
                         target_epsilon=eps if eps is not None else (
-                            None if sigma is not None else config.target_epsilon),
+                            None if z is not None else config.target_epsilon),
                     )
                     options = {**base, **({"rank": rank} if rank is not None else {})}
                     options = _seeded_options(name, options, seed)
-                    run_dir = out / _run_name(name, rank, seed, sigma, eps, tag)
+                    run_dir = out / _run_name(name, rank, seed, z, eps, tag)
+                    legacy = out / _run_name(name, rank, seed, z, eps, tag, legacy=True)
+                    if not overwrite and not run_dir.exists() and (legacy / RESULT_NAME).is_file():
+                        run_dir = legacy  # finished under the old name: reuse it (checked below)
                     done = run_dir / RESULT_NAME
                     if done.is_file() and not overwrite:
                         saved = json.loads(done.read_text())

@@ -47,7 +47,6 @@ RESUMABLE = frozenset(
 
 # Command-line names of the settings whose flag is not --<name-with-dashes>.
 _FLAGS = {
-    "noise_multiplier": "--sigma",
     "target_epsilon": "--epsilon",
     "clip": "--no-clip",
     "task_options": "--task-option",
@@ -73,9 +72,9 @@ class TrainConfig:
         sampling: ``poisson`` (rate q = batch_size / n) or ``shuffle``.
         max_grad_norm: clipping norm C over the selected parameters.
         clip: clip per-example gradients (required when noise_multiplier > 0).
-        noise_multiplier: sigma; the noise std on the summed gradient is sigma * C.
+        noise_multiplier: z; the noise std on the summed gradient is z * C.
             0 = non-private. None with ``target_epsilon`` = calibrated.
-        target_epsilon: calibrate sigma so that the run ends at this epsilon.
+        target_epsilon: calibrate the noise multiplier so that the run ends at this epsilon.
         delta: delta of the reported epsilon; None = n^-1.1 (Li et al. 2022).
         accounting: ``pld`` | ``rdp`` | ``rdp-classic``.
         optimizer: ``sgd`` | ``adam`` applied to the privatised gradient.
@@ -132,7 +131,7 @@ class TrainConfig:
             object.__setattr__(self, "params", tuple(self.params))
         object.__setattr__(self, "task_options", dict(self.task_options))
         for name, flag in (("epochs", "--epochs"), ("max_grad_norm", "the clipping norm C"),
-                           ("noise_multiplier", "the noise multiplier (--sigma)"),
+                           ("noise_multiplier", "the noise multiplier (--noise-multiplier)"),
                            ("target_epsilon", "the target epsilon"), ("delta", "delta"),
                            ("lr", "the learning rate")):
             value = getattr(self, name)
@@ -141,7 +140,7 @@ class TrainConfig:
         if self.noise_multiplier is not None and 0 < self.noise_multiplier < 0.01:
             raise ValueError(
                 f"the noise multiplier {self.noise_multiplier} is below 0.01: its epsilon is "
-                "astronomically large and the accountant cannot compute it; use --sigma 0 for a "
+                "astronomically large and the accountant cannot compute it; use --noise-multiplier 0 for a "
                 "non-private run"
             )
         if self.steps is None and self.epochs is None:
@@ -166,7 +165,7 @@ class TrainConfig:
             raise ValueError(f"the target epsilon must be > 0, got {self.target_epsilon}")
         private = self.target_epsilon is not None or (self.noise_multiplier or 0) > 0
         if private and not self.clip:
-            raise ValueError("private training needs clipping: drop --no-clip or set --sigma 0")
+            raise ValueError("private training needs clipping: drop --no-clip or set --noise-multiplier 0")
         if self.delta is not None and not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
         if self.optimizer not in ("sgd", "adam"):
@@ -217,7 +216,7 @@ CollectConfig = TrainConfig
 
 
 def flag(name: str) -> str:
-    """The command-line flag of setting ``name`` (``noise_multiplier`` -> ``--sigma``)."""
+    """The command-line flag of setting ``name`` (``target_epsilon`` -> ``--epsilon``)."""
     return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 

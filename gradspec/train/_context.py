@@ -27,13 +27,13 @@ __all__ = ["StepContext"]
 class StepContext:
     """The run, as the hooks of its DP-SGD step see it.
 
-    The step divides the noised clipped sum by ``denominator`` when private (sigma > 0):
+    The step divides the noised clipped sum by ``denominator`` when private (noise multiplier > 0):
     the expected batch size q n under Poisson sampling, the fixed batch size B under
     shuffling (Abadi et al. 2016). A non-private step divides by the drawn batch size.
 
     Attributes:
         config: the run's settings (a :class:`~gradspec.train.TrainConfig`).
-        noise_multiplier: sigma; the noise std on the clipped sum is sigma * C. 0 = non-private.
+        noise_multiplier: z; the noise std on the clipped sum is z * C. 0 = non-private.
         sample_rate: q, the sampler's rate (B / n).
         n: the number of training examples.
         denominator: what a private step divides the noised clipped sum by (q n or B),

@@ -34,7 +34,7 @@ class StepHooks:
             subsampling needs the batch membership hidden, so set it ``False`` when the hooks
             release anything computed from past private batches (noisy AdaGrad's
             preconditioner): the trainer then records each gradient release as a plain
-            Gaussian mechanism (``record_gaussian(sigma, 1)``), which holds for every fixed
+            Gaussian mechanism (``record_gaussian(noise_multiplier, 1)``), which holds for every fixed
             sampling pattern (see ``gradspec.optim._adagrad``). Shuffled sampling is
             accounted without amplification either way.
     """
@@ -44,7 +44,7 @@ class StepHooks:
 
     def setup(self, ctx: StepContext) -> None:
         """Called once, before training, with what the hooks may read of the run
-        (settings, sigma, q, n, the step's denominator, layout, device, parameters, model,
+        (settings, noise multiplier, q, n, the step's denominator, layout, device, parameters, model,
         task, per-example engine, sampler)."""
 
     def on_step_start(self, step: int, ctx: StepContext) -> None:

@@ -23,7 +23,7 @@ def _account(*args: str):
 
 def test_epsilon_matches_compute_epsilon_json():
     result = _account(
-        "--sigma",
+        "--noise-multiplier",
         "1.1",
         "--q",
         repr(Q),
@@ -48,7 +48,7 @@ def test_epsilon_matches_compute_epsilon_json():
 
 def test_table_output_with_batch_size_and_default_delta():
     result = _account(
-        "--sigma",
+        "--noise-multiplier",
         "2",
         "--batch-size",
         "500",
@@ -75,7 +75,7 @@ def test_table_output_with_batch_size_and_default_delta():
 
 def test_shuffle_epochs_count_whole_epochs():
     result = _account(
-        "--sigma",
+        "--noise-multiplier",
         "3",
         "--batch-size",
         "100",
@@ -97,7 +97,19 @@ def test_shuffle_epochs_count_whole_epochs():
     )
 
 
-def test_target_epsilon_prints_a_sigma_that_meets_it():
+def test_sigma_is_a_deprecated_alias_of_noise_multiplier():
+    args = ["1.1", "--q", repr(Q), "--epochs", "60", "--delta", "1e-5", "--method", "rdp"]
+    new, old = _account("--noise-multiplier", *args), _account("--sigma", *args)
+    assert new.exit_code == 0 and old.exit_code == 0, old.output
+    assert old.stdout == new.stdout and "noise multiplier  1.1\n" in new.stdout
+    assert "sigma" not in new.stdout and new.stderr == ""
+    assert old.stderr.strip() == ("warning: --sigma is deprecated, use --noise-multiplier "
+                                  "(sigma means singular values in gradspec)")
+    both = _account("--noise-multiplier", "1", "--sigma", *args)
+    assert both.exit_code != 0 and "give --noise-multiplier only" in both.stderr
+
+
+def test_target_epsilon_prints_a_noise_multiplier_that_meets_it():
     result = _account(
         "--epsilon",
         "3",
@@ -127,29 +139,29 @@ def test_target_epsilon_prints_a_sigma_that_meets_it():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--q", "0.01", "--steps", "10", "--delta", "1e-5"], "exactly one of --sigma"),
+        (["--q", "0.01", "--steps", "10", "--delta", "1e-5"], "exactly one of --noise-multiplier"),
         (
-            ["--sigma", "1", "--epsilon", "2", "--q", "0.01", "--steps", "10", "--delta", "1e-5"],
-            "exactly one of --sigma",
+            ["--noise-multiplier", "1", "--epsilon", "2", "--q", "0.01", "--steps", "10", "--delta", "1e-5"],
+            "exactly one of --noise-multiplier",
         ),
         (
-            ["--sigma", "1", "--q", "1.5", "--steps", "10", "--delta", "1e-5"],
+            ["--noise-multiplier", "1", "--q", "1.5", "--steps", "10", "--delta", "1e-5"],
             "--q must be in (0, 1]",
         ),
-        (["--sigma", "1", "--steps", "10", "--delta", "1e-5"], "give the sample rate"),
-        (["--sigma", "1", "--q", "0.01", "--delta", "1e-5"], "exactly one of --steps or --epochs"),
-        (["--sigma", "1", "--q", "0.01", "--steps", "10"], "give --delta, or --n"),
+        (["--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5"], "give the sample rate"),
+        (["--noise-multiplier", "1", "--q", "0.01", "--delta", "1e-5"], "exactly one of --steps or --epochs"),
+        (["--noise-multiplier", "1", "--q", "0.01", "--steps", "10"], "give --delta, or --n"),
         (
-            ["--sigma", "1", "--q", "0.01", "--steps", "10", "--delta", "1e-5", "--method", "gdp"],
+            ["--noise-multiplier", "1", "--q", "0.01", "--steps", "10", "--delta", "1e-5", "--method", "gdp"],
             "unknown accounting method 'gdp'",
         ),
         (
-            ["--sigma", "-1", "--q", "0.01", "--steps", "10", "--delta", "1e-5"],
+            ["--noise-multiplier", "-1", "--q", "0.01", "--steps", "10", "--delta", "1e-5"],
             "noise_multiplier must be finite and >= 0",
         ),
-        (["--sigma", "1", "--q", "0.01", "--steps", "0", "--delta", "1e-5"], "steps must be >= 1"),
+        (["--noise-multiplier", "1", "--q", "0.01", "--steps", "0", "--delta", "1e-5"], "steps must be >= 1"),
         (
-            ["--sigma", "1", "--q", "0.01", "--steps", "10", "--delta", "3"],
+            ["--noise-multiplier", "1", "--q", "0.01", "--steps", "10", "--delta", "3"],
             "delta must be in (0, 1)",
         ),
         (

@@ -70,7 +70,7 @@ def test_resume_through_the_cli(tmp_path):
         (["info", "{tmp}/other.zarr"], "not a gradspec store"),
         (["collect", "--out", "{tmp}/x", "--mode", "sometimes"], "choose one of"),
         (["collect", "--out", "{tmp}/x", "--task", "nope"], "nope"),
-        (["collect", "--out", "{tmp}/x", "--sigma", "1", "--epsilon", "2"], "not both"),
+        (["collect", "--out", "{tmp}/x", "--noise-multiplier", "1", "--epsilon", "2"], "not both"),
         (["collect", "--out", "{tmp}/x", "--resume"], "no run to resume"),
         (["collect", "--out", "{tmp}/x", "--resume", "--overwrite"], "give one of them"),
         (["collect", "--out", "{tmp}/plain/f", "--resume"], "no run to resume"),
@@ -102,9 +102,9 @@ def test_resume_refuses_flags_that_conflict_with_the_run_naming_each(tmp_path):
     out = tmp_path / "b"
     assert invoke("collect", "--out", out, "--steps", 8, "--stop-after", 5, *LOWRANK).exit_code == 0
     before = (out / "config.json").read_text()
-    line = error_line(invoke("collect", "--out", out, "--resume", "--steps", 200, "--sigma", 5, "--task", "cnn",
+    line = error_line(invoke("collect", "--out", out, "--resume", "--steps", 200, "--noise-multiplier", 5, "--task", "cnn",
                              "-t", "d=41", "--no-progress"))
-    for part in ("--sigma (saved 1.0, given 5.0)", "--task (saved 'lowrank', given 'cnn')", "--task-option"):
+    for part in ("--noise-multiplier (saved 1.0, given 5.0)", "--task (saved 'lowrank', given 'cnn')", "--task-option"):
         assert part in line
     assert (out / "config.json").read_text() == before
     assert GradientStore.open(out / "gradients.zarr").n_rows == 5

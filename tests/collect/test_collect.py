@@ -168,7 +168,7 @@ def test_resume_refuses_every_conflicting_setting_in_one_message(tmp_path):
                 task=tiny_task(), resume=True)
     msg = str(err.value)
     assert "\n" not in msg
-    for part in ("--batch-size (saved 16, given 8)", "--sigma (saved 1.0, given 5.0)", "--every (saved 1, given 2)"):
+    for part in ("--batch-size (saved 16, given 8)", "--noise-multiplier (saved 1.0, given 5.0)", "--every (saved 1, given 2)"):
         assert part in msg
     assert "--steps" not in msg  # the run's length may change
     assert json.loads((tmp_path / "r" / "config.json").read_text())["steps"] == 12  # nothing changed

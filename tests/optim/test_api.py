@@ -49,7 +49,7 @@ def test_sweep_writes_one_run_per_point_and_a_summary(tmp_path):
     assert len(rows) == 2 + 4
     assert {(r["algorithm"], r["rank"]) for r in rows} == {("dp-sgd", None), ("rpdp-sgd", 2),
                                                            ("rpdp-sgd", 5)}
-    assert (tmp_path / "rpdp-sgd-k5-seed1-sigma0.5" / "metrics.jsonl").is_file()
+    assert (tmp_path / "rpdp-sgd-k5-seed1-nm0.5" / "metrics.jsonl").is_file()
     with open(tmp_path / "summary.csv") as f:
         table = list(csv.DictReader(f))
     assert len(table) == 6 and "eval_loss" in table[0]
@@ -100,7 +100,7 @@ def test_sweep_figures_and_cli(tmp_path):
     out = tmp_path / "sweep"
     args = ["retrain-command", "--out", str(out), "--task", "lowrank", "-t", "n=120", "-t", "d=16",
             "-t", "n_eval=60", "--steps", "6", "--batch-size", "24", "--eval-every", "3",
-            "--sweep", "-a", "dp-sgd", "-a", "rpdp-sgd", "--ranks", "2,4", "--sigmas", "0.8,2",
+            "--sweep", "-a", "dp-sgd", "-a", "rpdp-sgd", "--ranks", "2,4", "--noise-multipliers", "0.8,2",
             "--accounting", "rdp", "--no-progress"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output

@@ -56,7 +56,7 @@ def test_readme_flow_is_not_a_dp_guarantee(tmp_path, same_data_spectrum, caplog)
     app.command("noop")(lambda: None)
     options = [a for k, v in LOWRANK.items() for a in ("-t", f"{k}={v}")]
     args = ["retrain-command", "--out", str(tmp_path / "cli"), "--task", "lowrank", *options,
-            "--steps", "3", "--batch-size", "24", "--sigma", "1.0", "-a", "subspace", "--rank", "2",
+            "--steps", "3", "--batch-size", "24", "--noise-multiplier", "1.0", "-a", "subspace", "--rank", "2",
             "--projector", str(same_data_spectrum), "--no-progress", "--no-train-metrics"]
     with caplog.at_level(logging.WARNING, logger="gradspec.optim._retrain"):
         out = CliRunner().invoke(app, args)

@@ -67,7 +67,7 @@ def test_cli_names_the_mismatching_parameters_in_one_line(tmp_path, query_spectr
     app.command("noop")(lambda: None)
     args = ["retrain-command", "--out", str(tmp_path / "cli"), "--task", "text", "-t", "model=tiny-bert",
             "-t", "n_train=32", "-t", "n_eval=8", "-t", "n_public=8", "--steps", "1", "--batch-size", "8",
-            "--sigma", "0", "--rank", "2", "--projector", str(query_spectrum), "--no-progress"]
+            "--noise-multiplier", "0", "--rank", "2", "--projector", str(query_spectrum), "--no-progress"]
     bad = CliRunner().invoke(app, [*args, "--params", VALUE[0]])
     assert bad.exit_code != 0
     lines = bad.output.strip().splitlines()

@@ -22,9 +22,9 @@ def test_the_random_projector_follows_the_run_seed(tmp_path):
     shared one random subspace and one set of public examples."""
     sweep(config=config(steps=2), algorithms=["rpdp-sgd", "pdp-sgd"], ranks=[2], seeds=[0, 1],
           noise_multipliers=[1.0], out=tmp_path, task_factory=lambda s: lowrank_task(seed=s))
-    seeds = [_hooks(tmp_path / f"rpdp-sgd-k2-seed{s}-sigma1")["projector"]["seed"] for s in (0, 1)]
+    seeds = [_hooks(tmp_path / f"rpdp-sgd-k2-seed{s}-nm1")["projector"]["seed"] for s in (0, 1)]
     assert seeds == [0, 1]
-    public = [_hooks(tmp_path / f"pdp-sgd-k2-seed{s}-sigma1")["projector"] for s in (0, 1)]
+    public = [_hooks(tmp_path / f"pdp-sgd-k2-seed{s}-nm1")["projector"] for s in (0, 1)]
     assert [p["seed"] for p in public] == [0, 1]
     # an explicit seed is kept: the same subspace for every run seed
     fixed = tmp_path / "fixed"
@@ -48,6 +48,36 @@ def test_a_finished_run_with_other_settings_is_not_reused(tmp_path):
     with pytest.raises(ValueError, match="options"):
         sweep(config=config(steps=2), algorithms=[("adadps", {"public_size": 20})], seeds=[0],
               out=tmp_path / "b")
+
+
+def test_a_run_finished_under_the_old_sigma_name_is_reused(tmp_path):
+    """Runs were named ``...-sigma<z>`` while sigma meant the noise multiplier; they are now
+    ``...-nm<z>``. A sweep resumed over an old directory reuses the old run, not reruns it."""
+    first = sweep(config=config(steps=2), algorithms=["dp-sgd"], seeds=[0], noise_multipliers=[1.0],
+                  out=tmp_path, task_factory=lambda s: lowrank_task(seed=s))
+    assert first[0]["out"] == str(tmp_path / "dp-sgd-seed0-nm1")
+    old = tmp_path / "dp-sgd-seed0-sigma1"
+    (tmp_path / "dp-sgd-seed0-nm1").rename(old)  # as an old sweep left it
+    saved = json.loads((old / "retrain.json").read_text())
+    saved.update(out=str(old), metrics=str(old / "metrics.jsonl"))
+    (old / "retrain.json").write_text(json.dumps(saved))
+    again = sweep(config=config(steps=2), algorithms=["dp-sgd"], seeds=[0], noise_multipliers=[1.0],
+                  out=tmp_path, task_factory=lambda s: pytest.fail("the finished run was rerun"))
+    assert again[0]["out"] == str(tmp_path / "dp-sgd-seed0-sigma1")
+    assert again[0]["epsilon"] == first[0]["epsilon"] and not (tmp_path / "dp-sgd-seed0-nm1").exists()
+    with pytest.raises(ValueError, match=r"other settings \(lr: 0.3 -> 0.1\)"):  # still checked
+        sweep(config=config(steps=2, lr=0.1), algorithms=["dp-sgd"], seeds=[0], noise_multipliers=[1.0],
+              out=tmp_path)
+
+
+def test_cli_sigma_still_works_as_a_deprecated_alias(tmp_path):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(_app(), ["retrain-command", "--out", str(out), *LOWRANK_ARGS,
+                                         "-a", "dp-sgd", "--sigma", "0.7"])
+    assert result.exit_code == 0, result.output
+    assert "warning: --sigma is deprecated, use --noise-multiplier" in result.stderr
+    assert "noise multiplier = 0.7" in result.stdout and "sigma" not in result.stdout.replace(str(out), "")
+    assert json.loads((out / "retrain.json").read_text())["noise_multiplier"] == 0.7
 
 
 def test_an_algorithm_listed_twice_gets_one_run_directory_per_entry(tmp_path):
@@ -80,7 +110,9 @@ LOWRANK_ARGS = ["--task", "lowrank", "-t", "n=120", "-t", "d=16", "-t", "n_eval=
     (["-a", "dp-sgd", "--rank", "4"], "--rank applies to"),
     (["-a", "pdp-sgd", "--rank", "2", "--rule", "adam"], "--rule applies to adadps"),
     (["-a", "adadps", "--period", "3"], "--period applies to"),
-    (["-a", "dp-sgd", "--sigma", "1", "--epsilon", "2"], "--sigma or --epsilon, not both"),
+    (["-a", "dp-sgd", "--noise-multiplier", "1", "--epsilon", "2"], "--noise-multiplier or --epsilon, not both"),
+    (["-a", "dp-sgd", "--noise-multiplier", "1", "--sigma", "1"], "(--sigma is its deprecated alias), not both"),
+    (["-a", "dp-sgd", "--sweep", "--noise-multipliers", "1", "--sigmas", "2"], "--sigmas is its deprecated alias"),
     (["-a", "dp-sgd", "--epochs", "1"], "--steps or --epochs, not both"),
     (["-a", "dp-sgd", "--seeds", "0,1"], "--seeds is for --sweep"),
     (["-a", "rpdp-sgd", "--sweep", "--rank", "3"], "--ranks, not --rank"),
