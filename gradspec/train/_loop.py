@@ -153,7 +153,13 @@ class _Run:
         *, sigma: float | None = None,
     ) -> None:
         """Build the run; ``sigma`` (a resumed run's noise multiplier) skips the calibration."""
-        from gradspec.privacy import PrivacyAccountant, calibrate_noise_multiplier, default_delta
+        from gradspec.privacy import (
+            PrivacyAccountant,
+            calibrate_noise_multiplier,
+            default_delta,
+            steps_for_epochs,
+            steps_per_epoch,
+        )
         from gradspec.train._per_example import PerExampleGradients, layout_for, select_parameters
 
         self.config, self.task, self.out, self.progress = config, task, out, progress
@@ -174,11 +180,12 @@ class _Run:
             self.sampler: PoissonSampler | ShuffleSampler = PoissonSampler(
                 n, config.batch_size / n, seed=config.seed + 1
             )
-            steps_per_epoch = n / config.batch_size
+            per_epoch: float = steps_per_epoch(self.sampler.q, sampling=Sampling.POISSON)  # 1 / q
         else:
             self.sampler = ShuffleSampler(n, config.batch_size, seed=config.seed + 1)
-            steps_per_epoch = self.sampler.steps_per_epoch
-        self.steps = config.steps if config.steps is not None else math.ceil(config.epochs * steps_per_epoch)
+            per_epoch = self.sampler.steps_per_epoch  # batches_per_epoch(n, B) = n // B
+        # The run's length in epochs as `gradspec account --epochs` and PDP-SGD's start count it.
+        self.steps = config.steps if config.steps is not None else steps_for_epochs(config.epochs, per_epoch)
         self.q = self.sampler.q
         # Under shuffling the accountant counts epochs of n // B steps; calibrate and plan on the same.
         self.acct_q = self.q if config.sampling == Sampling.POISSON else 1.0 / self.sampler.steps_per_epoch
