@@ -14,29 +14,12 @@ import typer
 from cli._common import user_errors
 
 
-def _parse_range(text: str | None, what: str) -> tuple[int, int] | None:
-    if not text:
-        return None
-    try:
-        a, b = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise ValueError(f"{what} {text!r} is not A:B with integers (e.g. 1:1000)") from None
-    return a, b
-
-
 def _formats(fmt: list[str] | None) -> tuple[str, ...]:
     formats = tuple(fmt or ("png", "pdf"))
     bad = set(formats) - {"png", "pdf", "svg"}
     if bad:
         raise ValueError(f"unknown format(s) {sorted(bad)}; choose png, pdf or svg")
     return formats
-
-
-def _bandwidth(text: str) -> str | float:
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 @user_errors
@@ -80,30 +63,13 @@ def decay_command(
     progress: bool = typer.Option(False, "--progress/--no-progress", help="Log progress."),
 ) -> None:
     """Fit the spectrum's decay, measure G_k, evaluate the bounds; write report.json (+ figures)."""
-    from gradspec.spectrum import DecayConfig, decay_analysis
+    from gradspec.spectrum import decay_analysis, decay_config
 
     formats = _formats(fmt)  # before the analysis: a bad --format must not leave a report behind
-    given = [x is not None for x in (n, epsilon, delta, diameter)]
-    if any(given) and not all(given):
-        raise ValueError("the bounds need all of --n, --epsilon, --delta and --diameter")
-    config = DecayConfig(
-        k_max=k_max,
-        every_rank=every_rank,
-        fit_range=_parse_range(fit_range, "--fit-range"),
-        ci=ci,
-        bandwidth=_bandwidth(bandwidth),
-        n=n,
-        epsilon=epsilon,
-        delta=delta,
-        diameter=diameter,
-        dim=dim,
-        tail=tail,
+    config = decay_config(
+        k_max=k_max, every_rank=every_rank, fit_range=fit_range, ci=ci, bandwidth=bandwidth,
+        n=n, epsilon=epsilon, delta=delta, diameter=diameter, dim=dim, tail=tail,
     )
-    from gradspec import parse_choice
-    from gradspec.spectrum import CIMethod, TailRule
-
-    parse_choice(TailRule, tail, "--tail")
-    parse_choice(CIMethod, ci, "--ci")
     if (out / "zarr.json").exists():
         raise ValueError(
             f"--out {str(out)!r} is a Zarr store; choose a directory for report.json and the figures"

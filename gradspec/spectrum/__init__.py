@@ -40,6 +40,7 @@ from gradspec.spectrum._report import (
     RowAnalysis,
     analyze_spectrum,
 )
+from gradspec.spectrum._settings import decay_config, parse_bandwidth, parse_rank_range
 from gradspec.spectrum._variance import (
     ExplainedVariance,
     StepError,
@@ -91,6 +92,9 @@ __all__ = [
     # from stores (the one entry point that reads gradspec stores)
     "decay_analysis",
     "parse_row_range",
+    "decay_config",
+    "parse_rank_range",
+    "parse_bandwidth",
     "read_report",
     "sigma_analysis",
 ]
