@@ -291,7 +291,11 @@ ROWS: list[Row] = [
     lib("store-status-typo", lambda fx: GradientStore.open(fx["grads"], mode="r+").set_status("done"),
         r"unknown store status 'done'; choose one of writing, complete"),
     lib("store-reversed-slice-is-empty", lambda fx: GradientStore.open(fx["grads"]).read(rows=slice(20, 10)),
-        check=lambda h, fx: h.shape == (0, 100) or pytest.fail(str(h.shape))),
+        r"the row selection 20:10 selects no rows of the \d+ committed rows"),
+    lib("store-rows-beyond-committed", lambda fx: GradientStore.open(fx["grads"]).read(rows=slice(0, 10**6)),
+        r"the row selection 0:1000000 lies outside the \d+ committed rows"),
+    lib("store-rows-repeated", lambda fx: GradientStore.open(fx["grads"]).row_meta([1, 1]),
+        r"repeats row index 1 .* pass each row once"),
     # -------------------------------------------------------------- pca
     cli("pca-rows-beyond-store", ["pca", "{grads}", "--k", "5", "--out", "{new}", "--rows", "50:200"],
         r"--rows 50:200 lies outside the 100 committed rows"),

@@ -57,6 +57,7 @@ from gradspec.store._integrity import (
     verify_arrays,
 )
 from gradspec.store._prefetch import prefetch_iter
+from gradspec.store._source import as_slice, resolve_rows
 from gradspec.store._zarr import (
     create_group,
     disk_numpy_dtype,
@@ -527,19 +528,18 @@ class GradientStore:
 
     # ------------------------------------------------------------------ reading
     def _row_index(self, rows: RowSelection) -> slice | np.ndarray:
-        n = self._rows
+        """The committed rows a selection names, as a slice (a run of rows) or indices.
+
+        ``None`` is every committed row (none in an empty store). Any other selection goes
+        through :func:`~gradspec.store.resolve_rows`, the one row-selection rule of
+        gradspec: bounds and indices outside the committed rows, a repeated index, a
+        boolean mask or a selection of no rows are errors, never clipped or read as fill.
+        """
         if rows is None:
-            return slice(0, n)
-        if isinstance(rows, slice):
-            start, stop, step = rows.indices(n)
-            if step < 1:
-                raise ValueError("row slices must have a positive step")
-            stop = max(start, stop)
-            return slice(start, stop) if step == 1 else np.arange(start, stop, step)
-        idx = np.asarray(rows, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < 0 or idx.max() >= n):
-            raise ValueError(f"row indices must lie in [0, {n}) (the committed rows)")
-        return idx
+            return slice(0, self._rows)
+        idx = resolve_rows(rows, self._rows, what="the row selection", distinct=True,
+                           counted_in="the rows read")
+        return as_slice(idx)
 
     def n_selected(self, rows: RowSelection) -> int:
         idx = self._row_index(rows)
