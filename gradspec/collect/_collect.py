@@ -1,13 +1,16 @@
 """`collect`: train with gradspec's DP-SGD trainer and record its clipped gradients in a store.
 
 The trainer is :func:`gradspec.train.train`; this is the recording entry point the CLI's
-``gradspec collect`` calls, the trainer run with ``write_store=True``.
+``gradspec collect`` calls: the trainer run with ``write_store=True``, its rows going into a
+:class:`~gradspec.collect.GradientRecorder` (``GradientRecorder.for_trainer``), the recorder
+every other training loop records through.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from gradspec.collect._recorder import GradientRecorder
 from gradspec.tasks import Task
 from gradspec.train import StepHooks, TrainConfig, TrainResult, train
 
@@ -54,4 +57,4 @@ def collect(
     """
     return train(config, out=out, task=task, resume=resume, overwrite=overwrite, progress=progress,
                  writer=writer, stop_after=stop_after, hooks=hooks, write_store=write_store,
-                 allow_larger_epsilon=allow_larger_epsilon)
+                 allow_larger_epsilon=allow_larger_epsilon, sink=GradientRecorder.for_trainer)

@@ -107,6 +107,9 @@ class GradientRecorder:
             raising.
         background: write on a background thread (``False``: synchronously).
         max_queue: rows that may wait for the writer before recording blocks.
+        store: a store already open for writing whose run lock the caller holds
+            (gradspec's trainer; see :meth:`for_trainer`): the recorder writes into it,
+            takes no lock and creates nothing; its layout is the store's.
 
     Raises:
         ValueError: no or several layout sources, no parameter selected, a resume
@@ -152,6 +155,7 @@ class GradientRecorder:
         skip_nonfinite: bool = False,
         background: bool = True,
         max_queue: int = 64,
+        store: GradientStore | None = None,
     ) -> None:
         if commit_every < 1:
             raise ValueError(f"commit_every must be a positive number of steps, got {commit_every}")
@@ -169,12 +173,16 @@ class GradientRecorder:
         self.out = Path(out)
         self.path = self.out / STORE_NAME
         self._background, self._max_queue = bool(background), int(max_queue)
-        self._lock = _acquire_run_lock(self.out)
-        try:
-            self.store = self._open_store(config, dtype, compressor, resume, overwrite)
-        except BaseException:
-            _release_run_lock(self._lock)
-            raise
+        if store is not None:  # the caller's store, under the caller's lock
+            self._lock = None
+            self.store = store
+        else:
+            self._lock = _acquire_run_lock(self.out)
+            try:
+                self.store = self._open_store(config, dtype, compressor, resume, overwrite)
+            except BaseException:
+                _release_run_lock(self._lock)
+                raise
         meta = self.store.row_meta(slice(self.store.n_rows - 1, None)) if self.store.n_rows else None
         self._last_step = int(meta["step"][-1]) if meta else -1
         #: The epoch written with rows that do not name one (set it from your loop).
@@ -186,6 +194,19 @@ class GradientRecorder:
         self._losses: list[Tensor] = []
         self._on_close: list[Callable[[], Mapping[str, Any] | None]] = []
         self._closed = False
+
+    @classmethod
+    def for_trainer(cls, store: GradientStore, *, max_queue: int = 64, background: bool = True) -> GradientRecorder:
+        """The recorder of a gradspec trainer run (a :class:`gradspec.train.RowSink`).
+
+        The trainer creates the run's store (or opens it on a resume and rolls it back to
+        its checkpoint) under the run directory's lock, computes each row and its metadata
+        (:meth:`put_rows`), and commits at its checkpoints (:meth:`commit` with a callback
+        that saves the checkpoint once the rows it names are durable). The recorder writes
+        them, commits, and marks the store complete at :meth:`close`.
+        """
+        return cls(out=Path(store.path).parent, layout=store.layout,
+                   per_example=store.per_example, background=background, max_queue=max_queue, store=store)
 
     # ------------------------------------------------------------------ setup
     @staticmethod
@@ -452,11 +473,19 @@ class GradientRecorder:
         }
         self._put(rows, meta, step)
 
-    # ------------------------------------------------------------------ commits, config, end
-    def commit(self, *, wait: bool = False) -> None:
-        """Make every row handed over so far durable (``wait``: return when it is)."""
+    def put_rows(self, rows: np.ndarray, meta: Mapping[str, np.ndarray]) -> None:
+        """Hand over rows (b, p) that a source computed with their metadata (gradspec's
+        trainer: its rows, steps and norm statistics are its own), written in order."""
         self._check_open()
-        self._writer.commit(wait=wait)
+        self._writer.put(rows, dict(meta))
+        self._last_step = int(np.asarray(meta["step"])[-1])
+
+    # ------------------------------------------------------------------ commits, config, end
+    def commit(self, *, wait: bool = False, callback: Callable[[int], None] | None = None) -> None:
+        """Make every row handed over so far durable (``wait``: return when it is); then
+        ``callback(committed rows)`` runs (on the writer's thread)."""
+        self._check_open()
+        self._writer.commit(callback, wait=wait)
         self._steps_since_commit = 0
 
     def update_config(self, **items: Any) -> None:
@@ -485,17 +514,18 @@ class GradientRecorder:
         """Run ``fn`` at close; the items it returns are merged into the run config."""
         self._on_close.append(fn)
 
-    def close(self) -> None:
-        """Commit every row, run the close hooks, mark the store complete and release the run."""
-        self._shutdown(complete=True)
+    def close(self, *, complete: bool = True, **config: Any) -> None:
+        """Commit every row, run the close hooks, merge ``config`` into the run config, mark
+        the store complete (unless ``complete=False``: a run stopped early) and release the run."""
+        self._shutdown(complete=complete, items=config)
 
-    def _shutdown(self, complete: bool) -> None:
+    def _shutdown(self, complete: bool, items: Mapping[str, Any] | None = None) -> None:
         if self._closed:
             return
         self._closed = True
         try:
             self._writer.close()
-            items: dict[str, Any] = {}
+            items = dict(items or {})
             for fn in self._on_close:
                 try:
                     items.update(fn() or {})

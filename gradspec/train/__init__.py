@@ -25,6 +25,7 @@ from gradspec.train._loop import (
 from gradspec.train._masks import additive_attention_mask, attention_is_causal, attention_mask_4d
 from gradspec.train._per_example import PerExampleGradients, layout_for, select_parameters
 from gradspec.train._sampling import PoissonSampler, ShuffleSampler
+from gradspec.train._sink import RowSink, RowSinkFactory
 
 __all__ = [
     # running
@@ -41,6 +42,9 @@ __all__ = [
     "read_run_config",
     "resolve_device",
     "package_versions",
+    # where the rows go (gradspec.collect's GradientRecorder is one)
+    "RowSink",
+    "RowSinkFactory",
     # changing a step
     "StepHooks",
     "StepContext",

@@ -75,6 +75,7 @@ from gradspec.train._config import (
 from gradspec.train._context import StepContext
 from gradspec.train._hooks import StepHooks
 from gradspec.train._sampling import PoissonSampler, ShuffleSampler
+from gradspec.train._sink import RowSinkFactory, open_sink
 
 logger = logging.getLogger(__name__)
 
@@ -127,22 +128,6 @@ def evaluate(task: Task, model: torch.nn.Module, device: torch.device, batch_siz
         for k, v in values.items():
             totals[k] = totals.get(k, 0.0) + v * b
     return {f"eval_{k}": v / n for k, v in totals.items()}
-
-
-class _NoWriter:
-    """Stands in for the background writer when no store is written (training only)."""
-
-    rows_written = 0
-
-    def put(self, rows, meta) -> None:
-        pass
-
-    def commit(self, callback=None, *, wait: bool = False) -> None:
-        if callback is not None:
-            callback(0)
-
-    def close(self, callback=None) -> None:
-        self.commit(callback)
 
 
 class _Run:
@@ -435,9 +420,11 @@ def train(
     hooks: StepHooks | None = None,
     write_store: bool = False,
     allow_larger_epsilon: bool = False,
+    sink: RowSinkFactory | None = None,
 ) -> TrainResult:
     """Train with DP-SGD in the run directory ``out``; with ``write_store``, also stream the
-    clipped gradients into ``out/gradients.zarr`` (what :func:`gradspec.collect` does).
+    clipped gradients into ``out/gradients.zarr`` through ``sink`` (what
+    :func:`gradspec.collect` does, with a ``GradientRecorder``).
 
     The run owns ``out`` while it runs: a second writer (another process, or another
     thread) is refused with a :class:`~gradspec.store.DirectoryBusyError`
@@ -463,6 +450,9 @@ def train(
         hooks: changes to the DP-SGD step (the private optimizers of ``gradspec.optim``).
         write_store: write a gradient store; ``False`` (the default) only trains (metrics
             and checkpoints are still written), as ``gradspec retrain`` does.
+        sink: with ``write_store``, builds the :class:`~gradspec.train.RowSink` the rows go
+            into from the store the trainer created or opened (``gradspec.collect`` passes
+            ``GradientRecorder.for_trainer``); required then.
         allow_larger_epsilon: on resume, allow more steps than a target-epsilon run's
             sigma was calibrated for (its epsilon then exceeds the target; it is reported).
 
@@ -485,6 +475,9 @@ def train(
         raise ValueError(f"--stop-after must be >= 1, got {stop_after}")
     if config is not None and not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if write_store and sink is None:
+        raise ValueError("write_store=True needs sink= (a RowSink factory); gradspec.collect.collect passes "
+                         "GradientRecorder.for_trainer")
     # Refuse what can be refused before the lock file is created (a foreign directory gets none).
     if resume:
         read_run_config(out)
@@ -525,7 +518,8 @@ def train(
             else:
                 write_text_atomic(out / RUN_NAME, json.dumps(run.run_config(), indent=2, default=str))
             (out / METRICS_NAME).write_text("")
-        return _train(run, store, task, out, progress=progress, writer=writer, stop_after=stop_after)
+        return _train(run, store, task, out, progress=progress, writer=writer, stop_after=stop_after,
+                      sink=sink)
     finally:
         lock.release()
 
@@ -607,14 +601,12 @@ def _prepare_resume(
 
 
 def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: bool,
+           sink: RowSinkFactory | None,
            stop_after: int | None) -> TrainResult:
     """The training loop of a new or resumed run, inside the run directory's lock."""
-    from gradspec.store import BackgroundWriter
-
     config = run.config
     metrics_path, ckpt_path = out / METRICS_NAME, out / CHECKPOINT_NAME
-    bg = (BackgroundWriter(store, max_queue=config.writer_queue, background=writer)
-          if store is not None else _NoWriter())
+    rows_sink = open_sink(sink, store, max_queue=config.writer_queue, background=writer)
     metrics = open(metrics_path, "a")  # noqa: SIM115 - closed in finally
     bar = None
     if progress:
@@ -627,13 +619,13 @@ def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: b
         metrics.flush()
 
     def checkpoint() -> None:
-        snap = run.snapshot(bg.rows_written, metrics.tell())
+        snap = run.snapshot(rows_sink.rows_recorded, metrics.tell())
 
         def save(n_rows: int) -> None:
             assert n_rows == snap["rows"], (n_rows, snap["rows"])
             save_checkpoint(ckpt_path, snap)
 
-        bg.commit(save)
+        rows_sink.commit(callback=save)
 
     start_step, t0 = run.step, time.perf_counter()
     try:
@@ -643,7 +635,7 @@ def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: b
             step = run.step
             rows, meta, stats = run.train_step(store_row=store is not None and step % config.every == 0)
             if rows is not None:
-                bg.put(rows, meta)
+                rows_sink.put_rows(rows, meta)
             done = run.step
             if done % config.log_every == 0 or done == run.steps:
                 eps = run.accountant.epsilon(run.delta) if run.sigma > 0 else math.inf
@@ -661,11 +653,15 @@ def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: b
                 bar.update(1)
         if run.step > start_step and run.step % config.checkpoint_every != 0 and run.step != run.steps:
             checkpoint()  # stopped early (stop_after): make the stopping point resumable
-        bg.close()
+        eps = run.accountant.epsilon(run.delta) if run.sigma > 0 else math.inf
+        if run.step >= run.steps:  # finished: the store gets its final epsilon and is complete
+            rows_sink.close(complete=True, final_epsilon=eps, final_metrics=run.last_eval)
+        else:
+            rows_sink.close(complete=False)
     except BaseException:
         # Keep what is safely written; never mark an interrupted store complete.
         try:
-            bg.close()
+            rows_sink.close(complete=False)
         except Exception:  # noqa: BLE001 - the original error matters more
             logger.debug("writer close after failure also failed", exc_info=True)
         raise
@@ -674,10 +670,6 @@ def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: b
         if bar is not None:
             bar.close()
 
-    eps = run.accountant.epsilon(run.delta) if run.sigma > 0 else math.inf
-    if store is not None and run.step >= run.steps:
-        store.update_config(final_epsilon=eps, final_metrics=run.last_eval)
-        store.set_status("complete")
     return TrainResult(
         out=out, store=out / STORE_NAME if store is not None else None, metrics=metrics_path,
         rows=store.n_rows if store is not None else 0, steps=run.step,

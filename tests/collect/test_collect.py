@@ -301,3 +301,37 @@ def test_float16_rows_that_would_overflow_are_refused(tmp_path):
     with pytest.raises(ValueError, match="overflows --dtype float16"):
         collect(cfg(dtype="float16", clip=False, noise_multiplier=0.0, lr=1e-9), out=tmp_path / "h", task=task)
 
+
+
+def test_the_trainer_writes_its_rows_through_a_gradient_recorder(tmp_path):
+    """collect() is the trainer run with a GradientRecorder as its row sink: every stored row
+    went through the recorder, which committed them, merged the final epsilon and marked the
+    store complete; the trainer alone (no sink) writes no store."""
+    from gradspec.collect import GradientRecorder
+    from gradspec.train import train
+
+    seen: list[GradientRecorder] = []
+    put, commits = [], []
+
+    def sink(store, **kw):
+        rec = GradientRecorder.for_trainer(store, **kw)
+        seen.append(rec)
+        put_rows, commit = rec.put_rows, rec.commit
+        rec.put_rows = lambda rows, meta: (put.append(len(rows)), put_rows(rows, meta))[-1]
+        rec.commit = lambda **k: (commits.append(rec.rows_recorded), commit(**k))[-1]
+        return rec
+
+    task = tiny_task()
+    res = train(cfg(steps=6, checkpoint_every=2), out=tmp_path / "a", task=task, write_store=True, sink=sink)
+    assert len(seen) == 1 and seen[0].closed and seen[0].store.status == "complete"
+    assert sum(put) == res.rows == 6 and commits == [2, 4, 6]  # one commit per checkpoint
+    assert seen[0].store.config["final_epsilon"] == res.epsilon
+    # the same run through collect() stores the same rows and metadata
+    ref = collect(cfg(steps=6, checkpoint_every=2), out=tmp_path / "b", task=tiny_task())
+    (rows_a, meta_a), (rows_b, meta_b) = read_all(res.store), read_all(ref.store)
+    np.testing.assert_array_equal(rows_a, rows_b)
+    for k in meta_a:
+        np.testing.assert_array_equal(meta_a[k], meta_b[k])
+    with pytest.raises(ValueError, match=r"write_store=True needs sink="):
+        train(cfg(steps=2), out=tmp_path / "c", task=tiny_task(), write_store=True)
+    assert not (tmp_path / "c").exists()
