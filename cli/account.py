@@ -33,7 +33,7 @@ def account_command(
     ),
     steps: int = typer.Option(None, "--steps", help="Training steps (or give --epochs)."),
     epochs: float = typer.Option(
-        None, "--epochs", help="Training epochs: steps = epochs / q (shuffle: epochs x round(1/q))."
+        None, "--epochs", help="Training epochs: steps = epochs / q (shuffle with --batch-size/--n: epochs x (n // B), as the trainer)."
     ),
     delta: float = typer.Option(None, "--delta", help="Delta (default n^-1.1, which needs --n)."),
     method: str = typer.Option("pld", "--method", help="Accounting: pld, rdp or rdp-classic."),
@@ -45,6 +45,7 @@ def account_command(
     """Privacy of DP-SGD: epsilon for a --noise-multiplier, or the noise multiplier for a target --epsilon."""
     from gradspec import Accounting, Sampling, parse_choice
     from gradspec.privacy import (
+        batches_per_epoch,
         calibrate_noise_multiplier,
         compute_epsilon,
         default_delta,
@@ -64,7 +65,9 @@ def account_command(
     elif batch_size is not None and n is not None:
         if not 0 < batch_size <= n:
             fail(f"--batch-size must be in 1..n={n}, got {batch_size}")
-        q = batch_size / n
+        # as the trainer does: shuffled batches are n // B per epoch (the remainder dropped),
+        # one Gaussian mechanism each epoch, so the accountant's rate is 1 / (n // B)
+        q = batch_size / n if sampling_ == Sampling.POISSON else 1.0 / batches_per_epoch(n, batch_size)
     else:
         fail("give the sample rate: --q, or --batch-size and --n")
     if not 0 < q <= 1:

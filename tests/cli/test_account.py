@@ -198,3 +198,24 @@ def test_importing_the_command_does_not_import_the_accounting_engine():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_shuffle_account_counts_epochs_as_the_trainer_runs_them(tmp_path, steps):
+    """B = 70 of n = 120, shuffled: the trainer runs n // B = 1 batch per epoch (the
+    remainder dropped), so every step is an epoch; ``account`` with --batch-size/--n must
+    count the same epochs (q = B / n = 0.58 would say round(1/q) = 2 steps per epoch and
+    report half the epochs, so a smaller epsilon than the run has)."""
+    from gradspec.collect import collect
+    from gradspec.train import TrainConfig
+
+    opts = dict(n=120, n_eval=20, d=8, r=2)
+    cfg = TrainConfig(task="lowrank", task_options=opts, steps=steps, batch_size=70, noise_multiplier=3.0,
+                      sampling="shuffle", delta=1e-5, accounting="rdp", eval_every=0, microbatch=None)
+    run = collect(cfg, out=tmp_path / "run", write_store=False)
+    result = _account("--noise-multiplier", "3", "--batch-size", "70", "--n", "120", "--steps", str(steps),
+                      "--sampling", "shuffle", "--delta", "1e-5", "--method", "rdp", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["epochs"] == steps and out["sample_rate"] == 1.0
+    assert out["epsilon"] == pytest.approx(run.epsilon, rel=1e-9)
