@@ -9,6 +9,7 @@ from gradspec.plot._figures import (
     save_figure,
 )
 from gradspec.plot._report import ReportView, overlay_figures, report_figures
+from gradspec.plot._scaling import plot_scaling
 from gradspec.plot._retrain import (
     load_curve,
     plot_metric_vs_epsilon,
@@ -21,6 +22,7 @@ __all__ = [
     "plot_density",
     "plot_explained_variance",
     "plot_lipschitz",
+    "plot_scaling",
     "plot_spectrum",
     "plot_step_error",
     "save_figure",
