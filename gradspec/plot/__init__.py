@@ -9,13 +9,13 @@ from gradspec.plot._figures import (
     save_figure,
 )
 from gradspec.plot._report import ReportView, overlay_figures, report_figures
-from gradspec.plot._scaling import plot_scaling
 from gradspec.plot._retrain import (
     load_curve,
     plot_metric_vs_epsilon,
     plot_retrain_curves,
     save_sweep_figures,
 )
+from gradspec.plot._scaling import plot_scaling
 
 __all__ = [
     # single figures
