@@ -167,7 +167,9 @@ def ball_optimum(data: TensorData, radius: float, *, basis: Tensor | None = None
     Args:
         data: the training data (``inputs`` (n, d), ``labels`` (n,)).
         radius: R > 0.
-        basis: an orthonormal basis of the data's span (default: from an SVD of the inputs).
+        basis: an orthonormal basis of the data's span (default: from an SVD of the inputs,
+            keeping singular values above 1e-5 times the largest: the inputs are float32,
+            whose rounding leaves ~1e-7 relative components outside the span).
         tol: tolerance on the Newton steps and on ``||c|| - R``.
 
     Returns:
@@ -179,7 +181,7 @@ def ball_optimum(data: TensorData, radius: float, *, basis: Tensor | None = None
     s = 2.0 * data.tensors["labels"].double() - 1.0
     if basis is None:
         _, sv, vt = torch.linalg.svd(x, full_matrices=False)
-        basis = vt[sv > sv.max() * 1e-10].T
+        basis = vt[sv > sv.max() * 1e-5].T  # above the float32 rounding of the stored data
     basis = basis.double()
     a = (x @ basis) * s[:, None]  # n x r: margins are a @ c
     n, r = a.shape
