@@ -366,8 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     text = print_tables(table, rows, scale)
     (out / "table.md").write_text(text + "\n")
     fig = figure(table, scale, out)
-    import gradspec
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        gradspec_version = version("gradspec")
+    except PackageNotFoundError:
+        gradspec_version = "?"
     result = {
         "paper": PAPER, "scale": dataclasses.asdict(scale), "mode": "quick" if args.quick else "full",
         "seeds": args.seeds, "tune_seed": TUNE_SEED, "sigmas": found["sigmas"],
@@ -377,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [r for by in found["runs"].values() for rs in by.values() for r in rs],
         "figure": fig.name, "seconds": time.time() - started,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "gradspec": getattr(gradspec, "__version__", "?")},
+                     "gradspec": gradspec_version},
         "machine": f"{os.cpu_count()} CPUs (shared), torch threads 1",
         "command": "python -m analyses.kairouz2021_noisy_adagrad.run" + (" --quick" if args.quick else "")
                    + (f" --seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else ""),
