@@ -46,7 +46,8 @@ def test_claims_are_judged_from_the_table():
     table["noisy-adagrad"][str(scale.dims[-1])] = entry(0.09)
     rows = {r["claim"]: r["reproduced"] for r in exp.claims(table, scale, [0, 1, 2])}
     assert rows["noisy full-matrix AdaGrad, public subspace: excess risk independent of d"] == "no"
-    assert rows["noisy AdaGrad (subspace) beats PDP-SGD at equal eps and T"] == "no (worse)"
+    gain = next(r for r in exp.claims(table, scale, [0, 1, 2]) if r["claim"].startswith("noisy AdaGrad (subspace) vs"))
+    assert "noisy AdaGrad worse" in gain["ours"] and gain["reproduced"].startswith("n/a")
 
 
 @pytest.mark.slow
@@ -67,4 +68,5 @@ def test_quick_run_writes_a_sane_results_file(tmp_path):
         assert run["opt_gap_certificate"] < 1e-8
     # the non-private control reaches the float64 optimum; the random subspace does not
     assert max(e["excess_risk"]["mean"] for e in found["table"]["gd"].values()) < 1e-3
-    assert min(e["excess_risk"]["mean"] for e in found["table"]["rpdp-gd"].values()) > 0.05
+    top = str(max(int(d) for d in found["table"]["rpdp-gd"]))
+    assert found["table"]["rpdp-gd"][top]["excess_risk"]["mean"] > 0.05
