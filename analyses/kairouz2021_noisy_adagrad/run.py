@@ -262,7 +262,7 @@ def claims(table: dict[str, Any], scale: Scale, seeds: list[int]) -> list[dict[s
     rows = []
     ok, text = grows("dp-gd")
     slopes = []
-    for d0, d1 in zip(scale.dims, scale.dims[1:]):
+    for d0, d1 in zip(scale.dims, scale.dims[1:], strict=False):
         e0, e1 = ex("dp-gd", str(d0))["mean"], ex("dp-gd", str(d1))["mean"]
         if e0 > 0 and e1 > 0:
             slopes.append(f"{d0}->{d1}: {math.log(e1 / e0) / math.log(d1 / d0):.2f}")
