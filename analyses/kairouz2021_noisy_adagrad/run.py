@@ -63,7 +63,7 @@ class Scale:
 
 
 FULL = Scale(dims=(10, 100, 1000, 10000), n=500, n_eval=2000, n_public=100, public_size=100, rank=5,
-             margin=4.0, radius=2.0, steps=100, epsilon=1.0, lrs=(0.03, 0.1, 0.3, 1.0, 3.0),
+             margin=4.0, radius=2.0, steps=100, epsilon=1.0, lrs=(0.01, 0.03, 0.1, 0.3, 1.0, 3.0),
              ambient_max_d=100)
 QUICK = dataclasses.replace(FULL, dims=(10, 1000), steps=30, n_eval=500, lrs=(0.3, 1.0), ambient_max_d=10)
 
