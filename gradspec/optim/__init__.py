@@ -7,7 +7,8 @@ Each optimizer is a :class:`~gradspec.train.StepHooks` subclass run by
 * retraining in a fixed subspace (:class:`SubspaceRetrain`, Li et al. 2022 §4.2);
 * PDP-SGD / RPDP-SGD (:class:`PDPSGD`, Zhou et al. 2021, Alg. 1);
 * noisy AdaGrad with a gradient-subspace oracle (:class:`NoisyAdaGrad`, Kairouz et al. 2021);
-* AdaDPS (:class:`AdaDPS`, Li et al. 2022, Alg. 1).
+* AdaDPS (:class:`AdaDPS`, Li et al. 2022, Alg. 1);
+* any of them constrained to an l2 ball (:class:`BallConstraint`, projected steps).
 
 Projectors (:class:`FixedProjector`, :class:`PublicProjector`, :class:`RandomProjector`)
 never form a p x p matrix. :func:`retrain` and :func:`sweep` run experiments.
@@ -21,6 +22,7 @@ from gradspec.optim._adadps import (
 )
 from gradspec.optim._adagrad import NoisyAdaGrad, goe
 from gradspec.optim._base import OptimHooks
+from gradspec.optim._constraint import BallConstraint, project_ball
 from gradspec.optim._dpadam import DPAdam
 from gradspec.optim._pdp import PDPSGD, pdp_sgd, rpdp_sgd
 from gradspec.optim._projectors import (
@@ -49,6 +51,7 @@ __all__ = [
     # optimizers
     "AdaDPS",
     "AdaDPSRule",
+    "BallConstraint",
     "DPAdam",
     "NoiseSpace",
     "NoisyAdaGrad",
@@ -56,6 +59,7 @@ __all__ = [
     "PDPSGD",
     "SubspaceRetrain",
     "goe",
+    "project_ball",
     "pdp_sgd",
     "rpdp_sgd",
     # AdaDPS side information

@@ -15,12 +15,14 @@ from gradspec.plot._retrain import (
     plot_retrain_curves,
     save_sweep_figures,
 )
+from gradspec.plot._scaling import plot_scaling
 
 __all__ = [
     # single figures
     "plot_density",
     "plot_explained_variance",
     "plot_lipschitz",
+    "plot_scaling",
     "plot_spectrum",
     "plot_step_error",
     "save_figure",

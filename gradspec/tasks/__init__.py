@@ -11,6 +11,8 @@ Registered names (:func:`available_tasks`):
   (:mod:`gradspec.tasks.geomedian`).
 - ``"lowrank"``: linear/logistic regression on exactly rank-r data
   (:mod:`gradspec.tasks.lowrank`).
+- ``"ballglm"``: ball-constrained logistic regression on unit-norm rank-r data, the
+  constrained setting of Kairouz et al. 2021 (:mod:`gradspec.tasks.ballglm`).
 
 Example:
     >>> from gradspec.tasks import make_task
@@ -21,7 +23,7 @@ Example:
     100
 """
 
-from gradspec.tasks import cnn, geomedian, lowrank, text
+from gradspec.tasks import ballglm, cnn, geomedian, lowrank, text
 from gradspec.tasks._base import (
     Batch,
     Task,
@@ -32,6 +34,7 @@ from gradspec.tasks._base import (
     split_summary,
 )
 from gradspec.tasks._registry import available_tasks, make_task, register_task, task_options
+from gradspec.tasks.ballglm import BallOptimum, ball_basis, ball_optimum, logistic_risk
 from gradspec.tasks.geomedian import (
     A_DIAGONALS,
     a_const,
@@ -70,7 +73,13 @@ __all__ = [
     "restricted_lipschitz_coefficients",
     # low rank
     "row_space_basis",
+    # ball-constrained GLM
+    "BallOptimum",
+    "ball_basis",
+    "ball_optimum",
+    "logistic_risk",
     # modules
+    "ballglm",
     "cnn",
     "geomedian",
     "lowrank",
