@@ -20,6 +20,7 @@ from gradspec.optim._adadps import (
     load_side_information,
 )
 from gradspec.optim._adagrad import NoisyAdaGrad, goe
+from gradspec.optim._averaged import AveragedSGDResult, dp_sgd_averaged
 from gradspec.optim._base import OptimHooks
 from gradspec.optim._dpadam import DPAdam
 from gradspec.optim._pdp import PDPSGD, pdp_sgd, rpdp_sgd
@@ -49,6 +50,8 @@ __all__ = [
     # optimizers
     "AdaDPS",
     "AdaDPSRule",
+    "AveragedSGDResult",
+    "dp_sgd_averaged",
     "DPAdam",
     "NoiseSpace",
     "NoisyAdaGrad",

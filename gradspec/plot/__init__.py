@@ -3,6 +3,7 @@
 from gradspec.plot._figures import (
     plot_density,
     plot_explained_variance,
+    plot_lines_errorbars,
     plot_lipschitz,
     plot_spectrum,
     plot_step_error,
@@ -20,6 +21,7 @@ __all__ = [
     # single figures
     "plot_density",
     "plot_explained_variance",
+    "plot_lines_errorbars",
     "plot_lipschitz",
     "plot_spectrum",
     "plot_step_error",
