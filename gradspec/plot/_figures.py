@@ -260,7 +260,7 @@ def plot_lines_errorbars(
 
     Args:
         series: ``{label: {"x": [...], "mean": [...], "std": [...]}}`` (``std`` optional;
-            optional ``"linestyle"``); x, mean and std of equal length, finite.
+            optional ``"linestyle"`` and ``"color"``); x, mean and std of equal length, finite.
         ax: draw into these axes (default a new figure).
         xlabel, ylabel, title: axis labels and title.
         logx, logy: log-scaled axes (then x, and the means, must be > 0).
@@ -285,7 +285,7 @@ def plot_lines_errorbars(
         # On a log axis, a bar below zero cannot be drawn: clip the lower bar at 1% of the mean.
         lower = np.minimum(std, 0.99 * mean) if logy else std
         ax.errorbar(x, mean, yerr=np.vstack([lower, std]), marker="o", ms=4, capsize=3, lw=1.2,
-                    linestyle=s.get("linestyle", "-"), label=str(label))
+                    linestyle=s.get("linestyle", "-"), color=s.get("color"), label=str(label))
     if logx:
         ax.set_xscale("log")
     if logy:
