@@ -38,9 +38,9 @@ set, seed ``--val-seed``, and its own DP-SGD randomness) is used for the reporte
 
 Scale: T = ``--steps`` steps (default 3n = 3 * 10^4: three passes in expectation), not the
 theory's T = Theta(n^2 + d log^2 d) = 10^8, which the paper's experiment does not state it
-used: at d = 10^4 one step of the 63-configuration validation grid costs ~9 ms of CPU, and the
+used: at d = 10^4 one step of the 54-configuration validation grid costs ~8 ms of CPU, and the
 shared 2-core machine gave this job about a quarter of a core (load average ~20), so the full
-run (T = 3n) takes about half an hour. With more compute, raise ``--steps``: the excess loss at
+run (T = 3n) took 22 minutes. With more compute, raise ``--steps``: the excess loss at
 small d is partly optimisation error at this T (see the README).
 
 ``--ablation`` runs the attribution study of the issue instead: the old script's settings

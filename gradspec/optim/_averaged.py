@@ -47,6 +47,10 @@ class AveragedSGDResult:
 
 
 def _per_config(value: float | Tensor, m: int, name: str, dtype: torch.dtype) -> Tensor:
+    if isinstance(value, Tensor) and value.is_floating_point() and value.dtype != torch.float64:
+        # a float32 sigma is rounded, possibly below its calibrated value (and epsilon above target)
+        raise ValueError(f"{name} must be a Python number or a float64 tensor, got {value.dtype}; "
+                         "build it with dtype=torch.float64")
     t = torch.as_tensor(value, dtype=dtype).flatten()
     if t.numel() == 1:
         t = t.expand(m).clone()

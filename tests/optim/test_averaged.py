@@ -89,7 +89,10 @@ def test_bad_inputs_say_what_to_do():
         dp_sgd_averaged(grad_fn=grad_fn, x0=torch.zeros(2), n=4, steps=1, lr=0.1, noise_multiplier=1.0,
                         clip=1.0, batch_size=5)
     with pytest.raises(ValueError, match="one entry per configuration"):
-        dp_sgd_averaged(grad_fn=grad_fn, x0=torch.zeros(2), n=4, steps=1, lr=torch.tensor([0.1, 0.2]),
-                        noise_multiplier=torch.tensor([1.0, 1.0, 1.0]), clip=1.0)
+        dp_sgd_averaged(grad_fn=grad_fn, x0=torch.zeros(2), n=4, steps=1, lr=torch.tensor([0.1, 0.2], dtype=torch.float64),
+                        noise_multiplier=torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64), clip=1.0)
+    with pytest.raises(ValueError, match="float64"):
+        dp_sgd_averaged(grad_fn=grad_fn, x0=torch.zeros(2), n=4, steps=1, lr=0.1,
+                        noise_multiplier=torch.tensor([1.2495]), clip=1.0)
     with pytest.raises(ValueError, match="lr must be finite"):
         dp_sgd_averaged(grad_fn=grad_fn, x0=torch.zeros(2), n=4, steps=1, lr=-1.0, noise_multiplier=1.0, clip=1.0)
