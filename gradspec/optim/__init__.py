@@ -21,6 +21,7 @@ from gradspec.optim._adadps import (
     load_side_information,
 )
 from gradspec.optim._adagrad import NoisyAdaGrad, goe
+from gradspec.optim._averaged import AveragedSGDResult, dp_sgd_averaged
 from gradspec.optim._base import OptimHooks
 from gradspec.optim._constraint import BallConstraint, project_ball
 from gradspec.optim._dpadam import DPAdam
@@ -51,7 +52,9 @@ __all__ = [
     # optimizers
     "AdaDPS",
     "AdaDPSRule",
+    "AveragedSGDResult",
     "BallConstraint",
+    "dp_sgd_averaged",
     "DPAdam",
     "NoiseSpace",
     "NoisyAdaGrad",

@@ -3,6 +3,7 @@
 from gradspec.plot._figures import (
     plot_density,
     plot_explained_variance,
+    plot_lines_errorbars,
     plot_lipschitz,
     plot_spectrum,
     plot_step_error,
@@ -21,6 +22,7 @@ __all__ = [
     # single figures
     "plot_density",
     "plot_explained_variance",
+    "plot_lines_errorbars",
     "plot_lipschitz",
     "plot_scaling",
     "plot_spectrum",

@@ -246,6 +246,59 @@ def plot_step_error(
     return fig
 
 
+def plot_lines_errorbars(
+    series: Mapping[str, Mapping[str, Any]],
+    *,
+    ax: Axes | None = None,
+    xlabel: str = "",
+    ylabel: str = "",
+    title: str | None = None,
+    logx: bool = False,
+    logy: bool = False,
+) -> Figure:
+    """Lines of means with ±std error bars against x, one per labelled series.
+
+    Args:
+        series: ``{label: {"x": [...], "mean": [...], "std": [...]}}`` (``std`` optional;
+            optional ``"linestyle"`` and ``"color"``); x, mean and std of equal length, finite.
+        ax: draw into these axes (default a new figure).
+        xlabel, ylabel, title: axis labels and title.
+        logx, logy: log-scaled axes (then x, and the means, must be > 0).
+
+    Returns:
+        The figure.
+    """
+    fig, ax = _axes(ax)
+    if not series:
+        raise ValueError("no series to plot: pass {label: {'x': ..., 'mean': ..., 'std': ...}}")
+    for label, s in series.items():
+        x = np.asarray(s["x"], dtype=float)
+        mean = np.asarray(s["mean"], dtype=float)
+        std = np.asarray(s["std"], dtype=float) if s.get("std") is not None else np.zeros_like(mean)
+        if not (x.shape == mean.shape == std.shape) or x.ndim != 1:
+            raise ValueError(f"series {label!r}: x, mean and std must be 1-D of equal length, got "
+                             f"{x.shape}, {mean.shape}, {std.shape}")
+        if not (np.isfinite(x).all() and np.isfinite(mean).all() and np.isfinite(std).all()):
+            raise ValueError(f"series {label!r} has non-finite values")
+        if (logx and (x <= 0).any()) or (logy and (mean <= 0).any()):
+            raise ValueError(f"series {label!r} has values <= 0 on a log axis")
+        # On a log axis, a bar below zero cannot be drawn: clip the lower bar at 1% of the mean.
+        lower = np.minimum(std, 0.99 * mean) if logy else std
+        ax.errorbar(x, mean, yerr=np.vstack([lower, std]), marker="o", ms=4, capsize=3, lw=1.2,
+                    linestyle=s.get("linestyle", "-"), color=s.get("color"), label=str(label))
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(True, alpha=0.3, which="both")
+    _legend(ax)
+    return fig
+
+
 def save_figure(
     fig: Figure,
     out_dir: str | Path,

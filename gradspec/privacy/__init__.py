@@ -23,6 +23,7 @@ from gradspec.privacy._epochs import (
     steps_per_epoch,
 )
 from gradspec.privacy._noise import gaussian_noise
+from gradspec.privacy._uniform import calibrate_uniform_sampling, uniform_sampling_epsilon
 from gradspec.privacy._validate import default_delta
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "PrivacyAccountant",
     "compute_epsilon",
     "calibrate_noise_multiplier",
+    "uniform_sampling_epsilon",
+    "calibrate_uniform_sampling",
     "default_delta",
     "steps_per_epoch",
     "batches_per_epoch",
