@@ -347,15 +347,16 @@ def print_tables(table: dict[str, Any], rows: list[dict[str, str]], scale: Scale
 
 
 def figure(table: dict[str, Any], scale: Scale, out: Path) -> Path:
-    from gradspec.plot import plot_scaling, save_figure
+    from gradspec.plot import plot_lines_errorbars, save_figure
 
-    series = {m: ([int(d) for d in by_d], [by_d[d]["excess_risk"]["mean"] for d in by_d],
-                  [by_d[d]["excess_risk"]["std"] for d in by_d]) for m, by_d in table.items() if m != "gd"}
+    series = {m: {"x": [int(d) for d in by_d], "mean": [by_d[d]["excess_risk"]["mean"] for d in by_d],
+                  "std": [by_d[d]["excess_risk"]["std"] for d in by_d]} for m, by_d in table.items() if m != "gd"}
     top = max(e["excess_risk"]["mean"] for e in table["gd"].values())
-    fig, _ = plot_scaling(series, xlabel="dimension d", ylabel="excess empirical risk (mean ± std, 3 seeds)",
-                          title=f"ball-constrained logistic regression, n={scale.n}, rank {scale.rank}, "
-                                f"eps={scale.epsilon}, T={scale.steps}\n(non-private GD control: <= {top:.1e}, "
-                                "not drawn)")
+    fig = plot_lines_errorbars(series, xlabel="dimension d", ylabel="excess empirical risk (mean ± std, 3 seeds)",
+                               logx=True, logy=True, mark_nonpositive=True,
+                               title=f"ball-constrained logistic regression, n={scale.n}, rank {scale.rank}, "
+                                     f"eps={scale.epsilon}, T={scale.steps}\n(non-private GD control: <= {top:.1e}, "
+                                     "not drawn)")
     return save_figure(fig, out, "excess_risk_vs_d", formats=("png",), dpi=110)[0]
 
 

@@ -16,7 +16,6 @@ from gradspec.plot._retrain import (
     plot_retrain_curves,
     save_sweep_figures,
 )
-from gradspec.plot._scaling import plot_scaling
 
 __all__ = [
     # single figures
@@ -24,7 +23,6 @@ __all__ = [
     "plot_explained_variance",
     "plot_lines_errorbars",
     "plot_lipschitz",
-    "plot_scaling",
     "plot_spectrum",
     "plot_step_error",
     "save_figure",

@@ -255,8 +255,9 @@ def plot_lines_errorbars(
     title: str | None = None,
     logx: bool = False,
     logy: bool = False,
+    mark_nonpositive: bool = False,
 ) -> Figure:
-    """Lines of means with ±std error bars against x, one per labelled series.
+    """Lines of means with ±std error bars against x, one per labelled series (points sorted by x).
 
     Args:
         series: ``{label: {"x": [...], "mean": [...], "std": [...]}}`` (``std`` optional;
@@ -264,6 +265,9 @@ def plot_lines_errorbars(
         ax: draw into these axes (default a new figure).
         xlabel, ylabel, title: axis labels and title.
         logx, logy: log-scaled axes (then x, and the means, must be > 0).
+        mark_nonpositive: on a log y axis, draw a mean <= 0 (e.g. an excess risk estimated
+            below 0) at half the smallest positive mean with an open marker, instead of
+            refusing it; never dropped silently.
 
     Returns:
         The figure.
@@ -271,6 +275,8 @@ def plot_lines_errorbars(
     fig, ax = _axes(ax)
     if not series:
         raise ValueError("no series to plot: pass {label: {'x': ..., 'mean': ..., 'std': ...}}")
+    positive = [v for s in series.values() for v in np.asarray(s["mean"], dtype=float).ravel() if v > 0]
+    floor = min(positive) / 2 if positive else 1e-6
     for label, s in series.items():
         x = np.asarray(s["x"], dtype=float)
         mean = np.asarray(s["mean"], dtype=float)
@@ -280,12 +286,18 @@ def plot_lines_errorbars(
                              f"{x.shape}, {mean.shape}, {std.shape}")
         if not (np.isfinite(x).all() and np.isfinite(mean).all() and np.isfinite(std).all()):
             raise ValueError(f"series {label!r} has non-finite values")
-        if (logx and (x <= 0).any()) or (logy and (mean <= 0).any()):
-            raise ValueError(f"series {label!r} has values <= 0 on a log axis")
-        # On a log axis, a bar below zero cannot be drawn: clip the lower bar at 1% of the mean.
-        lower = np.minimum(std, 0.99 * mean) if logy else std
-        ax.errorbar(x, mean, yerr=np.vstack([lower, std]), marker="o", ms=4, capsize=3, lw=1.2,
-                    linestyle=s.get("linestyle", "-"), color=s.get("color"), label=str(label))
+        if (logx and (x <= 0).any()) or (logy and not mark_nonpositive and (mean <= 0).any()):
+            raise ValueError(f"series {label!r} has values <= 0 on a log axis (mark_nonpositive=True draws them)")
+        order = np.argsort(x, kind="stable")
+        x, mean, std = x[order], mean[order], std[order]
+        low = mean <= 0
+        shown = np.where(low, floor, mean) if logy else mean
+        # On a log axis, a bar below zero cannot be drawn: clip the lower bar at 1% of the value.
+        lower = np.minimum(std, 0.99 * shown) if logy else std
+        bars = ax.errorbar(x, shown, yerr=np.vstack([lower, std]), marker="o", ms=4, capsize=3, lw=1.2,
+                           linestyle=s.get("linestyle", "-"), color=s.get("color"), label=str(label))
+        if logy and low.any():
+            ax.plot(x[low], shown[low], "o", mfc="white", color=bars[0].get_color())
     if logx:
         ax.set_xscale("log")
     if logy:

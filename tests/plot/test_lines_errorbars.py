@@ -28,3 +28,20 @@ def test_bad_series_raise():
         plot_lines_errorbars({"a": {"x": [1, 2], "mean": [1.0, -1.0]}}, logy=True)
     with pytest.raises(ValueError, match="no series"):
         plot_lines_errorbars({})
+
+
+def test_points_are_sorted_by_x_and_nonpositive_means_are_marked_on_request(tmp_path):
+    from gradspec.plot import save_figure
+
+    fig = plot_lines_errorbars({"a": {"x": [100, 10], "mean": [0.2, 0.1], "std": [0.01, 0.02]},
+                                "b": {"x": [10, 100], "mean": [0.3, -0.1]}},
+                               xlabel="d", ylabel="excess", logx=True, logy=True, mark_nonpositive=True)
+    ax = fig.axes[0]
+    data = {c.get_label(): (c.lines[0].get_xdata(), c.lines[0].get_ydata()) for c in ax.containers}
+    np.testing.assert_allclose(data["a"][0], [10, 100])
+    np.testing.assert_allclose(data["a"][1], [0.1, 0.2])
+    # b's negative mean is drawn at the floor (half the smallest positive mean) with an open marker
+    np.testing.assert_allclose(data["b"][1], [0.3, 0.05])
+    marked = [line for line in ax.get_lines() if line.get_markerfacecolor() == "white"]
+    assert len(marked) == 1 and np.allclose(marked[0].get_ydata(), [0.05])
+    assert save_figure(fig, tmp_path, "s", formats=("png",))[0].stat().st_size > 0
