@@ -40,6 +40,7 @@ class PerExampleBackend(StrEnum):
 
     VMAP = "vmap"  # torch.func: vmap(grad(functional_call))
     HOOKS = "hooks"  # Opacus GradSampleModule (module hooks)
+    GHOST = "ghost"  # ghost clipping: norms and the clipped sum, no rows (batch mode only)
 
 
 class PcaMethod(StrEnum):

@@ -175,6 +175,11 @@ class TrainConfig:
             raise ValueError(f"the learning rate must be > 0, got {self.lr}")
         if self.microbatch is not None and self.microbatch < 1:
             raise ValueError(f"microbatch must be >= 1, got {self.microbatch}")
+        if self.backend == PerExampleBackend.GHOST and self.mode == CollectMode.PER_EXAMPLE:
+            raise ValueError(
+                "--backend ghost forms no per-example rows, so it cannot store them: use --mode batch, "
+                "or --backend vmap (or hooks) with --mode per-example"
+            )
         if self.checkpoint_every < 1 or self.log_every < 1 or self.eval_every < 0:
             raise ValueError("checkpoint_every and log_every must be >= 1, eval_every >= 0")
         if self.compressor not in (None, "none", "zstd", "blosc"):

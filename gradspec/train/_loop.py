@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from gradspec._device import resolve_device
-from gradspec._enums import CollectMode, GradDtype, Sampling
+from gradspec._enums import CollectMode, GradDtype, PerExampleBackend, Sampling
 from gradspec.tasks import Task
 from gradspec.train._checkpoint import (
     CHECKPOINT_NAME,
@@ -154,6 +154,7 @@ class _Run:
     ) -> None:
         """Build the run; ``sigma`` (a resumed run's noise multiplier) skips the calibration."""
         from gradspec.privacy import PrivacyAccountant, calibrate_noise_multiplier, default_delta
+        from gradspec.train._ghost import GhostClipping
         from gradspec.train._per_example import PerExampleGradients, layout_for, select_parameters
 
         self.config, self.task, self.out, self.progress = config, task, out, progress
@@ -205,9 +206,14 @@ class _Run:
         else:
             self.optimizer = torch.optim.SGD(self.params, lr=config.lr, momentum=config.momentum)
         self.noise_gen = torch.Generator(self.device).manual_seed(config.seed + 2)
+        # Ghost clipping (backend "ghost") forms the step's clipped sum without rows; the hooks
+        # still get a vmap engine for rows of their own (a public subspace's examples).
+        ghost = config.backend == PerExampleBackend.GHOST
+        self.ghost = GhostClipping(self.model, task.forward, task.loss, self.names,
+                                   microbatch=config.microbatch) if ghost else None
         self.grads = PerExampleGradients(
             self.model, task.forward, task.loss, self.names,
-            backend=config.backend, microbatch=config.microbatch,
+            backend=PerExampleBackend.VMAP if ghost else config.backend, microbatch=config.microbatch,
         )
         self.step = 0
         self.n = n
@@ -221,6 +227,11 @@ class _Run:
             model=self.model, task=task, per_example=self.grads, sampler=self.sampler,
         )
         self.hooks = hooks or StepHooks()
+        if ghost and self.hooks.needs_rows:
+            raise ValueError(
+                f"{self.hooks.name} changes each per-example gradient before clipping, which the ghost "
+                "backend never forms: use --backend vmap (or hooks)"
+            )
         self.hooks.setup(self.context)
 
     def set_config(self, config: TrainConfig) -> None:
@@ -336,7 +347,13 @@ class _Run:
         batch = {k: v.to(self.device) for k, v in self.task.train.batch(idx).items()}
         total = torch.zeros(self.layout.p, device=self.device)
         norms, losses, kept = [], [], []
-        if b:
+        if b and self.ghost is not None:  # the clipped sum without per-example rows
+            self.hooks.precondition(torch.zeros(b, 0, device=self.device))  # counts; rows: refused
+            part, norm, loss = self.ghost(batch, c.max_grad_norm if c.clip else None)
+            total += part
+            norms.append(norm)
+            losses.append(loss)
+        elif b:
             for grads, loss in self.grads.iter_microbatches(batch):
                 grads = self.hooks.precondition(grads)
                 norm = grads.norm(dim=1)
