@@ -48,6 +48,10 @@ Delta = Annotated[float, typer.Option("--delta", help="Delta (default n^-1.1).")
 AccountingChoice = Annotated[str, typer.Option("--accounting", help=f"{choices(Accounting)}.")]
 Optimizer = Annotated[str, typer.Option("--optimizer", help="sgd or adam (on the privatised gradient).")]
 Lr = Annotated[float, typer.Option("--lr", help="Learning rate.")]
+Backend = Annotated[str, typer.Option(
+    "--backend", help="Per-example engine: vmap (torch.func), hooks (Opacus) or ghost (ghost clipping: "
+    "norms and the clipped sum without per-example rows; --mode batch and optimizers that use only the "
+    "clipped sum).")]
 Microbatch = Annotated[int, typer.Option(
     "--microbatch", help="Examples per per-example-gradient call (bounds memory).")]
 EvalEvery = Annotated[int, typer.Option("--eval-every", help="Evaluate every N steps (0: only at the end).")]

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from cli._common import user_errors
+from cli._options import Backend
 
 
 def _csv(text: str | None, cast) -> list:
@@ -74,6 +75,7 @@ def retrain_command(
     optimizer: str = typer.Option("sgd", help="Outer optimizer: sgd or adam (noisy-adagrad and dp-adam use sgd)."),
     lr: float = typer.Option(0.05, help="Learning rate."),
     microbatch: int = typer.Option(32, help="Examples per per-example-gradient call."),
+    backend: Backend = "vmap",
     eval_every: int = typer.Option(20, help="Evaluate every N steps."),
     log_every: int = typer.Option(10, help="Log every N steps."),
     seed: int = typer.Option(0, help="Random seed (also of the random projector and the public examples drawn)."),
@@ -117,7 +119,7 @@ def retrain_command(
         batch_size=batch_size, sampling=sampling, max_grad_norm=max_grad_norm,
         sigma=sigma, epsilon=epsilon, delta=delta, accounting=accounting, optimizer=optimizer, lr=lr,
         microbatch=microbatch, eval_every=eval_every, log_every=log_every,
-        checkpoint_every=max(eval_every, 50), seed=seed, device=device,
+        checkpoint_every=max(eval_every, 50), seed=seed, device=device, backend=backend,
     )
 
     def options(name: str) -> dict:
