@@ -3,7 +3,8 @@
 For a batch of B examples with per-example losses l_i(theta), the row i is
 grad_theta l_i, flattened in C order per parameter and concatenated in the
 order of ``model.named_parameters()`` (the ``ParamLayout``). Two backends give
-the same numbers:
+the same numbers (a third, ``ghost``, forms no rows, only their norms and clipped sum:
+``gradspec.train._ghost.GhostClipping``):
 
 * ``vmap``: ``torch.func.vmap(torch.func.grad_and_value(f))`` where ``f`` runs
   ``functional_call`` on one example (unsqueezed to a batch of one). Any model
