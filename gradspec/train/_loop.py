@@ -154,7 +154,6 @@ class _Run:
     ) -> None:
         """Build the run; ``sigma`` (a resumed run's noise multiplier) skips the calibration."""
         from gradspec.privacy import PrivacyAccountant, calibrate_noise_multiplier, default_delta
-        from gradspec.train._ghost import GhostClipping
         from gradspec.train._per_example import PerExampleGradients, layout_for, select_parameters
 
         self.config, self.task, self.out, self.progress = config, task, out, progress
@@ -208,12 +207,12 @@ class _Run:
         self.noise_gen = torch.Generator(self.device).manual_seed(config.seed + 2)
         # Ghost clipping (backend "ghost") forms the step's clipped sum without rows; the hooks
         # still get a vmap engine for rows of their own (a public subspace's examples).
-        ghost = config.backend == PerExampleBackend.GHOST
-        self.ghost = GhostClipping(self.model, task.forward, task.loss, self.names,
-                                   microbatch=config.microbatch) if ghost else None
+        self.ghost, self.engine = self._ghost_engine(config, task, hooks or StepHooks())
+        ghost = self.ghost is not None
         self.grads = PerExampleGradients(
             self.model, task.forward, task.loss, self.names,
-            backend=PerExampleBackend.VMAP if ghost else config.backend, microbatch=config.microbatch,
+            backend=PerExampleBackend.HOOKS if self.engine == "hooks" else PerExampleBackend.VMAP,
+            microbatch=config.microbatch,
         )
         self.step = 0
         self.n = n
@@ -233,6 +232,30 @@ class _Run:
                 "backend never forms: use --backend vmap (or hooks)"
             )
         self.hooks.setup(self.context)
+
+    def _ghost_engine(self, config: TrainConfig, task: Task, hooks: StepHooks):
+        """(GhostClipping or None, the engine's name); ``auto`` takes ghost where it applies
+        (batch mode, hooks that need no rows, layers it handles) and vmap otherwise."""
+        from gradspec.train._ghost import GhostClipping
+
+        backend = config.backend
+        if backend == PerExampleBackend.AUTO:
+            if config.mode != CollectMode.BATCH or hooks.needs_rows:
+                return None, PerExampleBackend.VMAP.value
+            probe = None
+            if len(task.train) >= 2:  # checked against a batch-of-one loop now, so a misfit falls back
+                probe = {k: v.to(self.device) for k, v in task.train.batch(torch.arange(2)).items()}
+            try:
+                engine = GhostClipping(self.model, task.forward, task.loss, self.names,
+                                       microbatch=config.microbatch, probe_batch=probe)
+            except ValueError as err:
+                logger.info("backend auto: vmap (%s)", err)
+                return None, PerExampleBackend.VMAP.value
+            return engine, PerExampleBackend.GHOST.value
+        if backend == PerExampleBackend.GHOST:
+            return GhostClipping(self.model, task.forward, task.loss, self.names,
+                                 microbatch=config.microbatch), backend.value
+        return None, backend.value
 
     def set_config(self, config: TrainConfig) -> None:
         """Replace the run's settings (a resume that turns a calibrated run into a fixed-sigma one)."""
@@ -267,6 +290,7 @@ class _Run:
             "sample_rate": self.q,
             "noise_multiplier": self.sigma,
             "max_grad_norm": c.max_grad_norm,
+            "per_example_engine": self.engine,
             "delta": self.delta,
             "sampling_note": (
                 ("Poisson sampling, accounted as the Poisson-subsampled Gaussian mechanism"

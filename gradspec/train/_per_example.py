@@ -204,10 +204,11 @@ class PerExampleGradients:
         probe_batch: Batch | None = None,
     ) -> None:
         self.backend = parse_choice(PerExampleBackend, backend, "per-example backend")
-        if self.backend == PerExampleBackend.GHOST:
+        if self.backend in (PerExampleBackend.GHOST, PerExampleBackend.AUTO):
             raise ValueError(
-                "backend 'ghost' forms no per-example rows (only norms and the clipped sum): use "
-                "gradspec.train.GhostClipping, or backend 'vmap' or 'hooks' for rows"
+                f"backend {self.backend.value!r} is the trainer's choice; 'ghost' forms no per-example "
+                "rows (only norms and the clipped sum: gradspec.train.GhostClipping); use backend "
+                "'vmap' or 'hooks' for rows"
             )
         if microbatch is not None and microbatch < 1:
             raise ValueError(f"microbatch must be a positive number of examples, got {microbatch}")

@@ -318,3 +318,20 @@ def test_retrain_sum_only_optimizers_run_on_ghost_as_on_vmap(tmp_path, algorithm
         weights[backend] = task.model.weight.detach().clone()
     assert weights["vmap"].abs().max() > 0
     torch.testing.assert_close(weights["ghost"], weights["vmap"], rtol=1e-5, atol=1e-6)
+
+
+def test_auto_takes_ghost_where_it_applies_and_vmap_elsewhere(tmp_path):
+    from gradspec.tasks import make_task
+
+    base = dict(steps=2, batch_size=8, noise_multiplier=1.0, eval_every=0, checkpoint_every=2, backend="auto")
+    runs = {
+        "ghost": (CollectConfig(task="tiny", **base), tiny_task()),  # Embedding, LayerNorm, Linear
+        "vmap": (CollectConfig(task="cnn", task_options={"n_train": 32, "n_eval": 8}, **base),
+                 make_task("cnn", n_train=32, n_eval=8)),  # Conv2d
+    }
+    for want, (config, task) in runs.items():
+        res = collect(config, out=tmp_path / want, task=task)
+        assert GradientStore.open(res.store).config["per_example_engine"] == want
+    per_example = CollectConfig(task="tiny", mode="per-example", **base)
+    res = collect(per_example, out=tmp_path / "pe", task=tiny_task())
+    assert GradientStore.open(res.store).config["per_example_engine"] == "vmap"
