@@ -35,9 +35,32 @@ def _mlp(dtype=torch.float64, seed=0) -> Case:
     return Case(_MLP().to(dtype), lambda call, b: call(b["x"]), ["*"], batch)
 
 
+class _Seq(nn.Module):
+    """Linear layers on (B, T, d): fc1 and fc2 take the materialised norm (T (d_in + d_out) >
+    d_in d_out), fc3 the ghost norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(3, 5), nn.Linear(5, 40), nn.Linear(40, 40)
+        self.head = nn.Linear(40, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
+        return self.head(torch.tanh(h).mean(1))
+
+
+def _seq(dtype=torch.float64, seed=0) -> Case:
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    batch = {"x": torch.randn(6, 9, 3, generator=gen, dtype=dtype), "labels": torch.randint(0, 3, (6,), generator=gen)}
+    return Case(_Seq().to(dtype), lambda call, b: call(b["x"]), ["*"], batch)
+
+
 def _case(name: str, dtype=torch.float64) -> Case:
     if name == "mlp":
         return _mlp(dtype)
+    if name == "seq":
+        return _seq(dtype)
     base, _, sel = name.partition(":")
     case = make_case(base, dtype)
     if sel == "all":  # every BERT parameter: embeddings (shared position ids), LayerNorms, biases, pooler
@@ -45,7 +68,7 @@ def _case(name: str, dtype=torch.float64) -> Case:
     return case
 
 
-CASES = ["bert", "bert:all", "embed_ln", "mlp"]
+CASES = ["bert", "bert:all", "embed_ln", "mlp", "seq"]
 
 
 def _ghost(case: Case, **kw) -> GhostClipping:
