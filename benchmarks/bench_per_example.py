@@ -8,11 +8,13 @@ sum ``sum_i g_i`` for the non-private step); the optimizer step and the noise, t
 all, are left out. Two selections: the task's query/value weights (p = 1.77M) and all
 MiniLM parameters (p = 22.7M).
 
-Each configuration runs in its own process (peak memory is that process's ``ru_maxrss``;
-"step memory" is the peak minus the resident size just before the first step, i.e. what
-the step adds on top of the loaded model), one warm-up step, then the median of
-``--repeats`` timed steps. Each process saves its sum; the parent prints its relative
-difference from ours (ghost), so the rows of the table are the same computation.
+Memory: each configuration runs alone in its own process (peak = that process's
+``ru_maxrss``; "step" = the peak minus the resident size just before the step, i.e. what the
+step adds on top of the loaded model); it saves its sum, and the table gives its relative
+difference from ours (ghost), so the rows are the same computation. Time: one process per
+selection runs every configuration (Opacus on copies of the model) once per round, after a
+warm-up, for ``--repeats`` rounds, and takes the median: on a shared machine the load then
+hits all configurations alike, and the ratios are from the same rounds.
 
 Usage:
     python benchmarks/bench_per_example.py [--threads 1] [--repeats 3] [--out docs/bench_per_example.txt]
@@ -49,25 +51,33 @@ def _rss_mb() -> float:
     return float("nan")
 
 
-def _child(method: str, selection: str, threads: int, repeats: int, save: str) -> dict:
-    import numpy as np
+def _setup(selection: str, threads: int):
     import torch
 
     torch.set_num_threads(threads)
-    from gradspec.privacy import clip_factors
     from gradspec.tasks import make_task
-    from gradspec.train import GhostClipping, PerExampleGradients, select_parameters
+    from gradspec.train import select_parameters
 
     task = make_task("text")
-    model = task.model
-    model.eval()
-    names = select_parameters(model, SELECTIONS[selection] or task.params)
-    for n, p in model.named_parameters():
+    task.model.eval()
+    names = select_parameters(task.model, SELECTIONS[selection] or task.params)
+    for n, p in task.model.named_parameters():
         p.requires_grad_(n in names)
+    return task, names, task.train.batch(torch.arange(BATCH))
+
+
+def _make_step(method: str, selection: str, task, names, batch, model):
+    """The step of ``method`` on ``model`` (Opacus wraps its model: give it a copy)."""
+    import torch
+
+    from gradspec.privacy import clip_factors
+    from gradspec.train import GhostClipping, PerExampleGradients
+
     params = [model.get_parameter(n) for n in names]
-    batch = task.train.batch(torch.arange(BATCH))
     b, t = batch["input_ids"].shape
-    pos = torch.arange(t).expand(b, t)  # Opacus needs per-example position ids (see docs)
+    # Opacus needs per-example position ids (BERT's are one shared row); contiguous, as its
+    # embedding norm sampler views them
+    pos = torch.arange(t).repeat(b, 1)
     micro = 32 if selection == "qv" else 8  # materialised rows of all 22.7M parameters: 8 at a time
 
     def flat_grads():
@@ -97,10 +107,9 @@ def _child(method: str, selection: str, threads: int, repeats: int, save: str) -
             return total
     elif method == "opacus-hooks":
         from opacus import GradSampleModule
-
-        model.train()  # Opacus records activations only in train mode (the task's dropout is 0)
         from opacus.optimizers import DPOptimizer
 
+        model.train()  # Opacus records activations only in train mode (the task's dropout is 0)
         gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
         opt = DPOptimizer(torch.optim.SGD(params, lr=0.0), noise_multiplier=0.0, max_grad_norm=C,
                           expected_batch_size=BATCH, loss_reduction="sum")
@@ -132,19 +141,56 @@ def _child(method: str, selection: str, threads: int, repeats: int, save: str) -
             return flat_grads()
     else:
         raise ValueError(method)
+    return step
 
+
+def _child(method: str, selection: str, threads: int, repeats: int, save: str) -> dict:
+    """Memory: one configuration alone in this process (ru_maxrss is the process's peak)."""
+    import numpy as np
+
+    task, names, batch = _setup(selection, threads)
+    step = _make_step(method, selection, task, names, batch, task.model)
     before = _rss_mb()
-    times = []
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        out = step()
-        if i:
-            times.append(time.perf_counter() - t0)
+    out = step()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     np.save(save, out.detach().double().numpy())
-    return {"method": method, "selection": selection, "p": int(out.numel()), "T": int(t),
-            "time_s": statistics.median(times), "times": times, "peak_mb": peak, "before_mb": before,
-            "step_mb": peak - before}
+    return {"method": method, "selection": selection, "p": int(out.numel()), "T": int(batch["input_ids"].shape[1]),
+            "peak_mb": peak, "before_mb": before, "step_mb": peak - before}
+
+
+def _time_child(methods: list[str], selection: str, threads: int, repeats: int) -> dict:
+    """Time: all configurations in this process, interleaved round by round (each round runs
+    every method once), so that the load of a shared machine hits all alike; median per method."""
+    import copy
+
+    task, names, batch = _setup(selection, threads)
+    steps, times, errors = {}, {}, {}
+    for m in methods:
+        model = copy.deepcopy(task.model) if m.startswith("opacus") else task.model
+        try:
+            steps[m] = _make_step(m, selection, task, names, batch, model)
+            steps[m]()  # warm-up (and the refusals)
+            times[m] = []
+        except Exception as err:  # noqa: BLE001 - reported in the table
+            errors[m] = f"{type(err).__name__}: {err}"[:200]
+            steps.pop(m, None)
+        print(f"[bench]   warm {selection} {m}", file=sys.stderr, flush=True)
+    for r in range(repeats):
+        for m in steps:
+            t0 = time.perf_counter()
+            steps[m]()
+            times[m].append(time.perf_counter() - t0)
+        print(f"[bench]   round {r + 1}/{repeats} {selection}", file=sys.stderr, flush=True)
+    return {"times": times, "errors": errors}
+
+
+def _run_time(selection, methods, args) -> dict:
+    cmd = [sys.executable, __file__, "--time-child", ",".join(methods), selection,
+           "--threads", str(args.threads), "--repeats", str(args.repeats)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    print(f"[bench] time {selection}: {', '.join(methods)} interleaved ...", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _run(method, selection, args, tmp) -> dict:
@@ -170,10 +216,15 @@ def main() -> None:
     ap.add_argument("--selections", default="qv,all")
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", nargs=2, default=None)
+    ap.add_argument("--time-child", nargs=2, default=None)
     ap.add_argument("--save", default=None)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(_child(*args.child, args.threads, args.repeats, args.save)))
+        return
+    if args.time_child:
+        methods, selection = args.time_child
+        print(json.dumps(_time_child(methods.split(","), selection, args.threads, args.repeats)))
         return
 
     import numpy as np
@@ -184,6 +235,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for selection in args.selections.split(","):
             rows = [_run(m, selection, args, tmp) for m in args.methods.split(",")]
+            timed = _run_time(selection, [r["method"] for r in rows if "error" not in r], args)
+            for r in rows:
+                if r["method"] in timed["times"]:
+                    r["times"] = timed["times"][r["method"]]
+                    r["time_s"] = statistics.median(r["times"])
+                elif "error" not in r:
+                    r["error"] = timed["errors"].get(r["method"], "not timed")
             ref = {r["method"]: r for r in rows}.get("ghost")
             ref_vec = np.load(ref["save"]) if ref and "save" in ref else None
             for r in rows:
@@ -197,8 +255,9 @@ def main() -> None:
         f"# date: {started:%Y-%m-%d %H:%M} UTC; machine: {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores shared with other engineers (load average before: "
         f"{load[0]:.2f}); torch threads = {args.threads}; each row its own process",
-        f"# C = {C}; time = median of {args.repeats} steps after one warm-up; peak = ru_maxrss; "
-        "step = peak - RSS before the first step",
+        f"# C = {C}; time: one process per selection, every method once per round, {args.repeats} rounds "
+        "after a warm-up, median (ratios from the same rounds); memory: one process per row, peak = "
+        "ru_maxrss, step = peak - RSS before the step",
         "# rel.diff = ||sum - sum_ghost|| / ||sum_ghost|| (non-private: the unclipped sum; Opacus clips "
         "with C/(||g||+1e-6))",
         "",

@@ -358,3 +358,28 @@ def test_auto_takes_ghost_where_it_applies_and_vmap_elsewhere(tmp_path):
     per_example = CollectConfig(task="tiny", mode="per-example", **base)
     res = collect(per_example, out=tmp_path / "pe", task=tiny_task())
     assert GradientStore.open(res.store).config["per_example_engine"] == "vmap"
+
+
+@pytest.mark.slow
+def test_minilm_float32_ghost_is_within_float32_rounding_of_a_float64_reference():
+    """The offline default model (pretrained MiniLM, q/v weights, padded real batch): float64
+    ghost equals float64 materialised rows; float32 ghost is within 1e-5 of them."""
+    import copy
+
+    from gradspec.tasks import make_task
+
+    task = make_task("text")
+    model = task.model.eval()
+    names = select_parameters(model, task.params)
+    batch = task.train.batch(torch.arange(8))
+    m64 = copy.deepcopy(model).double()
+    rows, _ = PerExampleGradients(m64, task.forward, task.loss, names, dtype=None)(batch)
+    norms = rows.norm(dim=1)
+    c = _median_clip(norms)
+    want = (clip_factors(norms, c)[:, None] * rows).sum(0)
+    got64 = GhostClipping(m64, task.forward, task.loss, names)(batch, c)
+    torch.testing.assert_close(got64.norms, norms, rtol=1e-10, atol=0)
+    assert float((got64.total - want).norm() / want.norm()) < 1e-10
+    got32 = GhostClipping(model, task.forward, task.loss, names)(batch, c)
+    assert float(((got32.norms.double() - norms).abs() / norms).max()) < 1e-5
+    assert float((got32.total.double() - want).norm() / want.norm()) < 1e-5
