@@ -82,7 +82,9 @@ class TrainConfig:
         lr: learning rate.
         momentum: SGD momentum.
         dtype: on-disk dtype of the rows.
-        backend: per-example gradients by ``vmap`` or ``hooks`` (Opacus).
+        backend: per-example gradients by ``vmap`` or ``hooks`` (Opacus); ``ghost``: only their
+            norms and clipped sum (ghost clipping, ``mode="batch"`` only; about the cost of a
+            plain step, see docs/bench_per_example.txt); ``auto``: ghost where it applies, else vmap.
         microbatch: examples per per-example-gradient call (bounds memory).
         eval_every: evaluate on the held-out split every this many steps (0 = only at the end).
         log_every: log loss and epsilon every this many steps.
