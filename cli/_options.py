@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from gradspec import Accounting, Sampling
+from gradspec import Accounting, PerExampleBackend, Sampling
 
 
 def choices(enum: type[StrEnum]) -> str:
@@ -51,6 +51,11 @@ Delta = Annotated[float, typer.Option("--delta", help="Delta (default n^-1.1).")
 AccountingChoice = Annotated[str, typer.Option("--accounting", help=f"{choices(Accounting)}.")]
 Optimizer = Annotated[str, typer.Option("--optimizer", help="sgd or adam (on the privatised gradient).")]
 Lr = Annotated[float, typer.Option("--lr", help="Learning rate.")]
+Backend = Annotated[str, typer.Option(
+    "--backend", help=f"Per-example engine, {choices(PerExampleBackend)}: vmap (torch.func), hooks (Opacus), "
+    "ghost (ghost clipping: norms and the clipped sum without per-example rows; --mode batch and optimizers "
+    "that use only the clipped sum; several times faster, a fraction of the memory), auto (ghost where it "
+    "applies, else vmap).")]
 Microbatch = Annotated[int, typer.Option(
     "--microbatch", help="Examples per per-example-gradient call (bounds memory).")]
 EvalEvery = Annotated[int, typer.Option("--eval-every", help="Evaluate every N steps (0: only at the end).")]

@@ -9,6 +9,7 @@ import typer
 from cli._common import user_errors
 from cli._options import (
     AccountingChoice,
+    Backend,
     BatchSize,
     Delta,
     Device,
@@ -59,7 +60,7 @@ def collect_command(
     optimizer: Optimizer = "adam",
     lr: Lr = 5e-4,
     dtype: str = typer.Option(GradDtype.FLOAT32.value, help=f"On-disk dtype: {choices(GradDtype)}."),
-    backend: str = typer.Option(PerExampleBackend.VMAP.value, help=f"Per-example gradients: {choices(PerExampleBackend)} (vmap: torch.func; hooks: Opacus)."),
+    backend: Backend = PerExampleBackend.VMAP.value,
     microbatch: Microbatch = 32,
     eval_every: EvalEvery = 50,
     log_every: LogEvery = 10,

@@ -9,6 +9,7 @@ import typer
 from cli._common import user_errors
 from cli._options import (
     AccountingChoice,
+    Backend,
     BatchSize,
     Delta,
     Device,
@@ -101,6 +102,7 @@ def retrain_command(
     optimizer: Optimizer = "sgd",  # retraining's default (collect's is adam); noisy-adagrad and dp-adam use sgd
     lr: Lr = 0.05,
     microbatch: Microbatch = 32,
+    backend: Backend = "vmap",
     eval_every: EvalEvery = 20,
     log_every: LogEvery = 10,
     seed: Seed = 0,  # also seeds the random projector and the public examples drawn
@@ -147,7 +149,7 @@ def retrain_command(
         batch_size=batch_size, sampling=sampling, max_grad_norm=max_grad_norm,
         noise_multiplier=noise_multiplier, epsilon=epsilon, delta=delta, accounting=accounting, optimizer=optimizer, lr=lr,
         microbatch=microbatch, eval_every=eval_every, log_every=log_every,
-        checkpoint_every=max(eval_every, 50), seed=seed, device=device,
+        checkpoint_every=max(eval_every, 50), seed=seed, device=device, backend=backend,
     )
 
     def options(name: str) -> dict:

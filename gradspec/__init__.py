@@ -36,7 +36,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     # training (the DP-SGD trainer and the hooks that change its step)
     "gradspec.train": (
-        "CollectConfig", "CollectResult", "PerExampleGradients", "StepHooks", "TrainConfig", "TrainResult",
+        "CollectConfig", "CollectResult", "GhostClipping", "PerExampleGradients", "StepHooks", "TrainConfig",
+        "TrainResult",
         "evaluate", "layout_for", "select_parameters",
         # Hugging Face attention masks that keep the model's own masking under vmap
         "attention_is_causal", "attention_mask_4d",

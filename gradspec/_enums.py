@@ -40,6 +40,8 @@ class PerExampleBackend(StrEnum):
 
     VMAP = "vmap"  # torch.func: vmap(grad(functional_call))
     HOOKS = "hooks"  # Opacus GradSampleModule (module hooks)
+    GHOST = "ghost"  # ghost clipping: norms and the clipped sum, no rows (batch mode only)
+    AUTO = "auto"  # the trainer picks ghost where it applies (batch mode, layers it handles), else vmap
 
 
 class PcaMethod(StrEnum):

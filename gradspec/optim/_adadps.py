@@ -190,6 +190,7 @@ class AdaDPS(OptimHooks):
     """
 
     name = "adadps"
+    needs_rows = True  # preconditions each per-example row before clipping
 
     def __init__(
         self, *, rule: AdaDPSRule | str | None = None,

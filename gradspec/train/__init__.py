@@ -13,6 +13,7 @@ from gradspec.train._config import (
     resume_conflicts,
 )
 from gradspec.train._context import StepContext
+from gradspec.train._ghost import GhostClipping, GhostResult
 from gradspec.train._hooks import StepHooks
 from gradspec.train._loop import (
     CollectResult,
@@ -50,6 +51,8 @@ __all__ = [
     "StepContext",
     # the parts of a step
     "PerExampleGradients",
+    "GhostClipping",
+    "GhostResult",
     "layout_for",
     "select_parameters",
     "PoissonSampler",

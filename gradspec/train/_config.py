@@ -81,7 +81,9 @@ class TrainConfig:
         lr: learning rate.
         momentum: SGD momentum.
         dtype: on-disk dtype of the rows.
-        backend: per-example gradients by ``vmap`` or ``hooks`` (Opacus).
+        backend: per-example gradients by ``vmap`` or ``hooks`` (Opacus); ``ghost``: only their
+            norms and clipped sum (ghost clipping, ``mode="batch"`` only; about the cost of a
+            plain step, see docs/bench_per_example.txt); ``auto``: ghost where it applies, else vmap.
         microbatch: examples per per-example-gradient call (bounds memory).
         eval_every: evaluate on the held-out split every this many steps (0 = only at the end).
         log_every: log loss and epsilon every this many steps.
@@ -174,6 +176,11 @@ class TrainConfig:
             raise ValueError(f"the learning rate must be > 0, got {self.lr}")
         if self.microbatch is not None and self.microbatch < 1:
             raise ValueError(f"microbatch must be >= 1, got {self.microbatch}")
+        if self.backend == PerExampleBackend.GHOST and self.mode == CollectMode.PER_EXAMPLE:
+            raise ValueError(
+                "--backend ghost forms no per-example rows, so it cannot store them: use --mode batch, "
+                "or --backend vmap (or hooks) with --mode per-example"
+            )
         if self.checkpoint_every < 1 or self.log_every < 1 or self.eval_every < 0:
             raise ValueError("checkpoint_every and log_every must be >= 1, eval_every >= 0")
         if self.compressor not in (None, "none", "zstd", "blosc"):

@@ -41,6 +41,10 @@ class StepHooks:
 
     name = "dp-sgd"
     subsampling_amplification: bool = True
+    #: ``precondition`` changes the per-example rows (AdaDPS). The ghost backend forms no
+    #: rows: it calls ``precondition`` with zero-width rows ``(B, 0)`` (so hooks can count
+    #: the examples) and refuses hooks that set this.
+    needs_rows: bool = False
 
     def setup(self, ctx: StepContext) -> None:
         """Called once, before training, with what the hooks may read of the run

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from gradspec._device import resolve_device
-from gradspec._enums import CollectMode, GradDtype, Sampling
+from gradspec._enums import CollectMode, GradDtype, PerExampleBackend, Sampling
 from gradspec.tasks import Task
 from gradspec.train._checkpoint import (
     CHECKPOINT_NAME,
@@ -197,9 +197,14 @@ class _Run:
         else:
             self.optimizer = torch.optim.SGD(self.params, lr=config.lr, momentum=config.momentum)
         self.noise_gen = torch.Generator(self.device).manual_seed(config.seed + 2)
+        # Ghost clipping (backend "ghost") forms the step's clipped sum without rows; the hooks
+        # still get a vmap engine for rows of their own (a public subspace's examples).
+        self.ghost, self.engine = self._ghost_engine(config, task, hooks or StepHooks())
+        ghost = self.ghost is not None
         self.grads = PerExampleGradients(
             self.model, task.forward, task.loss, self.names,
-            backend=config.backend, microbatch=config.microbatch,
+            backend=PerExampleBackend.HOOKS if self.engine == "hooks" else PerExampleBackend.VMAP,
+            microbatch=config.microbatch,
         )
         self.step = 0
         self.n = n
@@ -213,7 +218,36 @@ class _Run:
             model=self.model, task=task, per_example=self.grads, sampler=self.sampler,
         )
         self.hooks = hooks or StepHooks()
+        if ghost and self.hooks.needs_rows:
+            raise ValueError(
+                f"{self.hooks.name} changes each per-example gradient before clipping, which the ghost "
+                "backend never forms: use --backend vmap (or hooks)"
+            )
         self.hooks.setup(self.context)
+
+    def _ghost_engine(self, config: TrainConfig, task: Task, hooks: StepHooks):
+        """(GhostClipping or None, the engine's name); ``auto`` takes ghost where it applies
+        (batch mode, hooks that need no rows, layers it handles) and vmap otherwise."""
+        from gradspec.train._ghost import GhostClipping
+
+        backend = config.backend
+        if backend == PerExampleBackend.AUTO:
+            if config.mode != CollectMode.BATCH or hooks.needs_rows:
+                return None, PerExampleBackend.VMAP.value
+            probe = None
+            if len(task.train) >= 2:  # checked against a batch-of-one loop now, so a misfit falls back
+                probe = {k: v.to(self.device) for k, v in task.train.batch(torch.arange(2)).items()}
+            try:
+                engine = GhostClipping(self.model, task.forward, task.loss, self.names,
+                                       microbatch=config.microbatch, probe_batch=probe)
+            except ValueError as err:
+                logger.info("backend auto: vmap (%s)", err)
+                return None, PerExampleBackend.VMAP.value
+            return engine, PerExampleBackend.GHOST.value
+        if backend == PerExampleBackend.GHOST:
+            return GhostClipping(self.model, task.forward, task.loss, self.names,
+                                 microbatch=config.microbatch), backend.value
+        return None, backend.value
 
     def set_config(self, config: TrainConfig) -> None:
         """Replace the run's settings (a resume that turns a calibrated run into a fixed-sigma one)."""
@@ -248,6 +282,7 @@ class _Run:
             "sample_rate": self.q,
             "noise_multiplier": self.sigma,
             "max_grad_norm": c.max_grad_norm,
+            "per_example_engine": self.engine,
             "delta": self.delta,
             "sampling_note": (
                 ("Poisson sampling, accounted as the Poisson-subsampled Gaussian mechanism"
@@ -328,7 +363,13 @@ class _Run:
         batch = {k: v.to(self.device) for k, v in self.task.train.batch(idx).items()}
         total = torch.zeros(self.layout.p, device=self.device)
         norms, losses, kept = [], [], []
-        if b:
+        if b and self.ghost is not None:  # the clipped sum without per-example rows
+            self.hooks.precondition(torch.zeros(b, 0, device=self.device))  # counts; rows: refused
+            part, norm, loss = self.ghost(batch, c.max_grad_norm if c.clip else None)
+            total += part
+            norms.append(norm)
+            losses.append(loss)
+        elif b:
             for grads, loss in self.grads.iter_microbatches(batch):
                 grads = self.hooks.precondition(grads)
                 norm = grads.norm(dim=1)
