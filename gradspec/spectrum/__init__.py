@@ -10,6 +10,7 @@ from gradspec.spectrum._angles import (
     compare_subspaces,
     eigengap,
     principal_angles,
+    second_moment_distance,
 )
 from gradspec.spectrum._bounds import (
     BoundReport,
@@ -85,6 +86,7 @@ __all__ = [
     "compare_subspaces",
     "eigengap",
     "principal_angles",
+    "second_moment_distance",
     # density and explained variance
     "DensitySpace",
     "ExplainedVariance",

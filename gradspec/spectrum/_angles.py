@@ -21,7 +21,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SubspaceComparison", "compare_subspaces", "eigengap", "principal_angles"]
+__all__ = [
+    "SubspaceComparison",
+    "compare_subspaces",
+    "eigengap",
+    "principal_angles",
+    "second_moment_distance",
+]
 
 
 def _as_basis(x: Any, what: str) -> np.ndarray:
@@ -141,3 +147,30 @@ def compare_subspaces(estimate: Any, reference: Any, *, orthonormal: bool = Fals
     theta = principal_angles(a, b, orthonormal=orthonormal)
     return SubspaceComparison(angles=theta, mean_cos2=float(np.mean(np.cos(theta) ** 2)),
                               max_angle=float(theta[-1]), projection_distance=float(np.sin(theta[-1])))
+
+
+def second_moment_distance(rows_a: Any, rows_b: Any) -> float:
+    """``‖M_A − M_B‖₂`` for the second moments ``M = (1/m) Σ_i g_i g_iᵀ`` of two row sets.
+
+    Never forms a p x p matrix: with ``Z = [G_A/√m_A; G_B/√m_B]`` and ``D = diag(1, −1)``
+    (blockwise), ``M_A − M_B = Zᵀ D Z``, whose non-zero eigenvalues are those of the
+    symmetric ``K^{1/2} D K^{1/2}``, ``K = Z Zᵀ`` ((m_A + m_B) x (m_A + m_B)), float64.
+    This is the deviation ``‖M_t − Σ_t‖`` of Zhou et al. (2021, §3.1) when B holds the
+    population (here: the full private data set); Davis–Kahan turns it into
+    ``sin θ_k ≤ 2 ‖M_A − M_B‖₂ / (λ_k(M_B) − λ_{k+1}(M_B))`` (Yu, Wang & Samworth 2015).
+
+    Args:
+        rows_a: m_A x p gradients (numpy array or torch tensor).
+        rows_b: m_B x p gradients, same p.
+    """
+    a, b = (np.asarray(r.detach().cpu().numpy() if hasattr(r, "detach") else r, dtype=np.float64)
+            for r in (rows_a, rows_b))
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or not len(a) or not len(b):
+        raise ValueError(f"give two non-empty row sets of the same width p, got shapes {a.shape} "
+                         f"and {b.shape}")
+    z = np.concatenate([a / np.sqrt(len(a)), b / np.sqrt(len(b))])
+    gram = z @ z.T
+    w, u = np.linalg.eigh(gram)
+    root = (u * np.sqrt(np.clip(w, 0.0, None))) @ u.T
+    d = np.concatenate([np.ones(len(a)), -np.ones(len(b))])
+    return float(np.abs(np.linalg.eigvalsh(root @ (d[:, None] * root))).max())

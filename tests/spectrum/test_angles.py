@@ -92,3 +92,34 @@ def test_eigengap() -> None:
 def test_bad_inputs(call, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_second_moment_distance_matches_dense() -> None:
+    from gradspec.spectrum import second_moment_distance
+
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((7, 40)), rng.standard_normal((12, 40)) * 0.5 + 0.1
+    dense = np.linalg.norm(a.T @ a / 7 - b.T @ b / 12, 2)
+    assert second_moment_distance(a, b) == pytest.approx(dense, rel=1e-10)
+    assert second_moment_distance(torch.from_numpy(a), a) == pytest.approx(0.0, abs=1e-10)
+    with pytest.raises(ValueError, match="same width"):
+        second_moment_distance(a, b[:, :10])
+
+
+def test_davis_kahan_bound_holds_for_sampled_second_moments() -> None:
+    from gradspec.spectrum import second_moment_distance
+
+    # rows with a planted rank-3 structure: the top-3 subspace of a subsample lies within
+    # the Davis-Kahan bound of the full set's (Zhou et al. 2021, Theorem 2's argument)
+    rng = np.random.default_rng(9)
+    basis = np.linalg.qr(rng.standard_normal((60, 3)))[0]
+    full = rng.standard_normal((400, 3)) * [5.0, 4.0, 3.0] @ basis.T + 0.3 * rng.standard_normal((400, 60))
+    sub = full[rng.choice(400, 80, replace=False)]
+    def top(rows, k):
+        w, v = np.linalg.eigh(rows.T @ rows / len(rows))
+        return w[::-1], v[:, ::-1][:, :k]
+    lam, v_full = top(full, 3)
+    _, v_sub = top(sub, 3)
+    sin_max = compare_subspaces(v_sub, v_full, orthonormal=True).projection_distance
+    bound = 2 * second_moment_distance(sub, full) / eigengap(lam, 3)
+    assert 0 < sin_max <= bound
