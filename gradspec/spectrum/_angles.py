@@ -154,7 +154,7 @@ def second_moment_distance(rows_a: Any, rows_b: Any) -> float:
 
     Never forms a p x p matrix: with ``Z = [G_A/√m_A; G_B/√m_B]`` and ``D = diag(1, −1)``
     (blockwise), ``M_A − M_B = Zᵀ D Z``, whose non-zero eigenvalues are those of the
-    symmetric ``K^{1/2} D K^{1/2}``, ``K = Z Zᵀ`` ((m_A + m_B) x (m_A + m_B)), float64.
+    symmetric ``Fᵀ D F`` for ``K = Z Zᵀ = F Fᵀ`` ((m_A + m_B) x (m_A + m_B)), float64.
     This is the deviation ``‖M_t − Σ_t‖`` of Zhou et al. (2021, §3.1) when B holds the
     population (here: the full private data set); Davis–Kahan turns it into
     ``sin θ_k ≤ 2 ‖M_A − M_B‖₂ / (λ_k(M_B) − λ_{k+1}(M_B))`` (Yu, Wang & Samworth 2015).
@@ -171,6 +171,9 @@ def second_moment_distance(rows_a: Any, rows_b: Any) -> float:
     z = np.concatenate([a / np.sqrt(len(a)), b / np.sqrt(len(b))])
     gram = z @ z.T
     w, u = np.linalg.eigh(gram)
-    root = (u * np.sqrt(np.clip(w, 0.0, None))) @ u.T
+    keep = w > 1e-12 * max(float(w[-1]), 1e-300)  # K = F F^T on its numerical range only
+    f = u[:, keep] * np.sqrt(w[keep])
+    if not f.shape[1]:
+        return 0.0
     d = np.concatenate([np.ones(len(a)), -np.ones(len(b))])
-    return float(np.abs(np.linalg.eigvalsh(root @ (d[:, None] * root))).max())
+    return float(np.abs(np.linalg.eigvalsh(f.T @ (d[:, None] * f))).max())
