@@ -1,9 +1,17 @@
-"""Spectrum analysis: decay fits, restricted-Lipschitz coefficients, bounds, density, variance.
+"""Spectrum analysis: decay fits, restricted-Lipschitz coefficients, bounds, density, variance,
+principal angles and eigengaps.
 
 Pure numerics: functions take arrays, or iterables of ``(col_offset, block)``
 column blocks of the gradient matrix; nothing here opens a file.
 """
 
+from gradspec.spectrum._angles import (
+    SubspaceComparison,
+    compare_subspaces,
+    eigengap,
+    principal_angles,
+    second_moment_distance,
+)
 from gradspec.spectrum._bounds import (
     BoundReport,
     TailRule,
@@ -74,6 +82,12 @@ __all__ = [
     "privacy_term",
     "restricted_lipschitz_bound",
     "subspace_term",
+    # subspace diagnostics (Zhou et al. 2021, Theorem 2)
+    "SubspaceComparison",
+    "compare_subspaces",
+    "eigengap",
+    "principal_angles",
+    "second_moment_distance",
     # density and explained variance
     "DensitySpace",
     "ExplainedVariance",
