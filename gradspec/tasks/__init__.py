@@ -11,6 +11,10 @@ Registered names (:func:`available_tasks`):
   (:mod:`gradspec.tasks.geomedian`).
 - ``"lowrank"``: linear/logistic regression on exactly rank-r data
   (:mod:`gradspec.tasks.lowrank`).
+- ``"sparselinear"``: sparse linear regression with frequent/uninformative and
+  rare/informative features, AdaDPS's Figure 3 (:mod:`gradspec.tasks.sparse`).
+- ``"bow"``: synthetic bag-of-words sentiment with Zipf word frequencies, logistic
+  regression (:mod:`gradspec.tasks.bow`).
 
 Example:
     >>> from gradspec.tasks import make_task
@@ -21,7 +25,7 @@ Example:
     100
 """
 
-from gradspec.tasks import cnn, geomedian, lowrank, text
+from gradspec.tasks import bow, cnn, geomedian, lowrank, sparse, text
 from gradspec.tasks._base import (
     Batch,
     Task,
@@ -32,6 +36,7 @@ from gradspec.tasks._base import (
     split_summary,
 )
 from gradspec.tasks._registry import available_tasks, make_task, register_task, task_options
+from gradspec.tasks.bow import bow_polarity
 from gradspec.tasks.geomedian import (
     A_DIAGONALS,
     a_const,
@@ -41,6 +46,7 @@ from gradspec.tasks.geomedian import (
     restricted_lipschitz_coefficients,
 )
 from gradspec.tasks.lowrank import row_space_basis
+from gradspec.tasks.sparse import sparse_side_information
 from gradspec.tasks.text import HEAD_PATTERNS, QV_PATTERNS, tiny_bert
 
 __all__ = [
@@ -70,9 +76,14 @@ __all__ = [
     "restricted_lipschitz_coefficients",
     # low rank
     "row_space_basis",
+    # AdaDPS tasks
+    "bow_polarity",
+    "sparse_side_information",
     # modules
+    "bow",
     "cnn",
     "geomedian",
     "lowrank",
+    "sparse",
     "text",
 ]
