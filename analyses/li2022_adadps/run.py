@@ -202,6 +202,24 @@ def _sigma(exp: Experiment, n_train: int) -> float:
                                       steps=exp.steps, delta=n_train**-1.1)
 
 
+REUSE = True
+
+
+def _finished(out: Path, config, method: Method):
+    """The finished run in ``out`` if it was asked for with this very config and algorithm (an
+    interrupted analysis resumes without retraining), else None."""
+    from gradspec.optim import RetrainResult
+
+    path = out / "retrain.json"
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    asked = json.loads(json.dumps(config.to_dict(), default=str))
+    if saved.get("settings", {}).get("config") != asked or saved["settings"].get("algorithm") != method.algorithm:
+        return None
+    return RetrainResult.from_dict(saved)
+
+
 def _paper_delta_epsilons(exp: Experiment, sigma: float, n_train: int) -> dict[str, Any]:
     """epsilon at the paper's delta (1/n, or 1e-3 for Fig. 3), which gradspec's trainer refuses
     as a run setting (delta >= 1/n), by the PLD and the RDP accountant (the paper used RDP)."""
@@ -223,9 +241,10 @@ def _run_one(exp: Experiment, method: Method, *, seed: int, lr: float, clip: flo
         task = _validation_task(task, seed)
     config = _config(exp, method, seed=seed, lr=lr, clip=clip, n_train=len(task.train), sigma=sigma)
     t0 = time.time()
+    res = _finished(out, config, method) if REUSE else None
     try:
-        res = retrain(config=config, algorithm=method.algorithm, options=dict(method.options), out=out,
-                      task=task, overwrite=True)
+        res = res or retrain(config=config, algorithm=method.algorithm, options=dict(method.options), out=out,
+                             task=task, overwrite=True)
     except ValueError as err:  # a learning rate so large that the run diverged
         if "non-finite" not in str(err):
             raise
@@ -429,9 +448,16 @@ def merge_results(dirs: list[Path]) -> dict[str, Any]:
             raise ValueError(f"{d} ran seeds {part['seeds']} (quick={part['quick']}), {dirs[0]} ran "
                              f"{first['seeds']} (quick={first['quick']}): merge runs of one configuration")
         for name, exp in part["experiments"].items():
-            if name in merged["experiments"]:
-                raise ValueError(f"experiment {name!r} is in more than one of {dirs}")
-            merged["experiments"][name] = exp
+            if name not in merged["experiments"]:
+                merged["experiments"][name] = exp
+                continue
+            have = merged["experiments"][name]  # the same experiment, other methods (run in parallel)
+            same = {k: v for k, v in exp.items() if k != "methods"} == {k: v for k, v in have.items() if k != "methods"}
+            clash = set(have.get("methods", {})) & set(exp.get("methods", {}))
+            if not same or clash:
+                raise ValueError(f"experiment {name!r} is in more than one of {dirs} with other settings or "
+                                 f"the same methods {sorted(clash)}")
+            have["methods"] = {**have["methods"], **exp["methods"]}
     order = ["bow", "sparse", "digits"]
     merged["experiments"] = dict(sorted(merged["experiments"].items(), key=lambda kv: order.index(kv[0])))
     return merged
@@ -463,9 +489,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--seeds", type=int, default=3, help="reported seeds 0..N-1 (>= 3 for the claims)")
     parser.add_argument("--only", default="bow,sparse,digits", help="comma-separated experiments")
+    parser.add_argument("--methods", default=None,
+                        help="only these method labels (comma-separated), e.g. to run methods in parallel processes")
+    parser.add_argument("--no-reuse", action="store_true",
+                        help="retrain runs whose directory already holds a finished run of the same settings")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="DIR",
                         help="combine the results.json of runs that each did some experiments into --out")
     args = parser.parse_args(argv)
+    global REUSE
+    REUSE = not args.no_reuse
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     for noisy in ("gradspec",):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -477,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.seeds))
     wanted = [s.strip() for s in args.only.split(",") if s.strip()]
     exps = [e for e in _experiments(args.quick) if e.name in wanted]
+    if args.methods:
+        keep = {m.strip() for m in args.methods.split(",")}
+        for e in exps:
+            e.methods = [m for m in e.methods if m.label in keep]
     unknown = set(wanted) - {e.name for e in exps}
     if unknown:
         parser.error(f"unknown experiment(s) {sorted(unknown)}; choose from sparse, digits, bow")

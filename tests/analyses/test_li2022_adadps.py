@@ -55,12 +55,36 @@ def test_merge_refuses_runs_of_other_configurations(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
     base = {"paper": "x", "quick": False, "seeds": [0, 1, 2]}
-    (a / "results.json").write_text(json.dumps({**base, "experiments": {"bow": {}}}))
+    bow = {"noise_multiplier": 1.0, "methods": {"DP-SGD": {"score": 1}}}
+    (a / "results.json").write_text(json.dumps({**base, "experiments": {"bow": bow}}))
     (b / "results.json").write_text(json.dumps({**base, "seeds": [0, 1], "experiments": {"sparse": {}}}))
     with pytest.raises(ValueError, match="merge runs of one configuration"):
         adadps.merge_results([a, b])
-    (b / "results.json").write_text(json.dumps({**base, "experiments": {"bow": {}}}))
-    with pytest.raises(ValueError, match="more than one"):
+    (b / "results.json").write_text(json.dumps({**base, "experiments": {"bow": bow}}))
+    with pytest.raises(ValueError, match="the same methods"):
         adadps.merge_results([a, b])
-    (b / "results.json").write_text(json.dumps({**base, "experiments": {"sparse": {}}}))
-    assert list(adadps.merge_results([b, a])["experiments"]) == ["bow", "sparse"]
+    other = {"noise_multiplier": 2.0, "methods": {"AdaDPS": {"score": 2}}}
+    (b / "results.json").write_text(json.dumps({**base, "experiments": {"bow": other}}))
+    with pytest.raises(ValueError, match="other settings"):
+        adadps.merge_results([a, b])
+    # methods of one experiment run in parallel processes are combined
+    (b / "results.json").write_text(json.dumps(
+        {**base, "experiments": {"bow": {**bow, "methods": {"AdaDPS": {"score": 2}}}, "sparse": {}}}))
+    merged = adadps.merge_results([b, a])
+    assert list(merged["experiments"]) == ["bow", "sparse"]
+    assert set(merged["experiments"]["bow"]["methods"]) == {"DP-SGD", "AdaDPS"}
+
+
+def test_finished_runs_are_reused_only_with_the_same_settings(tmp_path):
+    from gradspec.optim import retrain
+
+    exp = {e.name: e for e in adadps._experiments(True)}["sparse"]
+    method = exp.methods[3]  # DP-SGD
+    config = adadps._config(exp, method, seed=0, lr=0.05, clip=0.5, n_train=1000, sigma=0.7)
+    config = type(config).from_dict({**config.to_dict(), "steps": 3, "eval_every": 0})
+    assert adadps._finished(tmp_path, config, method) is None
+    retrain(config=config, algorithm=method.algorithm, out=tmp_path)
+    assert adadps._finished(tmp_path, config, method).steps == 3
+    other = type(config).from_dict({**config.to_dict(), "lr": 0.1})
+    assert adadps._finished(tmp_path, other, method) is None
+    assert adadps._finished(tmp_path, config, exp.methods[4]) is None  # DP-Adam
