@@ -59,7 +59,7 @@ def retrain_command(
     diagonal: bool = typer.Option(False, "--diagonal", help="noisy-adagrad: diagonal preconditioner."),
     rule: str = typer.Option(None, help="AdaDPS preconditioner: rmsprop (default), adam, adagrad (public data), or fixed (side information)."),
     side_information: str = typer.Option(None, "--side-information", metavar="FILE|frequency", help="AdaDPS without public data (Option 2): a file of p positive values (.npy, .pt, .txt), or 'frequency' (feature/token frequencies of the public examples)."),
-    task: str = typer.Option("text", help="Task: text, cnn, geomedian, lowrank."),
+    task: str = typer.Option("text", help="Task: text, cnn, geomedian, lowrank, sparselinear, bow."),
     task_option: list[str] = typer.Option([], "--task-option", "-t", help="Task option KEY=VALUE (repeatable), e.g. -t n_public=200."),
     params: list[str] = typer.Option([], "--params", help="Parameter name patterns to train (as for collect)."),
     steps: int = typer.Option(None, help="Training steps (default 200 unless --epochs)."),
