@@ -28,7 +28,7 @@ def choices(enum: type[StrEnum]) -> str:
 
 
 # ---------------------------------------------------------------------- the shared options
-Task = Annotated[str, typer.Option("--task", help="Task: text, cnn, geomedian, lowrank.")]
+Task = Annotated[str, typer.Option("--task", help="Task: text, cnn, geomedian, lowrank, sparselinear, bow.")]
 TaskOption = Annotated[list[str], typer.Option(
     "--task-option", "-t", help="Task option KEY=VALUE (repeatable), e.g. -t n_train=2000.")]
 Params = Annotated[list[str], typer.Option(

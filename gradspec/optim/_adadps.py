@@ -9,7 +9,14 @@ Each step, before clipping::
 Option 1 (public data): a public mini-batch of size b' gives g^_t, the mean public
 gradient at the current parameters, and
 
-* ``rmsprop``: v_t = beta2 v_{t-1} + (1 - beta2) g^_t^2, A_t = sqrt(v_t) + eps, A(g) = g / A_t;
+* ``rmsprop``: v_t = beta2 v_{t-1} + (1 - beta2) g^_t^2, A_t = sqrt(v_t / (1 - beta2^t)) + eps,
+  A(g) = g / A_t. The bias correction makes A_t an estimate of sqrt(E[g^_t^2]), the
+  quantity the paper analyses (§4.1, §5: "A^t = sqrt(E[(g^t)^2]) + eps^t"; Theorem 2's
+  beta^t >= 1 - 1/t gives v_1 = g^_1^2), and what the authors' code divides by (the mean
+  of g^^2 over public batches). Without it A_t starts sqrt(1 - beta2) = 0.03 times too
+  small (beta2 = 0.999) and grows over thousands of steps, so the preconditioned
+  gradients, and with a fixed clipping norm C the share of them clipped, drift by up to
+  30x along training;
 * ``adagrad``: A_t^2 = A_{t-1}^2 + g^_t^2, A(g) = g / (A_t + eps);
 * ``adam``: M_t = beta1 M_{t-1} + (1 - beta1) g^_t and v_t as RMSProp, both bias-corrected,
   A(g) = (beta g + (1 - beta) M_t) / (sqrt(v_t) + eps), with beta = 1 - beta1 (the weight
@@ -259,11 +266,10 @@ class AdaDPS(OptimHooks):
             self.A = self.v.sqrt() + self.eps
             return
         self.v = self.beta2 * self.v + (1 - self.beta2) * ghat.square()
-        if self.rule == AdaDPSRule.RMSPROP:
-            self.A = self.v.sqrt() + self.eps
-        else:
+        # bias-corrected for both rules (module docstring): A_t estimates sqrt(E[g^_t^2])
+        self.A = (self.v / (1 - self.beta2**self.t)).sqrt() + self.eps
+        if self.rule == AdaDPSRule.ADAM:
             self.M = self.beta1 * self.M + (1 - self.beta1) * ghat
-            self.A = (self.v / (1 - self.beta2**self.t)).sqrt() + self.eps
 
     def precondition(self, grads: Tensor) -> Tensor:
         grads = super().precondition(grads)

@@ -13,6 +13,10 @@ Registered names (:func:`available_tasks`):
   (:mod:`gradspec.tasks.lowrank`).
 - ``"ballglm"``: ball-constrained logistic regression on unit-norm rank-r data, the
   constrained setting of Kairouz et al. 2021 (:mod:`gradspec.tasks.ballglm`).
+- ``"sparselinear"``: sparse linear regression with frequent/uninformative and
+  rare/informative features, AdaDPS's Figure 3 (:mod:`gradspec.tasks.sparse`).
+- ``"bow"``: synthetic bag-of-words sentiment with Zipf word frequencies, logistic
+  regression (:mod:`gradspec.tasks.bow`).
 
 Example:
     >>> from gradspec.tasks import make_task
@@ -23,7 +27,7 @@ Example:
     100
 """
 
-from gradspec.tasks import ballglm, cnn, geomedian, lowrank, text
+from gradspec.tasks import ballglm, bow, cnn, geomedian, lowrank, sparse, text
 from gradspec.tasks._base import (
     Batch,
     Task,
@@ -35,6 +39,7 @@ from gradspec.tasks._base import (
 )
 from gradspec.tasks._registry import available_tasks, make_task, register_task, task_options
 from gradspec.tasks.ballglm import BallOptimum, ball_basis, ball_optimum, logistic_risk
+from gradspec.tasks.bow import bow_polarity
 from gradspec.tasks.geomedian import (
     A_DIAGONALS,
     a_const,
@@ -44,6 +49,7 @@ from gradspec.tasks.geomedian import (
     restricted_lipschitz_coefficients,
 )
 from gradspec.tasks.lowrank import row_space_basis
+from gradspec.tasks.sparse import sparse_side_information
 from gradspec.tasks.text import HEAD_PATTERNS, QV_PATTERNS, tiny_bert
 
 __all__ = [
@@ -78,10 +84,15 @@ __all__ = [
     "ball_basis",
     "ball_optimum",
     "logistic_risk",
+    # AdaDPS tasks
+    "bow_polarity",
+    "sparse_side_information",
     # modules
     "ballglm",
+    "bow",
     "cnn",
     "geomedian",
     "lowrank",
+    "sparse",
     "text",
 ]

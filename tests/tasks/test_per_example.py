@@ -18,6 +18,8 @@ CASES = [
     ("lowrank-logistic", "lowrank", dict(kind="logistic", n=16, n_eval=4, d=12, r=3), 3),
     ("geomedian-sqrt", "geomedian", dict(d=15, d_min=5, n_train=16, n_eval=4), 3),
     ("cnn-digits", "cnn", dict(n_train=32, n_eval=8), 3),
+    ("sparselinear", "sparselinear", dict(n=16, n_eval=4, n_public=2, d=20), 3),
+    ("bow", "bow", dict(n=16, n_eval=4, n_public=2, vocab=50, n_stop=5, doc_len=10), 3),
     ("text-tiny-bert", "text", dict(model="tiny-bert", n_train=8, n_eval=4), 3),
     (
         "text-tiny-bert-head",
