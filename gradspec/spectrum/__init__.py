@@ -40,6 +40,12 @@ from gradspec.spectrum._report import (
     RowAnalysis,
     analyze_spectrum,
 )
+from gradspec.spectrum._subspace import (
+    gram_eigh,
+    gram_subspace_cosines,
+    principal_angles,
+    row_projections_from_gram,
+)
 from gradspec.spectrum._variance import (
     ExplainedVariance,
     StepError,
@@ -73,6 +79,11 @@ __all__ = [
     "privacy_term",
     "restricted_lipschitz_bound",
     "subspace_term",
+    # subspace diagnostics from the Gram matrix (Li et al. 2022, App. B)
+    "gram_eigh",
+    "gram_subspace_cosines",
+    "principal_angles",
+    "row_projections_from_gram",
     # density and explained variance
     "DensitySpace",
     "ExplainedVariance",
