@@ -43,6 +43,7 @@ from gradspec.spectrum._report import (
 from gradspec.spectrum._subspace import (
     gram_eigh,
     gram_subspace_cosines,
+    heldout_projections_from_gram,
     principal_angles,
     row_projections_from_gram,
 )
@@ -82,6 +83,7 @@ __all__ = [
     # subspace diagnostics from the Gram matrix (Li et al. 2022, App. B)
     "gram_eigh",
     "gram_subspace_cosines",
+    "heldout_projections_from_gram",
     "principal_angles",
     "row_projections_from_gram",
     # density and explained variance

@@ -29,6 +29,7 @@ from gradspec.spectrum._lipschitz import RowProjections
 __all__ = [
     "gram_eigh",
     "gram_subspace_cosines",
+    "heldout_projections_from_gram",
     "principal_angles",
     "row_projections_from_gram",
 ]
@@ -151,5 +152,46 @@ def row_projections_from_gram(
     sq = np.clip(np.diag(g).copy(), 0.0, None)
     energy = np.cumsum((u[:, :kmax] * sigma[:kmax]) ** 2, axis=1)
     energy = np.concatenate([np.zeros((r, 1)), energy], axis=1)
+    resid = np.clip(sq[:, None] - energy[:, ks_arr], 0.0, None)
+    return RowProjections(ks=ks_arr, sq_norms=sq, residual_sq=resid)
+
+
+def heldout_projections_from_gram(
+    g: np.ndarray,
+    fit_rows: np.ndarray | Sequence[int],
+    eval_rows: np.ndarray | Sequence[int],
+    ks: Sequence[int] | np.ndarray,
+) -> RowProjections:
+    """``RowProjections`` of rows ``eval_rows`` onto the top-k right-singular subspaces of H_fit.
+
+    Out of sample: the subspace of rows ``fit_rows`` (V = H_fitᵀ·U·Σ⁻¹) and rows it did not
+    see, so Ĝ_k does not drop to 0 at k = r as it does for H's own rows. With
+    G_fe = H_fit·H_evalᵀ: Vᵀ·g_j = Σ⁻¹·Uᵀ·G_fe[:, j], and
+    ‖(I − P_k)g_j‖² = G_jj − Σ_{i≤k} (Vᵀg_j)_i² (clamped at 0).
+
+    Args:
+        g: the Gram matrix of all rows (r×r).
+        fit_rows, eval_rows: disjoint row indices into ``g``.
+        ks: ranks, at most the number of positive singular values of H_fit.
+    """
+    g = _symmetric(g)
+    fit = np.asarray(fit_rows, dtype=np.int64)
+    ev = np.asarray(eval_rows, dtype=np.int64)
+    r = g.shape[0]
+    for name, idx in (("fit_rows", fit), ("eval_rows", ev)):
+        if idx.size == 0 or idx.min() < 0 or idx.max() >= r:
+            raise ValueError(f"{name} must be non-empty indices in [0, {r})")
+    if np.intersect1d(fit, ev).size:
+        raise ValueError("fit_rows and eval_rows overlap: held-out rows must be rows the subspace did not see")
+    ks_arr = np.unique(np.asarray(ks, dtype=np.int64))
+    kmax = int(ks_arr[-1]) if ks_arr.size else 0
+    if ks_arr.size == 0 or ks_arr[0] < 0 or kmax > fit.size:
+        raise ValueError(f"ranks must lie in [0, {fit.size}] (the fitted rows), got {np.asarray(ks).tolist()}")
+    sigma, u = gram_eigh(g[np.ix_(fit, fit)], max(kmax, 1))
+    if kmax and not sigma[kmax - 1] > 0:
+        raise ValueError(f"H_fit has rank below {kmax}: lower the ranks")
+    coords = (u[:, :kmax] / sigma[:kmax]).T @ g[np.ix_(fit, ev)]  # k×m: Vᵀ g_j
+    sq = np.clip(np.diag(g)[ev].copy(), 0.0, None)
+    energy = np.concatenate([np.zeros((ev.size, 1)), np.cumsum(coords.T**2, axis=1)], axis=1)
     resid = np.clip(sq[:, None] - energy[:, ks_arr], 0.0, None)
     return RowProjections(ks=ks_arr, sq_norms=sq, residual_sq=resid)

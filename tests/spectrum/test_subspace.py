@@ -10,6 +10,7 @@ from gradspec.linalg import GradientOperator, orthogonal_iteration
 from gradspec.spectrum import (
     gram_eigh,
     gram_subspace_cosines,
+    heldout_projections_from_gram,
     principal_angles,
     project_rows,
     restricted_lipschitz,
@@ -97,3 +98,16 @@ def test_orthogonal_iteration_on_a_gram_factor_equals_on_h() -> None:
     on_a = orthogonal_iteration(GradientOperator(a), k=5, iters=3, oversample=2, seed=4)
     np.testing.assert_allclose(on_a.theta, on_h.theta, rtol=1e-9)
     np.testing.assert_allclose(np.abs(np.sum(on_a.u * on_h.u, axis=0))[:5], 1.0, atol=1e-8)
+
+
+def test_heldout_projections_from_gram_match_project_rows() -> None:
+    h = _h(40, 300) + 0.01 * np.random.default_rng(3).standard_normal((40, 300))
+    fit, ev = np.arange(0, 30), np.arange(30, 40)
+    ks = [0, 1, 3, 10, 30]
+    ref = project_rows([(0, h[ev])], _right_vectors(h[fit], 30), ks=ks)
+    got = heldout_projections_from_gram(h @ h.T, fit, ev, ks)
+    np.testing.assert_allclose(got.sq_norms, ref.sq_norms, rtol=1e-10)
+    np.testing.assert_allclose(got.residual_sq, ref.residual_sq, atol=1e-10)
+    assert np.all(got.residual_sq[:, -1] > 0)  # out of sample: no zero at k = r_fit
+    with pytest.raises(ValueError, match="overlap"):
+        heldout_projections_from_gram(h @ h.T, fit, np.arange(25, 35), ks)
