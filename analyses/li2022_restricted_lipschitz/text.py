@@ -224,10 +224,11 @@ def run_pca(store: Path, out: Path, k: int) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- App. B and Fig. 2a
-def _fit(sigma: np.ndarray, k_max: int) -> dict[str, Any]:
+def _fit(sigma: np.ndarray, k_max: int, scale: str = "singular") -> dict[str, Any]:
+    """Power-law fit of σ_k (or of σ_k² with ``scale="eigen"``: exponent 2c) over ranks 1..k_max."""
     from gradspec.spectrum import fit_spectrum
 
-    f = fit_spectrum(sigma, k_range=(1, int(k_max)))
+    f = fit_spectrum(sigma, k_range=(1, int(k_max)), scale=scale)
     return {"c": float(f.c), "a": float(f.a), "r2": float(f.r2), "ci": [float(x) for x in f.ci], "stderr": float(f.stderr),
             "k_range": [1, int(k_max)], "object": f}
 
@@ -280,7 +281,7 @@ def run_appendix(scale: Scale, out: Path, figures: Path) -> dict[str, Any]:
     orthogonal_iteration(GradientOperator(u * sigma), k=kb, iters=iters[-1], oversample=10, seed=0,
                          on_iteration=keep)
     fig3 = {"k": kb, "exact_fit": {k: v for k, v in _fit(sigma[:kb], kb).items() if k != "object"}}
-    spectra, fits = {"exact": sigma[:kb]}, {"exact": _fit(sigma[:kb], kb)["object"]}
+    spectra, fits = {"exact": sigma[:kb]}, {"exact": _fit(sigma[:kb], kb, "eigen")["object"]}
     for t in iters:
         s_t, u_t, resid = snaps[t]
         f = _fit(s_t, kb)
@@ -288,7 +289,7 @@ def run_appendix(scale: Scale, out: Path, figures: Path) -> dict[str, Any]:
                           "max_rel_sigma_error": float(np.max(np.abs(s_t - sigma[:kb]) / sigma[:kb])),
                           "max_ritz_residual": resid,
                           "angles_vs_exact": _angles(g, u_t, s_t, u, sigma, scale.angle_ks)}
-        spectra[f"T={t}"], fits[f"T={t}"] = s_t, f["object"]
+        spectra[f"T={t}"], fits[f"T={t}"] = s_t, _fit(s_t, kb, "eigen")["object"]
     for t_a, t_b in zip(iters[:-1], iters[1:], strict=True):
         s_a, u_a, _ = snaps[t_a]
         s_b, u_b, _ = snaps[t_b]
@@ -323,7 +324,8 @@ def run_appendix(scale: Scale, out: Path, figures: Path) -> dict[str, Any]:
                      "fit_a": {k: v for k, v in fa.items() if k != "object"},
                      "fit_b": {k: v for k, v in fb.items() if k != "object"},
                      "angles": _angles(g[np.ix_(ia, ib)], ua, sa, ub, sb, scale.angle_ks)}
-        fig = plot_spectrum({la: sa[:kf], lb: sb[:kf]}, fits={la: fa["object"], lb: fb["object"]},
+        fig = plot_spectrum({la: sa[:kf], lb: sb[:kf]},
+                            fits={la: _fit(sa, kf, "eigen")["object"], lb: _fit(sb, kf, "eigen")["object"]},
                             scale="eigen", title=f"{'Fig. 4' if name == 'fig4' else 'Fig. 5'}: {la} vs {lb}")
         save_figure(fig, figures, f"{name}_rows", formats=("png",))
     return res
