@@ -66,3 +66,15 @@ def test_quick_mode_end_to_end(tmp_path) -> None:
     assert (tmp_path / "table.md").read_text().startswith("| claim |")
     for png in ("fig2a_spectrum", "fig3_iterations", "fig4_rows", "fig5_rows", "G_k"):
         assert (tmp_path / "figures" / f"{png}.png").stat().st_size > 1000
+
+
+def test_paired_differences_match_seeds() -> None:
+    groups = {
+        "topk": [{"rank": 100, "seed": s, "eval_accuracy": a} for s, a in ((0, 0.7), (1, 0.6), (2, 0.5))],
+        "dpsgd": [{"rank": None, "seed": s, "eval_accuracy": a} for s, a in ((0, 0.75), (1, 0.55))],
+    }
+    d = text.paired_differences(groups)["topk-k100"]
+    assert d["dpsgd"]["seeds"] == [0, 1]
+    assert d["dpsgd"]["values"] == pytest.approx([0.05, -0.05])
+    assert d["dpsgd"]["mean"] == pytest.approx(0.0)
+    assert d["random-k100"]["n"] == 0
