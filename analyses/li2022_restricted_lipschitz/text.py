@@ -442,6 +442,24 @@ def paired_differences(groups: dict[str, list[dict[str, Any]]]) -> dict[str, dic
     return out
 
 
+def _informative_seeds(runs: dict[str, list[dict[str, Any]]]) -> set[int] | None:
+    """Seeds where full DP-SGD beat the untrained model by more than 2 s.e. (None: not both run).
+
+    Only there can retraining in a subspace "recover" the full run's accuracy; where DP-SGD
+    itself stays at chance, top-k ≈ full holds trivially.
+    """
+    full = {r["seed"]: r for r in runs.get("dpsgd", []) if r.get("eval_accuracy") is not None}
+    base = {r["seed"]: r for r in runs.get("untrained", []) if r.get("eval_accuracy") is not None}
+    if not full or not base:
+        return None
+    out = set()
+    for sd in set(full) & set(base):
+        se = math.hypot(full[sd].get("eval_accuracy_se") or 0.0, base[sd].get("eval_accuracy_se") or 0.0)
+        if full[sd]["eval_accuracy"] - base[sd]["eval_accuracy"] > 2 * se:
+            out.add(sd)
+    return out
+
+
 def _fmt_acc(arm: dict[str, Any] | None) -> str:
     if not arm or not arm["accuracy"]["n"]:
         return "not run"
@@ -531,6 +549,12 @@ def build_table(results: dict[str, Any]) -> list[list[str]]:
             verdict = "n/a"
             paired = results["retrain"]["paired"].get(key, {})
             vs_full = paired.get("dpsgd")
+            informative = _informative_seeds(results["retrain"]["runs"])
+            if vs_full and vs_full["n"] and informative is not None:
+                keep = [i for i, sd in enumerate(vs_full["seeds"]) if sd in informative]
+                vs_full = {**mean_std([vs_full["values"][i] for i in keep]),
+                           "seeds": [vs_full["seeds"][i] for i in keep]}
+                dropped = sorted(set(paired["dpsgd"]["seeds"]) - set(vs_full["seeds"]))
             if vs_full and vs_full["n"]:
                 # noise of the comparison: the held-out s.e. of two runs, or the seed-to-seed spread
                 se = math.hypot(full["per_run_se"], top["per_run_se"])
@@ -538,8 +562,12 @@ def build_table(results: dict[str, Any]) -> list[list[str]]:
                     se = max(se, vs_full["std"] / math.sqrt(vs_full["n"]))
                 gap = vs_full["mean"]
                 verdict = (("yes" if gap <= 2 * se else "no")
-                           + f" (full − top-{k}, paired by seed: {gap:+.3f} over {vs_full['n']} seed(s); "
-                           f"2·s.e. = {2 * se:.3f})")
+                           + f" (full − top-{k}, paired by seed: {gap:+.3f} over seed(s) {vs_full['seeds']} "
+                           f"where full DP-SGD beat the untrained model by > 2 s.e.; 2·s.e. = {2 * se:.3f})")
+                if informative is not None and dropped:
+                    verdict += f"; seed(s) {dropped} uninformative: full DP-SGD itself stayed at chance"
+            elif informative is not None:
+                verdict = "untested: full DP-SGD did not beat the untrained model on any seed"
             pair_txt = "; ".join(f"{arm} − top-{k} per seed: "
                                  + ", ".join(f"s{sd}: {d:+.3f}" for sd, d in zip(v["seeds"], v["values"], strict=True))
                                  for arm, v in paired.items() if v["n"])
