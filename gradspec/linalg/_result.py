@@ -90,6 +90,9 @@ class PcaResult:
     source: dict[str, Any] = field(default_factory=dict)
     passes: int = 0
     rank: int | None = None
+    gram: np.ndarray | None = field(default=None, repr=False)
+    """H·Hᵀ (r×r, float64) of the selected rows: the exact method computes it anyway, and
+    it answers questions about row subsets without another pass (``gradspec.spectrum``)."""
 
     @property
     def k(self) -> int:

@@ -47,10 +47,11 @@ def gram_pca(
         out_dtype: dtype V is written in.
 
     Returns:
-        PcaResult with σ descending, U (r×k), V (p×k or None when streamed).
+        PcaResult with σ descending, U (r×k), V (p×k or None when streamed), and the Gram
+        matrix H·Hᵀ it was computed from (``gram``).
     """
     u, sigma, timings, g = gram_svd(op, k)
-    return finalize(
+    result = finalize(
         op,
         u,
         sigma,
@@ -62,3 +63,5 @@ def gram_pca(
         timings=timings,
         gram=g,
     )
+    result.gram = g
+    return result

@@ -49,6 +49,12 @@ from gradspec.spectrum._report import (
     analyze_spectrum,
 )
 from gradspec.spectrum._settings import decay_config, parse_bandwidth, parse_rank_range
+from gradspec.spectrum._subspace import (
+    gram_eigh,
+    gram_subspace_cosines,
+    heldout_projections_from_gram,
+    row_projections_from_gram,
+)
 from gradspec.spectrum._variance import (
     ExplainedVariance,
     StepError,
@@ -88,6 +94,11 @@ __all__ = [
     "eigengap",
     "principal_angles",
     "second_moment_distance",
+    # subspace diagnostics from the Gram matrix (Li et al. 2022, App. B)
+    "gram_eigh",
+    "gram_subspace_cosines",
+    "heldout_projections_from_gram",
+    "row_projections_from_gram",
     # density and explained variance
     "DensitySpace",
     "ExplainedVariance",
