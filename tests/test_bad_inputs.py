@@ -274,7 +274,7 @@ ROWS: list[Row] = [
     lib("task-option-not-a-number", lambda fx: gs.make_task("lowrank", n="abc", d=5, r=2),
         r"\bn\b.*integer"),
     lib("task-name-typo", lambda fx: gs.make_task("lowrnk"),
-        r"unknown task 'lowrnk'; choose one of \['bow', 'cnn', 'geomedian', 'lowrank', 'sparselinear', 'text'\]"),
+        r"unknown task 'lowrnk'; choose one of \['ballglm', 'bow', 'cnn', 'geomedian', 'lowrank', 'sparselinear', 'text'\]"),
     lib("per-example-batch-mean-loss", lambda fx: _pe("mean-loss"), r"one value per example.*reduction='none'"),
     lib("per-example-batchnorm-train-mode", lambda fx: _pe("batchnorm"),
         r"BatchNorm1d layer '1'.*train_mode=False"),
