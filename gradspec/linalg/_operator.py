@@ -58,7 +58,7 @@ class _Gram:
     def __init__(self, op: GradientOperator) -> None:
         r = op.shape[0]
         self.g = torch.zeros((r, r), dtype=torch.float64, device=op.device)
-        self.edges = block_edges(r, op.device)
+        self.edges = block_edges(r, op.device, dtype=op.dtype)
 
     def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
         sym_update(self.g, p, self.edges)
@@ -146,7 +146,7 @@ class _Project:
         # The shortcut needs V formed in float64: then Δ is all that differs from HᵀY.
         self.use_gram = gram is not None and op.dtype == torch.float64
         self.vtv = torch.zeros((k, k), dtype=torch.float64, device=dev)
-        self.k_edges = block_edges(k, dev)
+        self.k_edges = block_edges(k, dev, dtype=op.dtype)
         if self.use_gram:
             gy = np.asarray(gram, dtype=np.float64) @ y
             self.hv = torch.as_tensor(gy, device=dev)  # H·V = G·Y; H·Δ is added per panel
