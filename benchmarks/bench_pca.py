@@ -436,7 +436,8 @@ def measure(m: str, store: Path, k: int, work: Path, args, sig_ref, u_ref, limit
 def print_table(rows: list[dict], floor: dict, args) -> None:
     ok = [r for r in rows if "sigma_rel_err" in r]
     ours = ("gram", "gram_f64", "krylov")
-    peers = [r for r in ok if not r["method"].startswith(ours)]
+    # The reference is a row but no peer: it streams from the store and forms no V.
+    peers = [r for r in ok if not r["method"].startswith((*ours, "reference"))]
     print(f"\nH: r={args.r} p={args.p} k={args.k}, float32 store of {args.r * args.p * 4 / 1e9:.2f} GB "
           f"(page cache warm), {os.cpu_count()} CPU cores, torch threads {args.threads}, gradspec on {args.device}")
     print(f"floor ({floor['floor_kind']}): read {floor['read_GBps']:.2f} GB/s ({floor['read_s']:.2f}s), "
