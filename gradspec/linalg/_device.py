@@ -2,19 +2,24 @@
 
 Precision policy (what each ``precision`` does to a block product):
 
-- ``"float64"`` (the default, ``"auto"``): each float32 panel of H is cast to
-  float64 before multiplying. Products of float32 numbers are exact in float64,
-  so the Gram H·Hᵀ is the Gram of the stored matrix to ~1e-16 relative and the
-  exact method meets rtol 1e-6 on σ even for σ_k ≪ σ_1 (the Gram squares the
-  condition number). V = Hᵀ·U·Σ⁻¹ is formed in float64 too and rounded once
-  to V's stored dtype; the checks of the stored V then need only float32
-  products of that rounding (see ``_operator._Project``). Cost: float64 GEMM
-  runs at about half the float32 rate on AVX-512 CPUs (measured here: ~190 vs
-  ~350 GFLOP/s on 2 cores) and at ~1/7 of the dense TF32 rate on an H100.
+- ``"auto"`` (the default): ``"float32"`` when H's source holds float32 numbers
+  (every gradient store; float32 arrays), ``"float64"`` when it holds float64
+  ones. Chosen by measurement (``docs/bench_pca.txt``): on σᵢ ∝ i^-0.6 test
+  matrices of r = 1000…2000 rows the float32 path below reaches max σ relative
+  errors of ~5e-9 against a dense float64 reference, under the 1e-8 the
+  issue-14 goal asks for, at about half the cost of float64 products.
+- ``"float64"``: each float32 panel of H is cast to float64 before multiplying.
+  Products of float32 numbers are exact in float64, so the Gram H·Hᵀ is the
+  Gram of the stored matrix to ~1e-16 relative (σ errors ~1e-13). V is formed
+  in float64 and rounded once to its stored dtype. Cost: float64 GEMM runs at
+  about half the float32 rate on AVX-512 CPUs and ~1/7 of TF32 on an H100.
 - ``"float32"``: panel products in float32 (BLAS accumulation inside a panel of
-  ≤ 8192 columns), accumulated across panels in float64. Measured σ error on
-  power-law test matrices: ~1e-6·σ_1²/σ_i² relative (see tests/linalg); the
-  residuals of V are measured with float32 products (their own error ~1e-6).
+  ≤ 8192 columns), accumulated across panels in float64. The Gram's own σ error
+  is ~2e-8 (r=1000, p=250k, i^-0.6) and grows as ~1e-6·σ_1²/σ_i² in the worst
+  case; one refinement step in the V pass removes most of it: σᵢ is replaced by
+  the Rayleigh quotient ‖Hᵀuᵢ‖ (uᵢ unit), whose squared norm is accumulated
+  in float64 from the float32 V (see ``_result.finalize``). The residuals of V
+  are measured with float32 products accumulated in float64.
 - ``"tf32"``: float32 with TF32 tensor-core matmuls (CUDA only), ~1e-3·σ_1²/σ_i²;
   for exploration only — the accuracy report (residuals) says how far it went.
 """
@@ -32,6 +37,15 @@ from gradspec._device import resolve_device  # noqa: F401 - re-exported for grad
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "float64", "float32", "tf32")
+
+
+def effective_precision(precision: str, source_dtype: object) -> str:
+    """``"auto"`` -> ``"float32"`` for float32 data, ``"float64"`` otherwise; others unchanged."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    if precision != "auto":
+        return precision
+    return "float32" if np.dtype(source_dtype) == np.float32 else "float64"
 
 
 def resolve_precision(precision: str, device: torch.device) -> tuple[torch.dtype, bool]:

@@ -5,8 +5,12 @@ computing: with the rows of a panel cut into b blocks, the update is
 b(b+1)/2 GEMMs instead of b², i.e. (b+1)/(2b) of the flops of one full GEMM
 (BLAS ``syrk`` does the same; torch has none, and numpy's ``a @ a.T`` uses
 OpenBLAS's, which is slower here than MKL's GEMM on blocks of ~500 rows).
-On a 2-core Xeon (AVX-512, MKL) the blocked update runs at 1.2–1.4× the rate of
-one full GEMM; on CUDA a full GEMM is used (compute is not the bottleneck).
+On a 2-core Xeon (AVX-512, MKL) the blocked float64 update runs at 1.2–1.4× the
+rate of one full GEMM; on CUDA a full GEMM is used (compute is not the bottleneck).
+In float32 the blocked update is *slower* than one full GEMM (measured 2.4×
+slower at r=1000, w=8192 on the shared 2-core machine: each block product
+needs its own float32 temporary added to float64), so float32 panels use one
+full GEMM whose float32 result is added to the float64 accumulator in place.
 """
 
 from __future__ import annotations
@@ -18,9 +22,14 @@ import torch
 BLOCK_ROWS = 200
 
 
-def block_edges(n: int, device: torch.device, block_rows: int = BLOCK_ROWS) -> list[int]:
-    """Row-block edges for a symmetric update of an n×n matrix ([0, n]: one full GEMM)."""
-    nb = 1 if device.type != "cpu" else max(1, round(n / block_rows))
+def block_edges(
+    n: int, device: torch.device, block_rows: int = BLOCK_ROWS, dtype: torch.dtype = torch.float64
+) -> list[int]:
+    """Row-block edges for a symmetric update of an n×n matrix ([0, n]: one full GEMM).
+
+    ``dtype``: the dtype of the panels multiplied; float32 panels use one full GEMM.
+    """
+    nb = 1 if device.type != "cpu" or dtype != torch.float64 else max(1, round(n / block_rows))
     return [int(e) for e in np.linspace(0, n, nb + 1).round()]
 
 
@@ -41,7 +50,7 @@ def sym_update(g: torch.Tensor, a: torch.Tensor, edges: list[int]) -> None:
             if exact:
                 gij.addmm_(ai, aj.T)
             else:
-                gij += (ai @ aj.T).to(g.dtype)
+                gij.add_(ai @ aj.T)  # float32 product, added in float64 (type promotion)
 
 
 def sym_finish(g: torch.Tensor, edges: list[int]) -> np.ndarray:

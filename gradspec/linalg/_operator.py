@@ -26,7 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from gradspec.linalg._device import resolve_device, resolve_precision, to_device, to_numpy
+from gradspec.linalg._device import (
+    effective_precision,
+    resolve_device,
+    resolve_precision,
+    to_device,
+    to_numpy,
+)
 from gradspec.linalg._kernels import block_edges, sym_finish, sym_update
 from gradspec.linalg._sources import ColRanges, RowSelection, make_source
 
@@ -52,7 +58,7 @@ class _Gram:
     def __init__(self, op: GradientOperator) -> None:
         r = op.shape[0]
         self.g = torch.zeros((r, r), dtype=torch.float64, device=op.device)
-        self.edges = block_edges(r, op.device)
+        self.edges = block_edges(r, op.device, dtype=op.dtype)
 
     def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
         sym_update(self.g, p, self.edges)
@@ -104,11 +110,18 @@ class _Project:
     """The final pass: V = Hᵀ·U·Σ⁻¹ streamed to ``sink``; with ``verify``, H·V, VᵀV, ‖Hᵀu − σv‖².
 
     V is formed in the compute precision and rounded to its stored dtype; the
-    checks use the V actually stored, V_s = V + Δ (Δ: the rounding). Given the
-    Gram G of the same H (the exact method has it), H·V_s = G·Y + H·Δ with
-    Y = U·Σ⁻¹: G·Y is an r×r×k product, and H·Δ (Δ is ~1e-7·V) is accurate
-    enough in float32, so no float64 p-long product is needed. Without G,
-    H·V_s is accumulated panel by panel.
+    checks use the V actually stored, V_s = V + Δ (Δ: the rounding).
+
+    float64 products, given the Gram G of the same H (the exact method has it):
+    H·V_s = G·Y + H·Δ with Y = U·Σ⁻¹: G·Y is an r×r×k product, and H·Δ (Δ is
+    ~1e-7·V) is accurate enough in float32, so no float64 p-long product is needed.
+
+    float32 products (``precision="float32"``, the default for float32 data): V is
+    formed by one float32 GEMM per panel; in the same pass, with the panel still
+    at hand, H·V_s is accumulated (float32 products, float64 sums across panels),
+    VᵀV's off-diagonal likewise, and ‖v_i‖² in float64 from the float32 V (squares
+    of float32 numbers are exact in float64). ‖v_i‖² is returned even without
+    ``verify``: it is the Rayleigh quotient that refines σ (``_result.finalize``).
     """
 
     def __init__(
@@ -133,7 +146,7 @@ class _Project:
         # The shortcut needs V formed in float64: then Δ is all that differs from HᵀY.
         self.use_gram = gram is not None and op.dtype == torch.float64
         self.vtv = torch.zeros((k, k), dtype=torch.float64, device=dev)
-        self.k_edges = block_edges(k, dev)
+        self.k_edges = block_edges(k, dev, dtype=op.dtype)
         if self.use_gram:
             gy = np.asarray(gram, dtype=np.float64) @ y
             self.hv = torch.as_tensor(gy, device=dev)  # H·V = G·Y; H·Δ is added per panel
@@ -141,12 +154,17 @@ class _Project:
         else:
             self.hv = torch.zeros((op.shape[0], k), dtype=torch.float64, device=dev)
         self.rt2 = torch.zeros(k, dtype=torch.float64, device=dev)
+        # float32 products: ‖v_i‖² exactly (float64 sums of float32 squares), for the refinement.
+        self.f32 = op.dtype == torch.float32
+        self.n2 = torch.zeros(k, dtype=torch.float64, device=dev)
 
     def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
         vpt = self.yt @ p  # Vᵀ of this panel (k×w), in the compute dtype
         # V's rows as stored (rounded to V's dtype): a fresh w×k tensor the sink may keep.
         vs = torch.empty(vpt.shape[::-1], dtype=self.v_dtype, device=vpt.device).copy_(vpt.T)
         self.sink(off, to_numpy(vs))
+        if self.f32:
+            self.n2 += torch.linalg.vector_norm(vpt, dim=1, dtype=torch.float64) ** 2
         if not self.verify:
             return
         if self.use_gram:
@@ -160,6 +178,14 @@ class _Project:
             self.hv += (p32 @ dt.T).double()
             self.vtv += (dt @ vs.float()).double()
             return
+        if self.f32:
+            # Stored V equals the computed one (float32, or float32 widened exactly to float64):
+            # the rounding term of rt2 is zero.
+            if vs.dtype != torch.float32:
+                vs = vpt.T
+            self.hv += (p @ vs).double()
+            sym_update(self.vtv, vpt, self.k_edges)
+            return
         vs64 = vs.to(torch.float64)
         self.rt2 += torch.linalg.vector_norm(vs64.T - vpt, dim=1) ** 2 * self.sigma**2
         if p.dtype == torch.float64:
@@ -169,14 +195,17 @@ class _Project:
         sym_update(self.vtv, vs64.T, self.k_edges)
 
     def result(self) -> dict[str, np.ndarray] | None:
+        n2 = {"n2": to_numpy(self.n2)} if self.f32 else {}
         if not self.verify:
-            return None
+            return n2 or None
         if self.use_gram:
             c = to_numpy(self.vtv)
             vtv = self.ytgy + c + c.T
         else:
             vtv = sym_finish(self.vtv, self.k_edges)
-        return {"hv": to_numpy(self.hv), "vtv": vtv, "rt2": to_numpy(self.rt2)}
+            if self.f32:
+                np.fill_diagonal(vtv, n2["n2"])  # the exact squared norms
+        return {"hv": to_numpy(self.hv), "vtv": vtv, "rt2": to_numpy(self.rt2), **n2}
 
 
 class GradientOperator:
@@ -191,7 +220,8 @@ class GradientOperator:
         center: subtract the column means over the selected rows (off by default,
             as Li et al. 2022 analyse the uncentered H).
         device: ``"cpu"`` | ``"cuda"`` | ``"auto"``.
-        precision: ``"auto"``/``"float64"`` | ``"float32"`` | ``"tf32"`` (see ``_device``).
+        precision: ``"auto"`` (float32 products for float32 data, else float64) | ``"float64"`` |
+            ``"float32"`` | ``"tf32"`` (see ``_device``).
         memory: host-memory budget in bytes for blocks in flight (None: 2 GiB).
         block_cols: columns per read block (default: the store's chunk width).
         prefetch: blocks read ahead on a background thread.
@@ -223,8 +253,8 @@ class GradientOperator:
         self.shape: tuple[int, int] = tuple(self.source.shape)  # type: ignore[assignment]
         self.center = bool(center)
         self.device = resolve_device(device)
-        self.dtype, tf32 = resolve_precision(precision, self.device)
-        self.precision = "float64" if precision == "auto" else precision
+        self.precision = effective_precision(precision, getattr(self.source, "dtype", np.float64))
+        self.dtype, tf32 = resolve_precision(self.precision, self.device)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = tf32
         self.progress = progress

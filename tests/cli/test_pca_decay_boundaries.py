@@ -264,7 +264,8 @@ def interrupted(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "extra,names",
     [
-        (["--precision", "float32"], ["precision: saved 'float64', now 'float32'"]),
+        # The store holds float32: the default (auto) runs float32 products.
+        (["--precision", "float64"], ["precision: saved 'float32', now 'float64'"]),
         (["--iters", 8], ["iters: saved 6, now 8"]),
         (["--tol", "1e-9"], ["tol: saved None, now 1e-09"]),
         (["--oversample", 3], ["oversample: saved 10, now 3"]),
@@ -272,7 +273,7 @@ def interrupted(tmp_path, monkeypatch):
         (["--center"], ["center: saved False, now True"]),
         (["--params", "enc.*"], ["params: saved None, now ['enc.*']", "shape: saved (60, 100), now (60, 90)",
                                  "col_ranges: saved [[0, 100]], now [[0, 90]]"]),
-        (["--precision", "float32", "--seed", 2], ["precision:", "seed:"]),
+        (["--precision", "float64", "--seed", 2], ["precision:", "seed:"]),
     ],
     ids=["precision", "iters", "tol", "oversample", "seed", "center", "params", "two"],
 )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradspec.linalg import choose_method, pca, sign_fix
+from gradspec.linalg import GradientOperator, choose_method, pca, sign_fix
 from gradspec.linalg._result import rank_rtol
 from tests.linalg.cases import Case, max_principal_angle
 
@@ -186,3 +186,27 @@ def test_nan_in_h():
     h[4, 9] = np.inf
     with pytest.raises(ValueError, match="row 4"):
         pca(source=h, k=2, method="gram")
+
+
+def test_auto_precision_on_float32_data_refines_sigma():
+    """float32 data: ``auto`` takes float32 products (float64 sums) and refines σ by the Rayleigh
+    quotient ‖Hᵀu‖; σ then beats the float32 Gram's own eigenvalues against a float64 SVD."""
+    rng = np.random.default_rng(0)
+    r, p, k = 200, 40000, 60
+    u, _ = np.linalg.qr(rng.standard_normal((r, r)))
+    h = ((u * np.arange(1, r + 1) ** -0.6) @ rng.standard_normal((r, p)) / np.sqrt(p)).astype(
+        np.float32
+    )
+    ref = np.linalg.svd(h.astype(np.float64), compute_uv=False)[:k]
+    res = pca(source=h, k=k)
+    assert res.params["precision"] == "float32" and "rayleigh" in res.params["sigma_refined"]
+    err = np.max(np.abs(res.sigma - ref) / ref)
+    gram_only = np.sqrt(np.linalg.eigvalsh(GradientOperator(h).gram())[::-1][:k])
+    assert err < 2e-8 and err < 0.5 * np.max(np.abs(gram_only - ref) / ref)
+    assert np.all(np.diff(res.sigma) <= 0)
+    # The stored V is Hᵀu/σ_gram: unit to float32 rounding, its residual against the refined σ says so.
+    np.testing.assert_allclose(np.linalg.norm(res.V.astype(np.float64), axis=0), 1, atol=1e-6)
+    assert res.residuals.max() < 1e-5
+    f64 = pca(source=h, k=k, precision="float64")
+    assert f64.params["precision"] == "float64" and "sigma_refined" not in f64.params
+    np.testing.assert_allclose(f64.sigma, ref, rtol=1e-12)

@@ -91,7 +91,7 @@ def test_project_checks_with_the_gram_equal_direct_products(center):
     """With the Gram of pass 1, H·V_s and V_sᵀV_s of the stored float32 V equal dense float64 ones."""
     rng = np.random.default_rng(5)
     h = (rng.standard_normal((30, 20)) @ rng.standard_normal((20, 900))).astype(np.float32)
-    op = GradientOperator(h, block_cols=200, center=center)
+    op = GradientOperator(h, block_cols=200, center=center, precision="float64")
     g = op.gram()
     lam, u = np.linalg.eigh(g)
     u, sigma = u[:, ::-1][:, :8], np.sqrt(lam[::-1][:8])
