@@ -29,7 +29,7 @@ def pca_command(
     ),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto."),
     precision: str = typer.Option(
-        "auto", "--precision", help="Block products: auto/float64 | float32 | tf32."
+        "auto", "--precision", help="Block products (sums are float64): auto (float32 for float32/16 stores, with a refined sigma; float64 for float64 data) | float64 | float32 | tf32."
     ),
     memory: str = typer.Option(
         None, "--memory", help="Memory budget, e.g. 4G (default: half the free RAM, ≤ 8G)."
