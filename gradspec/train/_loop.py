@@ -190,7 +190,7 @@ class _Run:
                 target_epsilon=config.target_epsilon, sample_rate=self.acct_q, steps=self.steps,
                 delta=self.delta, sampling=config.sampling, method=config.accounting,
             )
-            logger.info("calibrated sigma = %.4f for epsilon = %g", self.sigma, config.target_epsilon)
+            logger.info("calibrated noise multiplier = %.4f for epsilon = %g", self.sigma, config.target_epsilon)
         self.accountant = PrivacyAccountant(method=config.accounting)
         if config.optimizer == "adam":
             self.optimizer: torch.optim.Optimizer = torch.optim.Adam(self.params, lr=config.lr)
@@ -603,17 +603,17 @@ def _prepare_resume(
         eps = run.planned_epsilon(run.steps)
         if run.steps > planned and not allow_larger_epsilon:
             raise ValueError(
-                f"sigma = {run.sigma:.4g} was calibrated for epsilon = {saved.target_epsilon:g} over {planned} "
-                f"steps; {run.steps} steps at that sigma end at epsilon = {eps:.3f}: pass "
+                f"the noise multiplier {run.sigma:.4g} was calibrated for epsilon = {saved.target_epsilon:g} over {planned} "
+                f"steps; {run.steps} steps at that noise multiplier end at epsilon = {eps:.3f}: pass "
                 "--allow-larger-epsilon to accept that, or start a new run with "
-                f"--epsilon {saved.target_epsilon:g} --steps {run.steps} (sigma recalibrated)"
+                f"--epsilon {saved.target_epsilon:g} --steps {run.steps} (the noise multiplier recalibrated)"
             )
         # sigma stays what the steps taken used: from now on the run is a fixed-sigma run.
         config = dataclasses.replace(config, noise_multiplier=run.sigma, target_epsilon=None)
         run.set_config(config)
     if run.steps != planned and run.sigma > 0:
         logger.log(logging.WARNING if run.steps > planned else logging.INFO,
-                   "resume: %d -> %d steps at sigma = %.4g: epsilon at the end %.3f -> %.3f (delta = %.3g)",
+                   "resume: %d -> %d steps at noise multiplier %.4g: epsilon at the end %.3f -> %.3f (delta = %.3g)",
                    planned, run.steps, run.sigma, run.planned_epsilon(planned),
                    run.planned_epsilon(run.steps), run.delta)
 
