@@ -183,8 +183,9 @@ def run_retrain(scale: Scale, seeds: list[int], out: Path, groups: list[str], ra
 # --------------------------------------------------------------------------- collect and pca
 def run_collect(scale: Scale, out: Path) -> Path:
     """The gradient store: reused when ``out/collect`` already holds rows (even a stopped run)."""
+    from gradspec.collect import collect
     from gradspec.store import GradientStore
-    from gradspec.train import TrainConfig, train
+    from gradspec.train import TrainConfig
 
     run = out / "collect"
     store = run / "gradients.zarr"
@@ -197,7 +198,7 @@ def run_collect(scale: Scale, out: Path) -> Path:
                       batch_size=scale.collect_batch, target_epsilon=scale.epsilon,
                       noise_multiplier=None, optimizer="adam", lr=scale.collect_lr, eval_every=0,
                       checkpoint_every=100, seed=0)
-    train(cfg, out=run, write_store=True, overwrite=True)
+    collect(cfg, out=run, overwrite=True)
     return store
 
 
