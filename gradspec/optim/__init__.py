@@ -27,10 +27,12 @@ from gradspec.optim._constraint import BallConstraint, project_ball
 from gradspec.optim._dpadam import DPAdam
 from gradspec.optim._pdp import PDPSGD, pdp_sgd, rpdp_sgd
 from gradspec.optim._projectors import (
+    LARGE_BASIS,
     FixedProjector,
     Projector,
     PublicProjector,
     RandomProjector,
+    orthonormalize_,
     public_ids,
     public_split,
     top_eigenvectors_from_rows,
@@ -70,6 +72,7 @@ __all__ = [
     "load_side_information",
     # projectors
     "FixedProjector",
+    "LARGE_BASIS",
     "Projector",
     "PublicProjector",
     "RandomProjector",
@@ -83,6 +86,7 @@ __all__ = [
     "algorithm_options",
     "make_algorithm",
     "make_projector",
+    "orthonormalize_",
     "spectrum_basis",
     "spectrum_layout",
     # experiments

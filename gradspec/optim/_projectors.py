@@ -15,6 +15,11 @@ order) and applies ``P x = V (V^T x)`` in O(pk). Three kinds:
 
 Projectors are set up against a run (``setup(ctx)``) and may refresh their basis at
 the start of a step (``update(step, ctx)``, which says whether the basis changed).
+
+Large bases (more than :data:`LARGE_BASIS` entries, e.g. k = 1000 directions of
+MiniLM's 1.77M query/value weights: 7 GB in float32) stay in float32 and are
+orthonormalised in place by Cholesky QR with float64 Gram sums, because a float64 copy
+and a Householder QR of them would need 14–28 GB; small ones are kept in float64.
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "FixedProjector",
+    "LARGE_BASIS",
     "Projector",
     "PublicProjector",
     "RandomProjector",
     "public_ids",
+    "orthonormalize_",
     "public_split",
     "top_eigenvectors_from_rows",
 ]
@@ -106,9 +113,70 @@ class Projector:
             )
 
 
+#: Above this many entries (p·k) a basis is kept in float32 and orthonormalised in place.
+LARGE_BASIS = 20_000_000
+#: Rows per block of the float64-summed Gram V^T V (the float32 products stay short).
+_GRAM_ROWS = 8192
+
+
+def _gram64(v: Tensor) -> Tensor:
+    """``V^T V`` (k x k, float64) of a tall V: row-block products in V's dtype, summed in float64.
+
+    Memory is one k x k block beyond V; a float64 copy of V is never made.
+    """
+    k = v.shape[1]
+    gram = torch.zeros(k, k, dtype=torch.float64, device=v.device)
+    for i in range(0, v.shape[0], _GRAM_ROWS):
+        block = v[i:i + _GRAM_ROWS]
+        gram += (block.T @ block).double()
+    return (gram + gram.T) / 2
+
+
+def _orthonormality_error(v: Tensor) -> float:
+    """``max |V^T V - I|``."""
+    gram = _gram64(v) if v.numel() > LARGE_BASIS else v.T.double() @ v.double()
+    return (gram - torch.eye(v.shape[1], dtype=torch.float64, device=v.device)).abs().max().item()
+
+
+def orthonormalize_(v: Tensor, *, tol: float | None = None, max_passes: int = 3) -> float:
+    """Orthonormalise the columns of a tall ``v`` (p x k) in place; returns ``max |V^T V - I|``.
+
+    Cholesky QR: with ``V^T V = R^T R`` (R upper triangular, from the float64 Gram),
+    ``V <- V R^{-1}`` has orthonormal columns and, as R is triangular, its first j
+    columns span what the first j columns of V spanned, for every j. One pass leaves
+    an error of order eps·cond(V)^2, so passes repeat (at most ``max_passes``) until
+    the measured error is at most ``tol`` (default 1e-5 in float32, 1e-12 in float64).
+    The time is about 3pk^2 flops per pass plus 2pk^2 per check; the memory, V itself.
+
+    Raises:
+        ValueError: if V is not 2-D with p >= k, or its columns are linearly dependent
+            to working precision (Cholesky fails).
+    """
+    if v.ndim != 2 or v.shape[0] < v.shape[1]:
+        raise ValueError(f"orthonormalize_ needs a tall p x k matrix (p >= k), got shape {tuple(v.shape)}")
+    if tol is None:
+        tol = 1e-5 if v.dtype in (torch.float32, torch.float16, torch.bfloat16) else 1e-12
+    eye = torch.eye(v.shape[1], dtype=torch.float64, device=v.device)
+    gram = _gram64(v)
+    err = (gram - eye).abs().max().item()
+    for _ in range(max_passes):
+        if err <= tol:
+            break
+        chol, info = torch.linalg.cholesky_ex(gram)
+        if int(info) != 0:
+            raise ValueError(f"the basis columns are linearly dependent (Cholesky of V^T V failed at "
+                             f"column {int(info)}): pass k independent directions")
+        r = chol.T.to(v.dtype)
+        for i in range(0, v.shape[0], _GRAM_ROWS):
+            block = v[i:i + _GRAM_ROWS]
+            block.copy_(torch.linalg.solve_triangular(r, block, upper=True, left=False))
+        gram = _gram64(v)
+        err = (gram - eye).abs().max().item()
+    return err
+
+
 def _orthonormal(v: Tensor, what: str, atol: float) -> None:
-    gram = v.T.double() @ v.double()
-    err = (gram - torch.eye(v.shape[1], dtype=torch.float64, device=v.device)).abs().max().item()
+    err = _orthonormality_error(v)
     if err > atol:
         raise ValueError(
             f"{what} is not orthonormal (max |V^T V - I| = {err:.2e} > {atol:g}); pass "
@@ -165,7 +233,9 @@ def _check_layout(basis: Layout, run: Layout, p: int) -> None:
 
 
 def _fingerprint(v: Tensor) -> str:
-    return hashlib.sha1(v.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()).hexdigest()
+    """SHA-1 of V's float32 bytes, read in place (a float32 CPU basis is not copied)."""
+    a = v.detach().to("cpu", torch.float32).contiguous().numpy()
+    return hashlib.sha1(memoryview(a).cast("B")).hexdigest()
 
 
 class FixedProjector(Projector):
@@ -174,20 +244,24 @@ class FixedProjector(Projector):
     Args:
         basis: V (p x k'), k' >= rank; the first ``rank`` columns are used.
         rank: k (default: all columns).
-        orthonormalize: re-orthonormalise with a QR decomposition (for a basis
-            stored in low precision); by default the basis is checked instead.
+        orthonormalize: re-orthonormalise (QR in float64; in place by Cholesky QR
+            for a large basis, see the module note), for a basis stored in low
+            precision; by default the basis is checked instead.
         atol: tolerance of the orthonormality check.
         layout: the parameters the basis rows belong to, in order: a ``ParamLayout`` or
             ``(name, shape)`` pairs. When given, :meth:`setup` refuses a run that trains
             other parameters (names, shapes or order differ), even of the same p.
         source: where the basis came from (recorded by :meth:`describe`).
+        copy: ``False`` lets a large float32 basis be orthonormalised in place, so
+            the caller's tensor changes (saves a p x k copy; for a basis read from a
+            store that nobody else holds).
     """
 
     kind = "fixed"
 
     def __init__(
         self, basis: Tensor, *, rank: int | None = None, orthonormalize: bool = False,
-        atol: float = 1e-3, layout: Any = None, source: str | None = None,
+        atol: float = 1e-3, layout: Any = None, source: str | None = None, copy: bool = True,
     ) -> None:
         basis = torch.as_tensor(basis)
         if basis.ndim != 2:
@@ -196,12 +270,23 @@ class FixedProjector(Projector):
         if rank > basis.shape[1]:
             raise ValueError(f"rank k={rank} exceeds the {basis.shape[1]} basis vectors available")
         super().__init__(rank)
-        v = basis[:, :rank].double()
-        if orthonormalize:
-            v, _ = torch.linalg.qr(v)
+        v = basis[:, :rank]
+        self.orthonormality_error: float | None = None
+        if v.numel() > LARGE_BASIS:  # float32, no float64 copy, no Householder workspace
+            keep = not copy and v.dtype == torch.float32 and v.is_contiguous()
+            v = v if keep else v.to(torch.float32, copy=True).contiguous()
+            if orthonormalize:
+                self.orthonormality_error = orthonormalize_(v)
+            else:
+                _orthonormal(v, "the given basis", atol)
         else:
-            _orthonormal(v, "the given basis", atol)
+            v = v.double()
+            if orthonormalize:
+                v, _ = torch.linalg.qr(v)
+            else:
+                _orthonormal(v, "the given basis", atol)
         self._source = v
+        self._fp = _fingerprint(v)
         self.layout = None if layout is None else _layout_pairs(layout)
         self.source = source
         if self.layout is not None:
@@ -222,22 +307,27 @@ class FixedProjector(Projector):
         self._basis = self._source.to(device=ctx.device, dtype=dtype)  # moved once
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "fingerprint": _fingerprint(self._source), "source": self.source,
-                "parameters": None if self.layout is None else [n for n, _ in self.layout]}
+        return {**super().describe(), "fingerprint": self._fp, "source": self.source,
+                "parameters": None if self.layout is None else [n for n, _ in self.layout],
+                "dtype": str(self._source.dtype).removeprefix("torch.")}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "fingerprint": _fingerprint(self._source)}
+        return {**super().state_dict(), "fingerprint": self._fp}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        if state.get("fingerprint") != _fingerprint(self._source):
+        if state.get("fingerprint") != self._fp:
             raise ValueError("the checkpoint was trained in a different fixed subspace (basis differs)")
 
 
 class RandomProjector(Projector):
-    """A Gaussian p x k matrix, orthonormalised by QR (RPDP-SGD, Zhou et al. 2021 §5).
+    """A Gaussian p x k matrix, orthonormalised (RPDP-SGD, Zhou et al. 2021 §5).
 
-    The basis is regenerated from ``seed`` (not stored in checkpoints).
+    Its span is uniformly distributed over k-dimensional subspaces (the Gaussian
+    matrix's law is rotation invariant, and orthonormalising keeps the span). QR in
+    float64; a large basis is drawn in float32 and orthonormalised in place by
+    Cholesky QR (see the module note). The basis is regenerated from ``seed`` (not
+    stored in checkpoints).
     """
 
     kind = "random"
@@ -245,14 +335,17 @@ class RandomProjector(Projector):
     def __init__(self, rank: int, *, seed: int = 0) -> None:
         super().__init__(rank)
         self.seed = int(seed)
+        self.orthonormality_error: float | None = None
 
     def setup(self, ctx: StepContext) -> None:
         super().setup(ctx)
         p = ctx.layout.p
         generator = torch.Generator().manual_seed(self.seed)
-        dtype = torch.float64 if p * self.rank <= 20_000_000 else torch.float32
-        g = torch.randn(p, self.rank, generator=generator, dtype=dtype)
-        q, _ = torch.linalg.qr(g)
+        if p * self.rank <= LARGE_BASIS:
+            q, _ = torch.linalg.qr(torch.randn(p, self.rank, generator=generator, dtype=torch.float64))
+        else:
+            q = torch.randn(p, self.rank, generator=generator, dtype=torch.float32)
+            self.orthonormality_error = orthonormalize_(q)
         pdtype = ctx.params[0].dtype if ctx.params else torch.float32
         self._basis = q.to(device=ctx.device, dtype=pdtype)
 

@@ -13,6 +13,7 @@ import os
 from enum import StrEnum
 from typing import Any
 
+import numpy as np
 import torch
 
 from gradspec._enums import parse_choice
@@ -20,7 +21,13 @@ from gradspec.optim._adadps import AdaDPS
 from gradspec.optim._adagrad import NoisyAdaGrad
 from gradspec.optim._dpadam import DPAdam
 from gradspec.optim._pdp import PDPSGD
-from gradspec.optim._projectors import FixedProjector, Projector, PublicProjector, RandomProjector
+from gradspec.optim._projectors import (
+    LARGE_BASIS,
+    FixedProjector,
+    Projector,
+    PublicProjector,
+    RandomProjector,
+)
 from gradspec.optim._subspace import SubspaceRetrain
 from gradspec.train import StepHooks
 
@@ -86,7 +93,11 @@ def algorithm_options(name: Algorithm | str) -> tuple[str, ...]:
 
 
 def spectrum_basis(path: str | os.PathLike, rank: int) -> torch.Tensor:
-    """The first ``rank`` right singular vectors (p x rank, float64) of a spectrum store.
+    """The first ``rank`` right singular vectors (p x rank) of a spectrum store.
+
+    float64, or the store's own dtype (float32) above
+    :data:`~gradspec.optim.LARGE_BASIS` entries; read block by block, so memory is the
+    p x rank result (not all of the store's k columns).
 
     Raises:
         ValueError: if the store is not complete or holds fewer than ``rank`` vectors.
@@ -99,8 +110,12 @@ def spectrum_basis(path: str | os.PathLike, rank: int) -> torch.Tensor:
                          "finish `gradspec pca` first")
     if rank > store.k:
         raise ValueError(f"rank {rank} exceeds the {store.k} vectors in {str(path)!r}")
-    v = torch.from_numpy(store.read_v()[:, :rank].astype("float64"))
-    return v
+    p = store.shape[1]
+    large = p * rank > LARGE_BASIS
+    v = np.empty((p, rank), dtype=store.V.dtype if large else np.float64)
+    for offset, block in store.iter_v_blocks():
+        v[offset:offset + block.shape[0]] = block[:, :rank]
+    return torch.from_numpy(v)
 
 
 def spectrum_layout(path: str | os.PathLike) -> list[tuple[str, tuple[int, ...]]] | None:
@@ -248,7 +263,8 @@ def make_projector(
                     "the run's parameters cannot be checked against it; pass check_layout=False "
                     "(CLI --no-layout-check) to compare p only")
         return FixedProjector(basis, rank=rank, orthonormalize=spectrum is not None, layout=layout,
-                              source=None if spectrum is None else os.fspath(spectrum))
+                              source=None if spectrum is None else os.fspath(spectrum),
+                              copy=spectrum is None)  # a basis read here is ours to change
     if kind == ProjectorKind.PUBLIC:
         return PublicProjector(rank, public_size=public_size, period=period, seed=seed)
     return RandomProjector(rank, seed=seed)

@@ -112,3 +112,67 @@ def test_make_projector_choices():
     with pytest.raises(ValueError, match="exactly one"):
         make_projector("spectrum", rank=2)
     assert isinstance(make_projector("spectrum", rank=2, basis=orthonormal(8, 3)), FixedProjector)
+
+
+# ---------------------------------------------------------------- large bases (float32, in place)
+@pytest.fixture
+def small_large_basis(monkeypatch):
+    """Make every basis above 2,000 entries "large", so the float32 path runs at test size."""
+    import gradspec.optim._projectors as projectors
+
+    monkeypatch.setattr(projectors, "LARGE_BASIS", 2_000)
+    monkeypatch.setattr(projectors, "_GRAM_ROWS", 64)  # several row blocks
+    return projectors
+
+
+def test_orthonormalize_in_place_keeps_nested_spans_against_float64_qr(small_large_basis):
+    """Cholesky QR in float32 spans what float64 Householder QR spans, column prefix by prefix."""
+    g = torch.Generator().manual_seed(0)
+    p, k = 500, 12
+    a = torch.randn(p, k, generator=g, dtype=torch.float64) @ torch.triu(torch.rand(k, k, generator=g) + 0.5).double()
+    v = a.float().contiguous()
+    ptr = v.data_ptr()
+    err = small_large_basis.orthonormalize_(v)
+    assert v.data_ptr() == ptr and v.dtype == torch.float32  # in place, no copy
+    assert err <= 1e-5
+    np.testing.assert_allclose((v.double().T @ v.double()).numpy(), np.eye(k), atol=2e-6)
+    q, _ = torch.linalg.qr(a)
+    for j in (1, 5, k):  # span of the first j columns is unchanged
+        assert subspace_distance(v[:, :j].double(), q[:, :j]) < 1e-5
+    with pytest.raises(ValueError, match="linearly dependent"):
+        small_large_basis.orthonormalize_(torch.ones(p, 3))
+    with pytest.raises(ValueError, match="tall"):
+        small_large_basis.orthonormalize_(torch.randn(3, 5))
+
+
+def test_large_fixed_basis_stays_float32_and_projects_like_float64(small_large_basis):
+    g = torch.Generator().manual_seed(1)
+    p, k = 400, 9
+    raw = torch.randn(p, k, generator=g)
+    caller = raw.clone()
+    proj = FixedProjector(caller, orthonormalize=True)
+    assert torch.equal(caller, raw)  # copy=True (default) leaves the caller's tensor alone
+    assert proj.describe()["dtype"] == "float32" and proj.orthonormality_error <= 1e-5
+    proj.setup(fake_run(p))
+    ref, _ = torch.linalg.qr(raw.double())
+    x = torch.randn(3, p, generator=g)
+    torch.testing.assert_close(proj.project(x).double(), x.double() @ ref @ ref.T, atol=1e-5, rtol=0)
+    owned = raw.clone()
+    FixedProjector(owned, orthonormalize=True, copy=False)
+    assert not torch.equal(owned, raw)  # copy=False: orthonormalised in the caller's tensor
+    with pytest.raises(ValueError, match="not orthonormal"):
+        FixedProjector(raw)  # the check runs on the large path too
+    same = FixedProjector(proj.basis.clone())  # checked, not changed
+    assert same.state_dict()["fingerprint"] == proj.state_dict()["fingerprint"]
+
+
+def test_large_random_basis_is_orthonormal_seeded_and_float32(small_large_basis):
+    a, b = RandomProjector(8, seed=3), RandomProjector(8, seed=3)
+    a.setup(fake_run(600))
+    b.setup(fake_run(600))
+    assert a.basis.dtype == torch.float32 and a.orthonormality_error <= 1e-5
+    torch.testing.assert_close(a.basis, b.basis)
+    np.testing.assert_allclose((a.basis.double().T @ a.basis.double()).numpy(), np.eye(8), atol=2e-6)
+    c = RandomProjector(8, seed=4)
+    c.setup(fake_run(600))
+    assert subspace_distance(a.basis.double(), c.basis.double()) > 0.5  # another seed, another subspace
