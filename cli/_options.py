@@ -61,6 +61,9 @@ Microbatch = Annotated[int, typer.Option(
 EvalEvery = Annotated[int, typer.Option("--eval-every", help="Evaluate every N steps (0: only at the end).")]
 LogEvery = Annotated[int, typer.Option("--log-every", help="Log loss and epsilon every N steps.")]
 Seed = Annotated[int, typer.Option("--seed", help="Random seed.")]
+TaskSeed = Annotated[int, typer.Option(
+    "--task-seed", help="Seed of the task alone (its data, a random head); default --seed. Fix it to vary "
+    "only the batches and the noise across --seed(s).")]
 Device = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
 
 # Options that set a CollectConfig field: option parameter -> field ("sigma" is the
@@ -74,7 +77,7 @@ SETTINGS = {
     "accounting": "accounting", "optimizer": "optimizer", "lr": "lr", "dtype": "dtype",
     "backend": "backend", "microbatch": "microbatch", "eval_every": "eval_every",
     "log_every": "log_every", "checkpoint_every": "checkpoint_every",
-    "skip_nonfinite": "skip_nonfinite", "seed": "seed", "device": "device", "compressor": "compressor",
+    "skip_nonfinite": "skip_nonfinite", "seed": "seed", "task_seed": "task_seed", "device": "device", "compressor": "compressor",
 }
 
 

@@ -29,6 +29,7 @@ from cli._options import (
     Steps,
     Task,
     TaskOption,
+    TaskSeed,
     choices,
     deprecated_alias,
     resume_settings,
@@ -67,6 +68,7 @@ def collect_command(
     checkpoint_every: int = typer.Option(50, help="Commit rows and checkpoint every N steps."),
     skip_nonfinite: bool = typer.Option(False, "--skip-nonfinite", help="Skip steps with NaN/Inf gradients instead of stopping."),
     seed: Seed = 0,
+    task_seed: TaskSeed = None,
     device: Device = "cpu",
     compressor: str = typer.Option(None, help="Store compression: zstd or blosc (default none)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint. Options given with it must match the run, except the run's length (--steps/--epochs), --eval-every, --log-every, --checkpoint-every, --skip-nonfinite, --microbatch."),
@@ -91,7 +93,7 @@ def collect_command(
             clip=not no_clip, noise_multiplier=noise_multiplier, epsilon=epsilon, delta=delta, accounting=accounting,
             optimizer=optimizer, lr=lr, dtype=dtype, backend=backend, microbatch=microbatch,
             eval_every=eval_every, log_every=log_every, checkpoint_every=checkpoint_every,
-            skip_nonfinite=skip_nonfinite, seed=seed, device=device, compressor=compressor,
+            skip_nonfinite=skip_nonfinite, seed=seed, task_seed=task_seed, device=device, compressor=compressor,
         )
     result = collect(config, out=out, resume=resume, overwrite=overwrite, progress=not no_progress,
                      stop_after=stop_after, allow_larger_epsilon=allow_larger_epsilon)

@@ -29,6 +29,7 @@ from cli._options import (
     Steps,
     Task,
     TaskOption,
+    TaskSeed,
     deprecated_alias,
     training_config,
 )
@@ -106,6 +107,7 @@ def retrain_command(
     eval_every: EvalEvery = 20,
     log_every: LogEvery = 10,
     seed: Seed = 0,  # also seeds the random projector and the public examples drawn
+    task_seed: TaskSeed = None,
     device: Device = "cpu",
     train_metrics: bool = typer.Option(True, "--train-metrics/--no-train-metrics", help="Also report loss and accuracy on the training set at the end."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing runs."),
@@ -149,7 +151,7 @@ def retrain_command(
         batch_size=batch_size, sampling=sampling, max_grad_norm=max_grad_norm,
         noise_multiplier=noise_multiplier, epsilon=epsilon, delta=delta, accounting=accounting, optimizer=optimizer, lr=lr,
         microbatch=microbatch, eval_every=eval_every, log_every=log_every,
-        checkpoint_every=max(eval_every, 50), seed=seed, device=device, backend=backend,
+        checkpoint_every=max(eval_every, 50), seed=seed, task_seed=task_seed, device=device, backend=backend,
     )
 
     def options(name: str) -> dict:

@@ -268,7 +268,7 @@ def retrain(
     if task is None:
         from gradspec.tasks import make_task
 
-        task = make_task(config.task, seed=config.seed, **config.task_options)
+        task = make_task(config.task, seed=config.seed_of_task, **config.task_options)
     if not getattr(hooks, "subsampling_amplification", True) and config.sampling == "poisson":
         logger.info("%s: the gradient releases are accounted without amplification by subsampling "
                     "(the hooks' releases read the sampled batches)", hooks.name)

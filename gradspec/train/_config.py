@@ -90,7 +90,10 @@ class TrainConfig:
         checkpoint_every: commit rows and save a resumable checkpoint every this many steps.
         skip_nonfinite: skip (not store, not apply) steps with NaN/Inf gradients
             instead of stopping.
-        seed: seeds the task, the sampler and the noise.
+        seed: seeds the sampler and the noise, and the task unless ``task_seed`` is given.
+        task_seed: seeds the task alone (its data, a random head); ``None``: ``seed``.
+            Fixing it while ``seed`` varies repeats a run on the same data and model
+            with other batches and noise (as papers' "seeds" usually mean).
         device: ``cpu`` | ``cuda`` | ``auto``.
         compressor: ``None`` | ``zstd`` | ``blosc`` for the store.
         writer_queue: rows that may wait for the background writer.
@@ -122,6 +125,7 @@ class TrainConfig:
     checkpoint_every: int = 50
     skip_nonfinite: bool = False
     seed: int = 0
+    task_seed: int | None = None
     device: str = "cpu"
     compressor: str | None = None
     writer_queue: int = 64
@@ -211,6 +215,11 @@ class TrainConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @property
+    def seed_of_task(self) -> int:
+        """The seed the task is built with: ``task_seed``, or ``seed`` when that is None."""
+        return self.seed if self.task_seed is None else self.task_seed
 
     @property
     def custom_task(self) -> bool:
@@ -338,8 +347,8 @@ def bind_task(config: TrainConfig, task: Task | None) -> tuple[TrainConfig, Task
             )
         from gradspec.tasks import make_task
 
-        return config, make_task(config.task, seed=config.seed, **config.task_options)
-    identity = _task_identity(task, config.seed)
+        return config, make_task(config.task, seed=config.seed_of_task, **config.task_options)
+    identity = _task_identity(task, config.seed_of_task)
     if identity is None:
         custom = CUSTOM_PREFIX + str(getattr(task, "name", "task"))
         return dataclasses.replace(config, task=custom, task_options={}), task
