@@ -334,6 +334,9 @@ def text_task(
     params: list[str] | None = None,
     dropout: float | None = 0.0,
     head_std: float | None = None,
+    head: str = "random",
+    head_seed: int | None = None,
+    head_l2: float = 1e-2,
 ) -> Task:
     """Sequence classification, training the attention query/value weights by default.
 
@@ -363,6 +366,14 @@ def text_task(
             order one; with BERT's default 0.02 a frozen head caps the logits near
             +-0.1 and the loss barely moves from log 2 (Li et al. sidestep this with a
             pretrained LM head and templates). A trained head keeps the model's init.
+        head: ``"random"``: the classifier is drawn from ``head_seed`` (above);
+            ``"public"``: it is fitted to the public split (L2-regularised logistic
+            regression, weight ``head_l2``, on the inputs the classifier receives from
+            the pretrained body, in eval mode), a trained head that uses no private
+            example (Li et al. 2022 App. B.2 contrast a random head with a trained one).
+        head_seed: the seed of the random head (default ``seed``), so that heads can
+            change while the data stay those of ``seed``.
+        head_l2: the L2 weight of the public fit (mean loss + head_l2/2 · ‖W‖²).
 
     Returns:
         A task with data ``input_ids``, ``attention_mask`` (``token_type_ids``),
@@ -377,6 +388,11 @@ def text_task(
             raise ValueError(f"{key} must be positive or None, got {n}")
     if n_public < 0:
         raise ValueError(f"n_public must be >= 0, got {n_public}")
+    if head not in ("random", "public"):
+        raise ValueError(f"head must be 'random' or 'public', got {head!r}")
+    if head == "public" and (n_public == 0 or train_head):
+        raise ValueError("head='public' fits the head on the public split and keeps it frozen: "
+                         "give n_public > 0 and drop train_head")
     if max_length < 2:
         raise ValueError(f"max_length must be >= 2, got {max_length}")
     extra: dict[str, Any] = {}
@@ -410,7 +426,7 @@ def text_task(
     if head_std is None and not train_head:
         head_std = 3.0 / float(getattr(net.config, "hidden_size", 768)) ** 0.5
     if head_std is not None:
-        _reseed_head(net, seed, head_std)
+        _reseed_head(net, seed if head_seed is None else head_seed, head_std)
     if dataset is None:
         train = tokenize_texts(
             tokenizer, train_texts, train_labels, max_length=max_length, padding=padding
@@ -438,6 +454,11 @@ def text_task(
     train, held_out = TensorData(train.tensors, train_ids), TensorData(held_out.tensors, eval_ids)
     if public is not None:
         public = TensorData(public.tensors, public_ids)
+    if head == "public":
+        extra["head"] = fit_head_on(net, _TextForward(net), public, l2=head_l2)
+    else:
+        extra["head"] = {"init": "trained with the body" if train_head else "random",
+                         "seed": seed if head_seed is None else head_seed}
     if params is None:
         params = list(QV_PATTERNS + HEAD_PATTERNS) if train_head else list(QV_PATTERNS)
     _freeze_except(net, params)
@@ -470,6 +491,63 @@ def _reseed_head(model: nn.Module, seed: int, std: float) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         weight.copy_(torch.randn(weight.shape, generator=generator) * std)
+
+
+def _head_linear(model: nn.Module) -> nn.Linear:
+    head = getattr(model, "classifier", None)
+    linear = getattr(head, "out_proj", head)
+    if not isinstance(linear, nn.Linear):
+        raise ValueError("fitting the head needs a model whose head is a Linear `classifier` "
+                         "(or `classifier.out_proj`): BERT, RoBERTa, DistilBERT")
+    return linear
+
+
+def fit_head_on(model: nn.Module, forward: Callable[..., Tensor], data: TensorData, *,
+                l2: float = 1e-2, batch_size: int = 64, max_iter: int = 200) -> dict[str, Any]:
+    """Fit the final classifier to ``data`` by L2-regularised logistic regression; the body is fixed.
+
+    The classifier's inputs are recorded once (model in eval mode, no gradients), then
+    ``mean cross-entropy + l2/2 · ‖W‖²`` (bias not penalised) is minimised from zero by
+    L-BFGS in float64 — a convex problem, so the result depends on the data and ``l2``
+    only. Returns what was fitted (examples, training accuracy and loss, gradient norm).
+    """
+    linear = _head_linear(model)
+    feats: list[Tensor] = []
+    handle = linear.register_forward_hook(lambda _m, args, _out: feats.append(args[0].detach()))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for i in range(0, len(data), batch_size):
+                batch = {k: v[i:i + batch_size] for k, v in data.tensors.items()}
+                forward(model, batch)
+    finally:
+        handle.remove()
+        model.train(was_training)
+    x = torch.cat(feats).double()
+    y = data.tensors["labels"].long()
+    w = torch.zeros(linear.out_features, x.shape[1], dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(linear.out_features, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-14,
+                            line_search_fn="strong_wolfe")
+
+    def objective() -> Tensor:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(x @ w.T + b, y) + 0.5 * l2 * (w * w).sum()
+        loss.backward()
+        return loss
+
+    opt.step(objective)
+    loss = objective()
+    grad_norm = float(torch.cat([w.grad.flatten(), b.grad.flatten()]).norm())
+    with torch.no_grad():
+        linear.weight.copy_(w.detach().to(linear.weight.dtype))
+        if linear.bias is not None:
+            linear.bias.copy_(b.detach().to(linear.bias.dtype))
+        acc = float(((x @ w.T + b).argmax(1) == y).double().mean())
+    return {"init": "fitted on the public split", "examples": len(data), "l2": l2,
+            "public_accuracy": acc, "objective": loss.item(), "grad_norm": grad_norm,
+            "ids": "the task's public split"}
 
 
 def _freeze_except(model: nn.Module, patterns: Sequence[str]) -> None:

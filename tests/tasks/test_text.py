@@ -199,3 +199,47 @@ def test_patterns_cover_distilbert_and_roberta():
         assert sum(q in n for n in qv) == 2
         head = match_names(names, HEAD_PATTERNS)
         assert head and all("classifier" in n for n in head)
+
+
+def test_head_seed_changes_the_head_not_the_data(tiny):
+    other = make_task("text", model="tiny-bert", n_train=24, n_eval=8, seed=0, head_seed=7)
+    for key in ("input_ids", "labels"):
+        assert torch.equal(other.train.tensors[key], tiny.train.tensors[key])
+    assert not torch.equal(other.model.classifier.weight, tiny.model.classifier.weight)
+    same = make_task("text", model="tiny-bert", n_train=24, n_eval=8, seed=0, head_seed=0)
+    assert torch.equal(same.model.classifier.weight, tiny.model.classifier.weight)
+    assert other.config["head"] == {"init": "random", "seed": 7}
+
+
+def _objective_grad(task, l2):
+    """The public fit's objective gradient at the task's head, recomputed independently."""
+    model = task.model.eval()
+    feats = []
+    handle = model.classifier.register_forward_hook(lambda _m, a, _o: feats.append(a[0].double()))
+    with torch.no_grad():
+        model(**{k: v for k, v in task.public.tensors.items() if k != "labels"})
+    handle.remove()
+    x, y = feats[0], task.public.tensors["labels"]
+    w = model.classifier.weight.detach().double().requires_grad_(True)
+    b = model.classifier.bias.detach().double().requires_grad_(True)
+    loss = torch.nn.functional.cross_entropy(x @ w.T + b, y) + 0.5 * l2 * (w * w).sum()
+    loss.backward()
+    at_zero = torch.nn.functional.cross_entropy(torch.zeros(len(y), 2, dtype=torch.float64), y)
+    return float(torch.cat([w.grad.flatten(), b.grad.flatten()]).norm()), float(loss), float(at_zero)
+
+
+def test_public_head_is_the_regularised_logistic_fit_of_the_public_split_only():
+    a = make_task("text", model="tiny-bert", n_train=24, n_eval=8, n_public=40, seed=0, head="public",
+                  head_l2=1e-3)
+    grad, loss, at_zero = _objective_grad(a, 1e-3)
+    assert grad < 1e-5 and loss < at_zero  # a minimiser, better than the zero head
+    assert a.config["head"]["examples"] == 40 and not a.model.classifier.weight.requires_grad
+    # other private examples (more of them) leave the public split, and so the head, unchanged
+    b = make_task("text", model="tiny-bert", n_train=31, n_eval=8, n_public=40, seed=0, head="public",
+                  head_l2=1e-3)
+    assert torch.equal(a.public.tensors["input_ids"], b.public.tensors["input_ids"])
+    torch.testing.assert_close(a.model.classifier.weight, b.model.classifier.weight, rtol=0, atol=1e-6)
+    for bad, match in (({"n_public": 0}, "n_public > 0"), ({"train_head": True}, "drop train_head"),
+                       ({"head": "pretrained"}, "'random' or 'public'")):
+        with pytest.raises(ValueError, match=match):
+            make_task("text", model="tiny-bert", n_train=8, n_eval=4, **{"head": "public", **bad})
