@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from gradspec import Accounting, PerExampleBackend, Sampling
+from gradspec.tasks import available_tasks
 
 
 def choices(enum: type[StrEnum]) -> str:
@@ -28,7 +29,7 @@ def choices(enum: type[StrEnum]) -> str:
 
 
 # ---------------------------------------------------------------------- the shared options
-Task = Annotated[str, typer.Option("--task", help="Task: text, cnn, geomedian, lowrank, sparselinear, bow.")]
+Task = Annotated[str, typer.Option("--task", help=f"Task: {', '.join(available_tasks())} (the registry's).")]
 TaskOption = Annotated[list[str], typer.Option(
     "--task-option", "-t", help="Task option KEY=VALUE (repeatable), e.g. -t n_train=2000.")]
 Params = Annotated[list[str], typer.Option(

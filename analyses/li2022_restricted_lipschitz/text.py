@@ -67,6 +67,10 @@ class Scale:
     retrain_batch: int
     retrain_lr: float
     ranks: tuple[int, ...]
+    long_retrain_steps: int = 188  # stage "long": 3 epochs of 2,000 at batch 32, the paper's schedule
+    long_ranks: tuple[int, ...] = (1, 10, 20, 100)  # k = 1000 only at the short schedule (time)
+    head_seeds: tuple[int, ...] = (1, 2, 3)  # App. B.2: other random heads (the collection's is 0)
+    b2_k: int = 100  # App. B.2: the rank retrained with each head
     epsilon: float = 8.0
 
 
@@ -74,13 +78,14 @@ FULL = Scale(
     name="full", task_options={"n_eval": 1000}, collect_steps=1300, collect_batch=16,
     collect_lr=2e-3, pca_k=1000, rows_small=(0, 1000), rows_late=(300, 1300), appb_k=500,
     iters=(10, 50, 100), angle_ks=(10, 100, 500), retrain_steps=50, retrain_batch=32,
-    retrain_lr=2e-3, ranks=(10, 100),
+    retrain_lr=2e-3, ranks=(1, 10, 20, 100, 1000),
 )
 QUICK = Scale(
     name="quick", task_options={"model": "tiny-bert", "n_train": 200, "n_eval": 200},
     collect_steps=40, collect_batch=16, collect_lr=2e-3, pca_k=20, rows_small=(0, 30),
     rows_late=(10, 40), appb_k=15, iters=(2, 10, 50), angle_ks=(2, 10), retrain_steps=8,
-    retrain_batch=16, retrain_lr=2e-3, ranks=(1, 10),
+    retrain_batch=16, retrain_lr=2e-3, ranks=(1, 10), long_retrain_steps=12, long_ranks=(1, 10),
+    head_seeds=(1,), b2_k=10,
 )
 
 
@@ -112,54 +117,54 @@ def mean_std(values: list[float]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- retraining
 def retrain_config(scale: Scale, **changes: Any):
+    """A retraining run on the collection's task (``task_seed`` 0: its data and its head).
+
+    ``seed`` then changes only the Poisson batches and the noise, as the paper's seeds.
+    """
     from gradspec.train import TrainConfig
 
     base = dict(task="text", task_options=dict(scale.task_options), steps=scale.retrain_steps,
                 batch_size=scale.retrain_batch, target_epsilon=scale.epsilon, noise_multiplier=None,
                 optimizer="adam", lr=scale.retrain_lr, eval_every=0, log_every=10,
-                checkpoint_every=10_000, seed=0)
+                checkpoint_every=10_000, seed=0, task_seed=0, backend="ghost")
     base.update(changes)
     return TrainConfig(**base)
 
 
-def run_untrained(scale: Scale, seeds: list[int], out: Path) -> list[dict[str, Any]]:
-    """Held-out accuracy of the model as initialised (pretrained body, seeded head), per seed."""
+def run_untrained(scale: Scale, out: Path, name: str, task_options: dict[str, Any]) -> dict[str, Any]:
+    """Held-out accuracy of the model as initialised (pretrained body, its head), task seed 0."""
     import torch
 
     from gradspec.tasks import make_task
     from gradspec.train import evaluate
 
-    rows = []
-    for seed in seeds:
-        path = out / "untrained" / f"seed{seed}.json"
-        if path.is_file():
-            rows.append(json.loads(path.read_text()))
-            continue
-        task = make_task("text", seed=seed, **scale.task_options)
-        metrics = evaluate(task, task.model, torch.device("cpu"))
-        n = len(task.eval)
-        acc = metrics["eval_accuracy"]
-        row = {"seed": seed, "eval_examples": n, **metrics,
-               "eval_accuracy_se": math.sqrt(acc * (1 - acc) / n)}
-        logger.info("untrained seed %d: %s", seed, metrics)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(row, indent=2))
-        rows.append(row)
-    return rows
+    path = out / "untrained" / f"{name}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    task = make_task("text", seed=0, **task_options)
+    metrics = evaluate(task, task.model, torch.device("cpu"))
+    n = len(task.eval)
+    acc = metrics["eval_accuracy"]
+    row = {"arm": name, "task_seed": 0, "task_options": task_options, "head": task.config.get("head"),
+           "eval_examples": n, **metrics, "eval_accuracy_se": math.sqrt(acc * (1 - acc) / n)}
+    logger.info("untrained %s: %s", name, metrics)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_jsonable(row), indent=2))
+    return row
 
 
-RETRAIN_GROUPS = ("untrained", "dpsgd", "random", "nonprivate", "topk")
+RETRAIN_GROUPS = ("untrained", "dpsgd", "random", "nonprivate", "topk", "b2", "long")
 
 
 def run_retrain(scale: Scale, seeds: list[int], out: Path, groups: list[str], ranks: list[int],
-                spectrum: Path | None) -> dict[str, list[dict[str, Any]]]:
+                spectrum: Path | None) -> dict[str, Any]:
     """The Fig. 2b runs, one sweep directory per group (a finished run is reused)."""
     from gradspec.optim import sweep
 
-    res: dict[str, list[dict[str, Any]]] = {}
+    res: dict[str, Any] = {}
     for group in groups:
         if group == "untrained":
-            res[group] = run_untrained(scale, seeds, out)
+            res[group] = run_untrained(scale, out, "head0", scale.task_options)
         elif group == "dpsgd":
             res[group] = sweep(config=retrain_config(scale), out=out / group, algorithms=["dp-sgd"],
                                seeds=seeds, epsilons=[scale.epsilon], train_metrics=False)
@@ -168,7 +173,7 @@ def run_retrain(scale: Scale, seeds: list[int], out: Path, groups: list[str], ra
                                algorithms=[("subspace", {"projector": "random"})], ranks=ranks,
                                seeds=seeds, epsilons=[scale.epsilon], train_metrics=False)
         elif group == "nonprivate":
-            cfg = retrain_config(scale, target_epsilon=None, noise_multiplier=0.0, clip=False)
+            cfg = retrain_config(scale, target_epsilon=None, noise_multiplier=0.0, clip=False, backend="vmap")
             res[group] = sweep(config=cfg, out=out / group, algorithms=["dp-sgd"], seeds=seeds,
                                train_metrics=False)
         elif group == "topk":
@@ -178,6 +183,36 @@ def run_retrain(scale: Scale, seeds: list[int], out: Path, groups: list[str], ra
                                algorithms=[("subspace", {"spectrum": str(spectrum)})], ranks=ranks,
                                seeds=seeds, epsilons=[scale.epsilon], train_metrics=False)
     return res
+
+
+def run_b2(scale: Scale, seeds: list[int], out: Path, spectrum: Path) -> None:
+    """App. B.2: retraining in the top-k subspace with other random heads, and with a trained head.
+
+    * Random heads: for each ``head_seed`` h, the collection's data with head h (frozen),
+      full DP-SGD and top-k retraining in the collection's subspace (computed with head 0),
+      training seed h — a fresh random head per seed, as the paper's CLS-head runs.
+    * Trained head: the head fitted to the public split (``head="public"``, no private
+      example), its own collection (the main collection's settings) and PCA, then full
+      DP-SGD, top-k and random-k retraining over ``seeds``.
+    """
+    from gradspec.optim import sweep
+
+    k = min(scale.b2_k, max(scale.ranks))
+    for h in scale.head_seeds:
+        opts = {**scale.task_options, "head_seed": h}
+        run_untrained(scale, out / "retrain", f"head{h}", opts)
+        sweep(config=retrain_config(scale, task_options=opts), out=out / "retrain" / f"b2-head{h}",
+              algorithms=["dp-sgd", ("subspace", {"spectrum": str(spectrum)})], ranks=[k], seeds=[h],
+              epsilons=[scale.epsilon], train_metrics=False)
+    public = dataclasses.replace(scale, task_options={**scale.task_options, "head": "public"})
+    sub = out / "b2_public_head"
+    store = run_collect(public, sub)
+    run_pca(store, sub, k)
+    run_untrained(public, out / "retrain", "public-head", public.task_options)
+    sweep(config=retrain_config(public), out=out / "retrain" / "b2-public-head",
+          algorithms=["dp-sgd", ("subspace", {"spectrum": str(sub / "spectrum.zarr")}),
+                      ("subspace", {"projector": "random"})],
+          ranks=[k], seeds=seeds, epsilons=[scale.epsilon], train_metrics=False)
 
 
 # --------------------------------------------------------------------------- collect and pca
@@ -197,7 +232,7 @@ def run_collect(scale: Scale, out: Path) -> Path:
     cfg = TrainConfig(task="text", task_options=dict(scale.task_options), steps=scale.collect_steps,
                       batch_size=scale.collect_batch, target_epsilon=scale.epsilon,
                       noise_multiplier=None, optimizer="adam", lr=scale.collect_lr, eval_every=0,
-                      checkpoint_every=100, seed=0)
+                      checkpoint_every=100, seed=0, backend="ghost")
     collect(cfg, out=run, overwrite=True)
     return store
 
@@ -215,11 +250,12 @@ def run_pca(store: Path, out: Path, k: int) -> dict[str, Any]:
             logger.info("pca: reusing %s and %s (%d rows)", spectrum, gram_path, r)
             return info
     res = pca(source=store, k=min(k, r), method="gram", rows=slice(0, r), out=spectrum,
-              overwrite=True, precision="float32", progress=True)
+              overwrite=True, progress=True)  # precision auto: float32 products, float64 sums, refined σ
     np.save(gram_path, res.gram)
     info = {"rows": r, "p": int(res.source.get("shape", [r, 0])[1]) if res.source.get("shape") else None,
-            "k": res.k, "accuracy": res.accuracy(), "timings": res.timings, "precision": "float32",
-            "method": res.method}
+            "k": res.k, "accuracy": res.accuracy(), "timings": res.timings,
+            "precision": res.params.get("precision", "auto"), "method": res.method,
+            "command": f"gradspec pca {store} --k {min(k, r)} --method gram --out {spectrum}"}
     info_path.write_text(json.dumps(_jsonable(info), indent=2))
     return info
 
@@ -381,84 +417,99 @@ def run_bounds(scale: Scale, out: Path, figures: Path, p: int, n: int, delta: fl
 
 
 # --------------------------------------------------------------------------- report
-def _retrain_rows(out: Path) -> dict[str, list[dict[str, Any]]]:
-    """Every finished retraining run under ``out/retrain`` by group (from its retrain.json)."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    root = out / "retrain"
+MAIN_GROUPS = ("dpsgd", "random", "nonprivate", "topk")
+
+
+def _arm(group: str, d: dict[str, Any]) -> str:
+    """The arm of a finished run: its group's name, or inside an App. B.2 group its algorithm."""
+    if group in MAIN_GROUPS:
+        arm = group
+    else:
+        kind = ((d.get("hooks") or {}).get("projector") or {}).get("kind")
+        arm = {"dp-sgd": "dpsgd"}.get(d.get("algorithm"), "random" if kind == "random" else "topk")
+        arm = f"{group}/{arm}"
+    return f"{arm}-k{d['rank']}" if arm.split("/")[-1] in ("topk", "random") else arm
+
+
+def _retrain_rows(out: Path, name: str = "retrain") -> dict[str, list[dict[str, Any]]]:
+    """Every finished run under ``out/<name>`` by arm (``topk-k100``, ``b2-head1/dpsgd``, ...)."""
+    arms: dict[str, list[dict[str, Any]]] = {}
+    root = out / name
     for path in sorted(root.glob("*/*/retrain.json")):
         d = json.loads(path.read_text())
         fm = d.get("final_metrics", {})
-        groups.setdefault(path.parent.parent.name, []).append(
+        cfg = (d.get("settings") or {}).get("config") or {}
+        arms.setdefault(_arm(path.parent.parent.name, d), []).append(
             {"run": path.parent.name, "rank": d.get("rank"), "seed": d.get("seed"),
+             "task_seed": cfg.get("task_seed"), "task_options": cfg.get("task_options"),
              "epsilon": d.get("epsilon"), "noise_multiplier": d.get("noise_multiplier"),
              "steps": d.get("steps"), "dp_guarantee": d.get("dp_guarantee"),
              "dp_caveat": d.get("dp_caveat"), "eval_accuracy": fm.get("eval_accuracy"),
              "eval_accuracy_se": fm.get("eval_accuracy_se"), "eval_loss": fm.get("eval_loss"),
              "eval_examples": fm.get("eval_examples")})
-    for path in sorted((root / "untrained").glob("seed*.json")):
-        groups.setdefault("untrained", []).append(json.loads(path.read_text()))
-    return groups
-
-
-def summarize_retrain(groups: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Mean ± std of held-out accuracy per arm (group, rank) over seeds."""
-    arms: dict[str, Any] = {}
-    for group, rows in groups.items():
-        by_rank: dict[Any, list[dict[str, Any]]] = {}
-        for row in rows:
-            by_rank.setdefault(row.get("rank") if group in ("topk", "random") else None, []).append(row)
-        for rank, rs in sorted(by_rank.items(), key=lambda kv: kv[0] or 0):
-            name = group if rank is None else f"{group}-k{rank}"
-            arms[name] = {"accuracy": mean_std([r["eval_accuracy"] for r in rs]),
-                          "seeds": sorted(r["seed"] for r in rs),
-                          "eval_examples": rs[0].get("eval_examples"),
-                          "per_run_se": mean_std([r.get("eval_accuracy_se") for r in rs])["mean"],
-                          "dp_guarantee": sorted({str(r.get("dp_guarantee")) for r in rs})}
+    for path in sorted((root / "untrained").glob("*.json")):
+        row = {**json.loads(path.read_text()), "seed": None}
+        name = row.get("arm", path.stem)
+        arms.setdefault("untrained" if name == "head0" else f"b2-{name}/untrained", []).append(row)
     return arms
 
 
-def paired_differences(groups: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per seed, (other arm − top-k) held-out accuracy, for the seeds both arms finished.
+def summarize_retrain(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Mean ± std of held-out accuracy per arm over seeds."""
+    return {name: {"accuracy": mean_std([r["eval_accuracy"] for r in rs]),
+                   "seeds": sorted(r["seed"] for r in rs if r["seed"] is not None),
+                   "eval_examples": rs[0].get("eval_examples"),
+                   "per_run_se": mean_std([r.get("eval_accuracy_se") for r in rs])["mean"],
+                   "dp_guarantee": sorted({str(r.get("dp_guarantee")) for r in rs})}
+            for name, rs in sorted(runs.items())}
 
-    Each seed builds its own task (data and frozen head drawn from the seed), so the seed-to-seed
-    spread is larger than the held-out s.e.; comparing arms within a seed removes it.
-    """
-    def by_seed(rows: list[dict[str, Any]], rank: Any = None) -> dict[int, float]:
-        return {r["seed"]: r["eval_accuracy"] for r in rows
-                if (rank is None or r.get("rank") == rank) and r.get("eval_accuracy") is not None}
 
-    out: dict[str, dict[str, Any]] = {}
-    for rank in sorted({r.get("rank") for r in groups.get("topk", [])}):
-        top = by_seed(groups["topk"], rank)
-        others = {"dpsgd": by_seed(groups.get("dpsgd", [])),
-                  f"random-k{rank}": by_seed(groups.get("random", []), rank),
-                  "nonprivate": by_seed(groups.get("nonprivate", [])),
-                  "untrained": by_seed(groups.get("untrained", []))}
-        entry = {}
-        for arm, acc in others.items():
-            seeds = sorted(set(acc) & set(top))
-            diffs = [acc[sd] - top[sd] for sd in seeds]
-            entry[arm] = {**mean_std(diffs), "seeds": seeds}
-        out[f"topk-k{rank}"] = entry
+def _by_seed(rows: list[dict[str, Any]], seeds: Any) -> dict[int, float]:
+    """Accuracy per seed; a seedless row (the untrained model) stands for every seed in ``seeds``."""
+    out: dict[int, float] = {}
+    for r in rows:
+        if r.get("eval_accuracy") is None:
+            continue
+        for sd in ([r["seed"]] if r["seed"] is not None else seeds):
+            out[sd] = r["eval_accuracy"]
     return out
 
 
-def _informative_seeds(runs: dict[str, list[dict[str, Any]]]) -> set[int] | None:
+def paired_differences(runs: dict[str, list[dict[str, Any]]], prefix: str = "") -> dict[str, dict[str, Any]]:
+    """Per seed, (other arm − top-k) held-out accuracy, for the seeds both arms finished.
+
+    All arms share the task (data and head, ``task_seed``), and a seed fixes the
+    batches and the noise: comparing arms within a seed removes the seed-to-seed spread.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for key in sorted(k for k in runs if k.startswith(prefix + "topk-k")):
+        rank = key.split("-k")[-1]
+        top = _by_seed(runs[key], [])
+        others = {"dpsgd": runs.get(prefix + "dpsgd", []), f"random-k{rank}": runs.get(f"{prefix}random-k{rank}", []),
+                  "nonprivate": runs.get(prefix + "nonprivate", []), "untrained": runs.get(prefix + "untrained", [])}
+        entry = {}
+        for arm, rows in others.items():
+            acc = _by_seed(rows, sorted(top))
+            seeds = sorted(set(acc) & set(top))
+            entry[arm] = {**mean_std([acc[sd] - top[sd] for sd in seeds]), "seeds": seeds}
+        out[key] = entry
+    return out
+
+
+def _informative_seeds(runs: dict[str, list[dict[str, Any]]], prefix: str = "") -> set[int] | None:
     """Seeds where full DP-SGD beat the untrained model by more than 2 s.e. (None: not both run).
 
     Only there can retraining in a subspace "recover" the full run's accuracy; where DP-SGD
     itself stays at chance, top-k ≈ full holds trivially.
     """
-    full = {r["seed"]: r for r in runs.get("dpsgd", []) if r.get("eval_accuracy") is not None}
-    base = {r["seed"]: r for r in runs.get("untrained", []) if r.get("eval_accuracy") is not None}
+    full = {r["seed"]: r for r in runs.get(prefix + "dpsgd", []) if r.get("eval_accuracy") is not None}
+    base = [r for r in runs.get(prefix + "untrained", []) if r.get("eval_accuracy") is not None]
     if not full or not base:
         return None
-    out = set()
-    for sd in set(full) & set(base):
-        se = math.hypot(full[sd].get("eval_accuracy_se") or 0.0, base[sd].get("eval_accuracy_se") or 0.0)
-        if full[sd]["eval_accuracy"] - base[sd]["eval_accuracy"] > 2 * se:
-            out.add(sd)
-    return out
+    b = base[0]
+    return {sd for sd, f in full.items()
+            if f["eval_accuracy"] - b["eval_accuracy"]
+            > 2 * math.hypot(f.get("eval_accuracy_se") or 0.0, b.get("eval_accuracy_se") or 0.0)}
 
 
 def _fmt_acc(arm: dict[str, Any] | None) -> str:
@@ -541,53 +592,122 @@ def build_table(results: dict[str, Any]) -> list[list[str]]:
             "; ".join(parts) + f" — n = {s_['n']}, ε = {s_['epsilon']:g}, δ = {s_['delta']:.2g}, d = p, "
             "constants 1, D = 1 (the in-sample best k = r is an artefact: Ĝ_r = 0 on the rows that span the subspace)",
             _bound_verdict(b)])
-    arms = results.get("retrain", {}).get("arms", {})
-    if arms:
-        full = arms.get("dpsgd")
-        for key in sorted((k for k in arms if k.startswith("topk-k")), key=lambda x: int(x.split("k")[-1])):
-            k = key.split("-k")[1]
-            top, rnd = arms[key], arms.get(f"random-k{k}")
-            verdict = "n/a"
-            paired = results["retrain"]["paired"].get(key, {})
-            vs_full = paired.get("dpsgd")
-            informative = _informative_seeds(results["retrain"]["runs"])
-            if vs_full and vs_full["n"] and informative is not None:
-                keep = [i for i, sd in enumerate(vs_full["seeds"]) if sd in informative]
-                vs_full = {**mean_std([vs_full["values"][i] for i in keep]),
-                           "seeds": [vs_full["seeds"][i] for i in keep]}
-                dropped = sorted(set(paired["dpsgd"]["seeds"]) - set(vs_full["seeds"]))
-            if vs_full and vs_full["n"]:
-                # noise of the comparison: the held-out s.e. of two runs, or the seed-to-seed spread
-                se = math.hypot(full["per_run_se"], top["per_run_se"])
-                if vs_full["n"] > 1:
-                    se = max(se, vs_full["std"] / math.sqrt(vs_full["n"]))
-                gap = vs_full["mean"]
-                verdict = (("yes" if gap <= 2 * se else "no")
-                           + f" (full − top-{k}, paired by seed: {gap:+.3f} over seed(s) {vs_full['seeds']} "
-                           f"where full DP-SGD beat the untrained model by > 2 s.e.; 2·s.e. = {2 * se:.3f})")
-                if informative is not None and dropped:
-                    verdict += f"; seed(s) {dropped} uninformative: full DP-SGD itself stayed at chance"
-            elif informative is not None:
-                verdict = "untested: full DP-SGD did not beat the untrained model on any seed"
-            pair_txt = "; ".join(f"{arm} − top-{k} per seed: "
-                                 + ", ".join(f"s{sd}: {d:+.3f}" for sd, d in zip(v["seeds"], v["values"], strict=True))
-                                 for arm, v in paired.items() if v["n"])
-            rows.append([
-                f"§4.2 Fig. 2b: retraining in the top-{k} subspace reaches full DP-SGD (ε = {scale['epsilon']:g})",
-                "k = 100 attains the original accuracy (≈ 90% dev, DP-SGD; 92% non-private), 5 seeds",
-                f"top-{k}: {_fmt_acc(top)}; random-{k}: {_fmt_acc(rnd)}; {pair_txt}", verdict])
-        rows.append(["Fig. 2b baselines: full DP-SGD / non-private / untrained",
-                     "≈ 90% / 92% / — (SST-2 dev)",
-                     f"DP-SGD: {_fmt_acc(full)}; non-private: {_fmt_acc(arms.get('nonprivate'))}; "
-                     f"untrained: {_fmt_acc(arms.get('untrained'))}", "—"])
-        top100 = arms.get("topk-k100")
-        if top100 and top100["accuracy"]["n"]:
-            vals = ", ".join(f"{v:.3f}" for v in top100["accuracy"]["values"])
-            rows.append(["App. B.2: with a randomly initialised (frozen) head, top-100 retraining is bimodal",
-                         "bimodal over seeds: ≈ 50% or ≈ 90% (CLS-head setup)",
-                         f"per-seed accuracy at k = 100 (random frozen head): {vals}; the trained-head arm "
-                         "was not run", "see values"])
+    rows += _fig2b_rows(results, "retrain")
+    rows += _fig2b_rows(results, "retrain_long")
     return rows
+
+
+def _fig2b_rows(results: dict[str, Any], key: str) -> list[list[str]]:
+    """The Fig. 2b rows (and App. B.2's) of one retraining schedule."""
+    rows: list[list[str]] = []
+    scale = results["scale"]
+    retrain = results.get(key) or {}
+    arms = retrain.get("arms", {})
+    steps = scale["retrain_steps"] if key == "retrain" else scale["long_retrain_steps"]
+    budget = f"{steps} steps of batch {scale['retrain_batch']}"
+    if arms:
+        runs = retrain["runs"]
+        full = arms.get("dpsgd")
+        ranks = sorted(int(k.split("-k")[-1]) for k in arms if k.startswith("topk-k"))
+        paper = {100: "k = 100 attains the original accuracy (≈ 90% dev, DP-SGD; 92% non-private), 5 seeds",
+                 10: "plotted in Fig. 2b, below k = 100 (no number in the text)",
+                 20: "plotted in Fig. 2b, below k = 100 (no number in the text)"}
+        for k in ranks:
+            top, rnd = arms[f"topk-k{k}"], arms.get(f"random-k{k}")
+            verdict, pair_txt = _recovery_verdict(runs, arms, retrain["paired"], "", k)
+            rows.append([
+                f"§4.2 Fig. 2b: retraining in the top-{k} subspace reaches full DP-SGD (ε = {scale['epsilon']:g}; {budget})",
+                paper.get(k, "not in the paper (rank added by the issue)"),
+                f"top-{k}: {_fmt_acc(top)}; random-{k}: {_fmt_acc(rnd)}; {pair_txt}", verdict])
+        rows.append([f"Fig. 2b baselines: full DP-SGD / non-private / untrained ({budget})",
+                     "≈ 90% / 92% / — (SST-2 dev, 3 epochs)",
+                     f"DP-SGD: {_fmt_acc(full)}; non-private: {_fmt_acc(arms.get('nonprivate'))}; "
+                     f"untrained: {_fmt_acc(arms.get('untrained'))}; the collection run itself "
+                     f"({results.get('collect', {}).get('steps', '?')} steps): "
+                     f"{results.get('collect', {}).get('eval_accuracy', float('nan')):.3f}", "—"])
+        b2 = _b2_row(retrain, budget)
+        if b2:
+            rows.append(b2)
+    return rows
+
+
+def _recovery_verdict(runs: dict[str, Any], arms: dict[str, Any], paired: dict[str, Any], prefix: str,
+                      k: int) -> tuple[str, str]:
+    """Whether top-k reaches full DP-SGD (paired by seed, on the seeds where DP-SGD learned), and the pairs."""
+    top, full = arms[f"{prefix}topk-k{k}"], arms.get(prefix + "dpsgd")
+    pairs = paired.get(f"{prefix}topk-k{k}", {})
+    pair_txt = "; ".join(f"{arm} − top-{k} per seed: "
+                         + ", ".join(f"s{sd}: {d:+.3f}" for sd, d in zip(v["seeds"], v["values"], strict=True))
+                         for arm, v in pairs.items() if v["n"])
+    vs_full = pairs.get("dpsgd")
+    informative = _informative_seeds(runs, prefix)
+    if not (vs_full and vs_full["n"] and full):
+        return "n/a (full DP-SGD not run)", pair_txt
+    keep = [i for i, sd in enumerate(vs_full["seeds"]) if informative is None or sd in informative]
+    if not keep:
+        return "untested: full DP-SGD did not beat the untrained model on any seed", pair_txt
+    gaps = mean_std([vs_full["values"][i] for i in keep])
+    seeds = [vs_full["seeds"][i] for i in keep]
+    # noise of the comparison: the held-out s.e. of two runs, or the seed-to-seed spread
+    se = math.hypot(full["per_run_se"], top["per_run_se"])
+    if gaps["n"] > 1:
+        se = max(se, gaps["std"] / math.sqrt(gaps["n"]))
+    verdict = (("yes" if gaps["mean"] <= 2 * se else "no")
+               + f" (full − top-{k}, paired by seed: {gaps['mean']:+.3f} over seeds {seeds}; 2·s.e. = {2 * se:.3f})")
+    dropped = sorted(set(vs_full["seeds"]) - set(seeds))
+    if dropped:
+        verdict += f"; seed(s) {dropped} uninformative: full DP-SGD itself stayed at chance"
+    rnd = pairs.get(f"random-k{k}")
+    if rnd and rnd["n"]:
+        verdict += f"; top-{k} − random-{k}: {-rnd['mean']:+.3f}"
+    return verdict, pair_txt
+
+
+def _b2_row(retrain: dict[str, Any], budget: str) -> list[str] | None:
+    """App. B.2: top-k retraining with other random heads, and with a trained (public-fitted) head."""
+    arms, runs = retrain["arms"], retrain["runs"]
+    heads = sorted(int(k.split("/")[0].removeprefix("b2-head")) for k in arms
+                   if k.startswith("b2-head") and k.endswith("/dpsgd"))
+    pub = "b2-public-head/"
+    if not heads and pub + "dpsgd" not in arms:
+        return None
+    kk = sorted({int(k.split("-k")[-1]) for k in arms if k.startswith(("b2-head", pub)) and "/topk-k" in k})
+    if not kk:
+        return None
+    k = kk[0]
+    parts, counts = [], {"full": 0, "chance": 0, "between": 0, "uninformative": 0}
+    for h in heads:
+        pre = f"b2-head{h}/"
+        got = [runs.get(pre + a, [{}])[0] for a in (f"topk-k{k}", "dpsgd", "untrained")]
+        t, f, u = (g.get("eval_accuracy") for g in got)
+        se_t, se_f, se_u = (g.get("eval_accuracy_se") or 0.0 for g in got)
+        if None in (t, f, u):
+            continue
+        parts.append(f"head {h}: top-{k} {t:.3f}, DP-SGD {f:.3f}, untrained {u:.3f}")
+        if f - u <= 2 * math.hypot(se_f, se_u):
+            counts["uninformative"] += 1  # DP-SGD itself did not learn with this head
+        elif f - t <= 2 * math.hypot(se_t, se_f):
+            counts["full"] += 1
+        elif t - u <= 2 * math.hypot(se_t, se_u):
+            counts["chance"] += 1
+        else:
+            counts["between"] += 1
+    text = "random frozen heads (subspace of the head-0 collection): " + "; ".join(parts)
+    verdict = (f"random heads: of {len(parts)}, top-{k} reached full DP-SGD with {counts['full']}, stayed at "
+               f"the untrained accuracy with {counts['chance']}, ended in between with {counts['between']}; "
+               f"{counts['uninformative']} uninformative (DP-SGD did not learn either)")
+    if pub + "dpsgd" in arms and f"{pub}topk-k{k}" in arms:
+        paired = paired_differences(runs, pub)
+        v, pair_txt = _recovery_verdict(runs, arms, paired, pub, k)
+        text += (f". Head fitted on the public split (own collection and PCA): top-{k}: "
+                 f"{_fmt_acc(arms[f'{pub}topk-k{k}'])}; DP-SGD: {_fmt_acc(arms[pub + 'dpsgd'])}; random-{k}: "
+                 f"{_fmt_acc(arms.get(f'{pub}random-k{k}'))}; untrained: {_fmt_acc(arms.get(pub + 'untrained'))}; "
+                 f"{pair_txt}")
+        verdict += f". Trained head, top-{k} reaches full DP-SGD: {v}"
+    return [f"App. B.2: with a random head, top-100 retraining is bimodal over seeds; with a trained head it "
+            f"recovers ({budget})",
+            "random [CLS] head: bimodal, ≈ 50% or ≈ 90%; template-completion (pretrained) head: recovers",
+            text, verdict]
 
 
 def _bound_verdict(b: dict[str, Any]) -> str:
@@ -621,6 +741,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seeds", default="0,1,2", help="retraining seeds (comma-separated)")
     ap.add_argument("--ranks", default=None, help="retraining ranks (default: the scale's)")
     ap.add_argument("--retrain-steps", type=int, default=None, help="retraining steps (default: the scale's)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: torch's own choice, all cores)")
     ap.add_argument("--stages", default=",".join(STAGES),
                     help=f"comma-separated subset of {','.join(STAGES)} (default: all)")
     return ap.parse_args(argv)
@@ -633,7 +755,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("gradspec.linalg.orthogonal").setLevel(logging.WARNING)  # one line per iteration
     import torch
 
-    torch.set_num_threads(1)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     scale = QUICK if args.quick else FULL
     out = args.out or Path("runs/analyses") / ("li2022_text_quick" if args.quick else "li2022_text")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -661,9 +784,15 @@ def main(argv: list[str] | None = None) -> int:
         bounds = run_bounds(scale, out, figures, p=int(cfg["p"]), n=int(cfg["n_train"]),
                             delta=float(cfg["delta"]))
         (out / "appendix.json").write_text(json.dumps(_jsonable({"appendix": app, "bounds": bounds}), indent=2))
-    groups = [s for s in stages if s in RETRAIN_GROUPS]
+    groups = [s for s in stages if s in RETRAIN_GROUPS and s not in ("b2", "long")]
     if groups:
         run_retrain(scale, seeds, out / "retrain", groups, ranks, spectrum if spectrum.exists() else None)
+    if "long" in stages:  # Fig. 2b again at the paper's schedule (3 epochs)
+        run_retrain(dataclasses.replace(scale, retrain_steps=scale.long_retrain_steps), seeds,
+                    out / "retrain-long", ["untrained", "dpsgd", "nonprivate", "topk", "random"],
+                    [k for k in ranks if k in scale.long_ranks], spectrum if spectrum.exists() else None)
+    if "b2" in stages:
+        run_b2(scale, seeds, out, spectrum)
     if "report" in stages:
         report(scale, out, seeds, ranks, info, time.perf_counter() - t0)
     return 0
@@ -681,6 +810,16 @@ def _versions() -> dict[str, str]:
     return v
 
 
+def _final_eval(run: Path) -> dict[str, Any]:
+    """The last evaluation of a collection run (its steps, held-out accuracy and loss)."""
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    last = [json.loads(line) for line in path.read_text().splitlines() if '"eval_accuracy"' in line]
+    return {"steps": last[-1]["step"], "eval_accuracy": last[-1]["eval_accuracy"],
+            "eval_loss": last[-1]["eval_loss"]} if last else {}
+
+
 def report(scale: Scale, out: Path, seeds: list[int], ranks: list[int], info: dict[str, Any],
            seconds: float) -> dict[str, Any]:
     """results.json, table.md and the printed table from what the stages left in ``out``."""
@@ -690,19 +829,25 @@ def report(scale: Scale, out: Path, seeds: list[int], ranks: list[int], info: di
     collect_cfg = out / "collect" / "config.json"
     store = out / "collect" / "gradients.zarr"
     groups = _retrain_rows(out)
+    long_groups = _retrain_rows(out, "retrain-long")
     results = {
         "paper": PAPER,
         "scale": _jsonable(dataclasses.asdict(scale)),
         "seeds": seeds, "ranks": ranks,
         "p": info.get("p"),
         "collect": {"config": json.loads(collect_cfg.read_text()) if collect_cfg.is_file() else None,
-                    "committed_rows": GradientStore.open(store).n_rows if store.exists() else 0},
+                    "committed_rows": GradientStore.open(store).n_rows if store.exists() else 0,
+                    **_final_eval(out / "collect")},
+        "b2_public_head_collect": _final_eval(out / "b2_public_head" / "collect"),
         "pca": info,
         "appendix": appendix.get("appendix"),
         "bounds": appendix.get("bounds"),
         "retrain": {"arms": summarize_retrain(groups), "paired": paired_differences(groups), "runs": groups,
+                    "paired_public_head": paired_differences(groups, "b2-public-head/"),
                     "note": "top-k subspace from the private data's own noise-free gradients: a "
                             "diagnostic, not a DP guarantee (dp_guarantee false), as the paper's Fig. 2b"},
+        "retrain_long": {"arms": summarize_retrain(long_groups), "paired": paired_differences(long_groups),
+                         "runs": long_groups} if long_groups else None,
         "versions": _versions(),
         "seconds_this_call": seconds,
     }
