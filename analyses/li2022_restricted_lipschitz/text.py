@@ -820,6 +820,35 @@ def _final_eval(run: Path) -> dict[str, Any]:
             "eval_loss": last[-1]["eval_loss"]} if last else {}
 
 
+def plot_fig2b(retrain: dict[str, Any] | None, budget: str, figures: Path, name: str) -> Path | None:
+    """Held-out accuracy against k: top-k and random-k (mean ± std over seeds), the baselines as lines."""
+    from gradspec.plot import plot_lines_errorbars, save_figure
+
+    arms = (retrain or {}).get("arms", {})
+    ranks = sorted(int(k.split("-k")[-1]) for k in arms if k.startswith("topk-k"))
+    if not ranks:
+        return None
+
+    def line(keys: list[str]) -> dict[str, Any]:
+        acc = [arms[k]["accuracy"] for k in keys]
+        return {"x": [int(k.split("-k")[-1]) for k in keys], "mean": [a["mean"] for a in acc],
+                "std": [a["std"] or 0.0 for a in acc]}
+
+    series = {"top-k subspace": line([f"topk-k{k}" for k in ranks])}
+    rnd = [f"random-k{k}" for k in ranks if f"random-k{k}" in arms]
+    if rnd:
+        series["random k-dim subspace"] = line(rnd)
+    for key, label, style in (("dpsgd", "full DP-SGD", "--"), ("nonprivate", "non-private", ":"),
+                              ("untrained", "untrained", "-.")):
+        if key in arms and arms[key]["accuracy"]["n"]:
+            a = arms[key]["accuracy"]
+            series[label] = {"x": [ranks[0], ranks[-1]], "mean": [a["mean"]] * 2, "std": [a["std"] or 0.0] * 2,
+                             "linestyle": style}
+    fig = plot_lines_errorbars(series, xlabel="subspace dimension k", ylabel="held-out accuracy", logx=True,
+                               title=f"Fig. 2b: fixed-subspace retraining, ε = 8\n({budget}; mean ± std over seeds)")
+    return save_figure(fig, figures, name, formats=("png",))
+
+
 def report(scale: Scale, out: Path, seeds: list[int], ranks: list[int], info: dict[str, Any],
            seconds: float) -> dict[str, Any]:
     """results.json, table.md and the printed table from what the stages left in ``out``."""
@@ -853,6 +882,9 @@ def report(scale: Scale, out: Path, seeds: list[int], ranks: list[int], info: di
     }
     rows = build_table(results)
     results["table"] = rows
+    for key, steps, name in (("retrain", scale.retrain_steps, "fig2b_retrain"),
+                             ("retrain_long", scale.long_retrain_steps, "fig2b_retrain_3epochs")):
+        plot_fig2b(results.get(key), f"{steps} steps of batch {scale.retrain_batch}", out / "figures", name)
     (out / "results.json").write_text(json.dumps(_jsonable(results), indent=2))
     md = table_markdown(rows)
     (out / "table.md").write_text(md + "\n")

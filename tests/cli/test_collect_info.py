@@ -174,3 +174,10 @@ def test_task_seed_fixes_the_data_while_the_seed_varies(tmp_path):
     np.testing.assert_array_equal(same.read(), rows("default", "--seed", 7).read())
     # same batches and noise (seed 1), other task (7 vs 1): other rows
     assert not np.array_equal(a.read(), rows("own", "--seed", 1).read())
+
+
+def test_task_help_names_every_registered_task():
+    from cli._options import TASKS
+    from gradspec.tasks import available_tasks
+
+    assert TASKS == available_tasks()
