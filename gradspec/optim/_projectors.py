@@ -309,7 +309,9 @@ class FixedProjector(Projector):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "fingerprint": self._fp, "source": self.source,
                 "parameters": None if self.layout is None else [n for n, _ in self.layout],
-                "dtype": str(self._source.dtype).removeprefix("torch.")}
+                "dtype": str(self._source.dtype).removeprefix("torch."),
+                **({} if self.orthonormality_error is None else
+                   {"orthonormality_error": self.orthonormality_error})}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "fingerprint": self._fp}
@@ -350,7 +352,9 @@ class RandomProjector(Projector):
         self._basis = q.to(device=ctx.device, dtype=pdtype)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "seed": self.seed}
+        return {**super().describe(), "seed": self.seed,
+                **({} if self.orthonormality_error is None else
+                   {"orthonormality_error": self.orthonormality_error})}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "seed": self.seed}

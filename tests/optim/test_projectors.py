@@ -171,6 +171,7 @@ def test_large_random_basis_is_orthonormal_seeded_and_float32(small_large_basis)
     a.setup(fake_run(600))
     b.setup(fake_run(600))
     assert a.basis.dtype == torch.float32 and a.orthonormality_error <= 1e-5
+    assert a.describe()["orthonormality_error"] == a.orthonormality_error
     torch.testing.assert_close(a.basis, b.basis)
     np.testing.assert_allclose((a.basis.double().T @ a.basis.double()).numpy(), np.eye(8), atol=2e-6)
     c = RandomProjector(8, seed=4)
