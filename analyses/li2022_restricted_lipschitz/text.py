@@ -722,6 +722,27 @@ def _bound_verdict(b: dict[str, Any]) -> str:
             f"{1 / h['3.3']['ratio_to_dimension_dependent']:.1f}× ({decay})")
 
 
+def per_seed_markdown(retrain: dict[str, Any] | None, title: str) -> str:
+    """Held-out accuracy of every arm per seed (one row per arm), for the README."""
+    runs = (retrain or {}).get("runs", {})
+    if not runs:
+        return ""
+    seeds = sorted({r["seed"] for rows in runs.values() for r in rows if r.get("seed") is not None})
+
+    def order(arm: str) -> tuple:
+        group, _, rest = arm.rpartition("/")
+        base, _, k = rest.partition("-k")
+        rank = {"topk": 0, "random": 1, "dpsgd": 2, "nonprivate": 3, "untrained": 4}.get(base, 5)
+        return (group, int(k) if k else 10**9, rank)
+
+    lines = [f"**{title}**", "", "| arm | " + " | ".join(f"seed {sd}" for sd in seeds) + " |",
+             "|---|" + "---|" * len(seeds)]
+    for arm in sorted(runs, key=order):
+        acc = _by_seed(runs[arm], seeds)
+        lines.append(f"| {arm} | " + " | ".join(f"{acc[sd]:.3f}" if sd in acc else "—" for sd in seeds) + " |")
+    return "\n".join(lines)
+
+
 def table_markdown(rows: list[list[str]]) -> str:
     lines = ["| claim | paper | ours | reproduced? |", "|---|---|---|---|"]
     lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
@@ -888,6 +909,10 @@ def report(scale: Scale, out: Path, seeds: list[int], ranks: list[int], info: di
     (out / "results.json").write_text(json.dumps(_jsonable(results), indent=2))
     md = table_markdown(rows)
     (out / "table.md").write_text(md + "\n")
+    seeds_md = [per_seed_markdown(results.get(key), f"Held-out accuracy per seed, {steps} steps of batch "
+                                  f"{scale.retrain_batch} (untrained: one model, shown under every seed)")
+                for key, steps in (("retrain", scale.retrain_steps), ("retrain_long", scale.long_retrain_steps))]
+    (out / "per_seed.md").write_text("\n\n".join(m for m in seeds_md if m) + "\n")
     print(md)
     return results
 
