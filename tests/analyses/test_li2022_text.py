@@ -30,7 +30,8 @@ def test_mean_std_and_arms() -> None:
 
 @pytest.mark.slow
 def test_quick_mode_end_to_end(tmp_path) -> None:
-    assert text.main(["--quick", "--out", str(tmp_path), "--seeds", "0,1,2"]) == 0
+    assert "long" not in text.DEFAULT_STAGES  # the full mode stays near an hour; long is asked for
+    assert text.main(["--quick", "--out", str(tmp_path), "--seeds", "0,1,2", "--stages", ",".join(text.STAGES)]) == 0
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["seeds"] == [0, 1, 2]
     assert res["collect"]["committed_rows"] == text.QUICK.collect_steps
