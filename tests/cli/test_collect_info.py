@@ -180,4 +180,4 @@ def test_task_help_names_every_registered_task():
     from cli._options import TASKS
     from gradspec.tasks import available_tasks
 
-    assert TASKS == available_tasks()
+    assert available_tasks() == TASKS
