@@ -32,6 +32,7 @@ __all__ = [
     "carve",
     "check_splits",
     "cross_entropy_loss",
+    "drawn_splits",
     "permutation",
     "split_summary",
 ]
@@ -107,6 +108,35 @@ def carve(pool: Tensor, *, n_train: int | None, n_public: int, seed: int,
     public, rest = order[:n_public], order[n_public:]
     private = rest if n_train is None else rest[:n_train]
     return private.sort().values, public.sort().values
+
+
+#: How :func:`drawn_splits` numbers the examples (a task's ``config["ids"]``).
+DRAWN_IDS = "train 0..n-1, eval n..n+n_eval-1, public n+n_eval.. (drawn in that order)"
+
+
+def drawn_splits(data: dict[str, Tensor], public: dict[str, Tensor], *, n: int,
+                 n_eval: int) -> tuple[TensorData, TensorData, TensorData | None]:
+    """The train, eval and public splits of a synthetic task whose examples were drawn in that order.
+
+    ``data`` holds the ``n`` training examples followed by the ``n_eval`` held-out ones,
+    ``public`` the public examples (none: ``None`` is returned for the public split). Ids
+    follow :data:`DRAWN_IDS`, so the three splits are disjoint by construction.
+
+    Raises:
+        ValueError: if ``data`` does not hold exactly ``n + n_eval`` rows in every tensor, or
+            the public tensors differ in length.
+    """
+    sizes = {k: len(v) for k, v in data.items()}
+    if set(sizes.values()) != {n + n_eval}:
+        raise ValueError(f"expected n + n_eval = {n + n_eval} drawn examples in every tensor, got {sizes}")
+    public_sizes = {len(v) for v in public.values()}
+    if len(public_sizes) > 1:
+        raise ValueError(f"the public tensors differ in length: { {k: len(v) for k, v in public.items()} }")
+    n_public = public_sizes.pop() if public_sizes else 0
+    ids = torch.arange(n + n_eval + n_public)
+    train = TensorData({k: v[:n] for k, v in data.items()}, ids[:n])
+    held_out = TensorData({k: v[n:] for k, v in data.items()}, ids[n : n + n_eval])
+    return train, held_out, TensorData(public, ids[n + n_eval :]) if n_public else None
 
 
 def cross_entropy_loss(outputs: Tensor, batch: Batch) -> Tensor:

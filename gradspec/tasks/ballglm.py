@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from gradspec.tasks._base import Batch, Task, TensorData
+from gradspec.tasks._base import DRAWN_IDS, Batch, Task, TensorData, drawn_splits
 from gradspec.tasks._registry import register_task
 
 __all__ = ["BallOptimum", "ball_basis", "ball_glm_task", "ball_optimum", "logistic_risk"]
@@ -114,15 +114,11 @@ def ball_glm_task(
     x_pub, y_pub = draw(n_public)
     model = nn.Linear(d, 1, bias=False)
     nn.init.zeros_(model.weight)
-    ids = torch.arange(n + n_eval + n_public)
-    x, x_pub = x.float(), x_pub.float()
+    train, held_out, public = drawn_splits({"inputs": x.float(), "labels": y},
+                                           {"inputs": x_pub.float(), "labels": y_pub}, n=n, n_eval=n_eval)
     return Task(
-        name="ballglm", model=model,
-        train=TensorData({"inputs": x[:n], "labels": y[:n]}, ids[:n]),
-        eval=TensorData({"inputs": x[n:], "labels": y[n:]}, ids[n : n + n_eval]),
-        public=TensorData({"inputs": x_pub, "labels": y_pub}, ids[n + n_eval :]) if n_public else None,
-        forward=_forward, loss=_loss, metrics=_metrics, params=("weight",),
-        config={"ids": "train 0..n-1, eval n..n+n_eval-1, public n+n_eval.. (drawn in that order)"},
+        name="ballglm", model=model, train=train, eval=held_out, public=public,
+        forward=_forward, loss=_loss, metrics=_metrics, params=("weight",), config={"ids": DRAWN_IDS},
     )
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from gradspec.tasks._base import Batch, Task, TensorData, accuracy, cross_entropy_loss
+from gradspec.tasks._base import DRAWN_IDS, Batch, Task, accuracy, cross_entropy_loss, drawn_splits
 from gradspec.tasks._registry import register_task
 
 __all__ = ["bow_polarity", "bow_task"]
@@ -126,17 +126,17 @@ def bow_task(
     model = nn.Linear(vocab, 2)
     nn.init.zeros_(model.weight)
     nn.init.zeros_(model.bias)
-    ids = torch.arange(n + n_eval + n_public)
+    train, held_out, public = drawn_splits({"inputs": x, "labels": y}, {"inputs": x_pub, "labels": y_pub},
+                                           n=n, n_eval=n_eval)
     return Task(
         name="bow",
         model=model,
-        train=TensorData({"inputs": x[:n], "labels": y[:n]}, ids[:n]),
-        eval=TensorData({"inputs": x[n:], "labels": y[n:]}, ids[n : n + n_eval]),
-        public=TensorData({"inputs": x_pub, "labels": y_pub}, ids[n + n_eval :]) if n_public else None,
+        train=train,
+        eval=held_out,
+        public=public,
         forward=_bow_forward,
         loss=cross_entropy_loss,
         metrics=accuracy,
         params=("weight", "bias"),
-        config={"ids": "train 0..n-1, eval n..n+n_eval-1, public n+n_eval.. (drawn in that order)",
-                "features": "word presence (multi-hot)"},
+        config={"ids": DRAWN_IDS, "features": "word presence (multi-hot)"},
     )

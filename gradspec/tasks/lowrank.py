@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from gradspec.tasks._base import Batch, Task, TensorData
+from gradspec.tasks._base import DRAWN_IDS, Batch, Task, drawn_splits
 from gradspec.tasks._registry import register_task
 
 __all__ = ["KINDS", "lowrank_task", "row_space_basis"]
@@ -141,16 +141,17 @@ def lowrank_task(
     model = nn.Linear(d, 1, bias=False)
     nn.init.zeros_(model.weight)
     x, x_pub = x.float(), x_pub.float()
-    ids = torch.arange(n + n_eval + n_public)
+    train, held_out, public = drawn_splits({"inputs": x, key: y}, {"inputs": x_pub, key: y_pub},
+                                           n=n, n_eval=n_eval)
     return Task(
         name="lowrank",
         model=model,
-        train=TensorData({"inputs": x[:n], key: y[:n]}, ids[:n]),
-        eval=TensorData({"inputs": x[n:], key: y[n:]}, ids[n : n + n_eval]),
-        public=TensorData({"inputs": x_pub, key: y_pub}, ids[n + n_eval :]) if n_public else None,
+        train=train,
+        eval=held_out,
+        public=public,
         forward=_linear_forward,
         loss=loss,
         metrics=metrics,
         params=("weight",),
-        config={"ids": "train 0..n-1, eval n..n+n_eval-1, public n+n_eval.. (drawn in that order)"},
+        config={"ids": DRAWN_IDS},
     )

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from gradspec.tasks._base import Task, TensorData
+from gradspec.tasks._base import DRAWN_IDS, Task, drawn_splits
 from gradspec.tasks._registry import register_task
 from gradspec.tasks.lowrank import _linear_forward, _mse, _squared_loss
 
@@ -111,17 +111,17 @@ def sparse_linear_task(
     with torch.no_grad():
         model.weight.copy_(init_std * torch.randn(1, d, generator=gen, dtype=torch.float64))
     x_pub, y_pub = draw(n_public)  # drawn last: train and eval do not depend on n_public
-    ids = torch.arange(n + n_eval + n_public)
+    train, held_out, public = drawn_splits({"inputs": x, "targets": y}, {"inputs": x_pub, "targets": y_pub},
+                                           n=n, n_eval=n_eval)
     return Task(
         name="sparselinear",
         model=model,
-        train=TensorData({"inputs": x[:n], "targets": y[:n]}, ids[:n]),
-        eval=TensorData({"inputs": x[n:], "targets": y[n:]}, ids[n : n + n_eval]),
-        public=TensorData({"inputs": x_pub, "targets": y_pub}, ids[n + n_eval :]) if n_public else None,
+        train=train,
+        eval=held_out,
+        public=public,
         forward=_linear_forward,
         loss=_squared_loss,
         metrics=_mse,
         params=("weight",),
-        config={"n_frequent": n_freq,
-                "ids": "train 0..n-1, eval n..n+n_eval-1, public n+n_eval.. (drawn in that order)"},
+        config={"n_frequent": n_freq, "ids": DRAWN_IDS},
     )

@@ -162,3 +162,20 @@ def test_disjoint_user_task_is_accepted_and_ids_are_validated():
         _data(X[:2], torch.arange(3))
     sub = _data(X[:6], torch.arange(10, 16)).subset([1, 4])
     assert sub.ids.tolist() == [11, 14] and torch.equal(sub.tensors["x"], X[[1, 4]])
+
+
+def test_drawn_splits_number_the_examples_in_draw_order_and_refuse_wrong_counts():
+    import torch
+
+    from gradspec.tasks._base import drawn_splits
+
+    x, y = torch.arange(10.0)[:, None], torch.arange(10)
+    train, held_out, public = drawn_splits({"inputs": x, "labels": y}, {"inputs": x[:3], "labels": y[:3]},
+                                           n=6, n_eval=4)
+    assert train.ids.tolist() == list(range(6)) and held_out.ids.tolist() == [6, 7, 8, 9]
+    assert public.ids.tolist() == [10, 11, 12] and held_out.tensors["labels"].tolist() == [6, 7, 8, 9]
+    assert drawn_splits({"inputs": x}, {"inputs": x[:0]}, n=6, n_eval=4)[2] is None
+    with pytest.raises(ValueError, match="n \\+ n_eval = 9"):
+        drawn_splits({"inputs": x}, {}, n=6, n_eval=3)  # one held-out example too many, not dropped
+    with pytest.raises(ValueError, match="differ in length"):
+        drawn_splits({"inputs": x}, {"inputs": x[:3], "labels": y[:2]}, n=6, n_eval=4)
