@@ -113,9 +113,10 @@ class _Layer:
     inp: Tensor | None = None
     grad_out: Tensor | None = None
     ghost: bool = True  # Linear: ghost norm (else materialised)
+    ln_rows: tuple[Tensor, Tensor] | None = None  # LayerNorm: per-example rows of this pass
 
     def reset(self) -> None:
-        self.calls, self.inp, self.grad_out = 0, None, None
+        self.calls, self.inp, self.grad_out, self.ln_rows = 0, None, None, None
 
 
 class GhostClipping:
@@ -369,7 +370,12 @@ class GhostClipping:
 
     @staticmethod
     def _layer_norm_rows(layer: _Layer, b: int) -> tuple[Tensor, Tensor]:
-        """Per-example LayerNorm weight and bias gradients, (B, *normalized_shape) each."""
+        """Per-example LayerNorm weight and bias gradients, (B, *normalized_shape) each.
+
+        Computed once per pass: the norms and the weighted sum both read them.
+        """
+        if layer.ln_rows is not None:
+            return layer.ln_rows
         m = layer.module
         x = layer.inp
         dims = tuple(range(x.ndim - len(m.normalized_shape), x.ndim))
@@ -380,7 +386,8 @@ class GhostClipping:
         inner = tuple(range(1, x.ndim - len(m.normalized_shape)))
         gw = (g * xhat).sum(inner) if inner else g * xhat
         gb = g.sum(inner) if inner else g
-        return gw.reshape(b, *m.normalized_shape), gb.reshape(b, *m.normalized_shape)
+        layer.ln_rows = (gw.reshape(b, *m.normalized_shape), gb.reshape(b, *m.normalized_shape))
+        return layer.ln_rows
 
     def _weighted_sum(self, c: Tensor, *, out: Tensor) -> Tensor:
         """Add ``sum_i c_i g_i`` (layout order) to ``out`` from the captured inputs/gradients."""
