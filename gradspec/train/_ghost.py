@@ -65,6 +65,7 @@ from gradspec.train._per_example import (
     Batch,
     ForwardFn,
     LossFn,
+    _arm_probe,
     _batch_size,
     _modes,
     _ordered,
@@ -160,11 +161,7 @@ class GhostClipping:
         self.names = [n for n, _ in ordered]
         self.layout: ParamLayout = layout_for(model, self.names)
         self._layers = self._build_layers()
-        self._unprobed = bool(check)
-        if probe_batch is not None and self._unprobed:
-            if _batch_size(probe_batch) < 2:
-                raise ValueError("probe_batch needs at least 2 examples")
-            self._probe(probe_batch)
+        _arm_probe(self, probe_batch, check)
 
     @property
     def p(self) -> int:

@@ -49,6 +49,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -115,6 +116,19 @@ def _ordered(model: nn.Module, names: Sequence[str]) -> list[tuple[str, nn.Param
         )
     keep = set(wanted)
     return [(n, p) for n, p in params.items() if n in keep]
+
+
+def _arm_probe(engine: Any, probe_batch: Batch | None, check: bool) -> None:
+    """Arm an engine's once-per-run batch-of-one check, running it now on ``probe_batch`` if given.
+
+    Shared by :class:`PerExampleGradients` and ``GhostClipping``: ``engine._unprobed`` says
+    the check is still due (the first batch of two or more examples then runs it).
+    """
+    engine._unprobed = bool(check)
+    if probe_batch is not None and engine._unprobed:
+        if _batch_size(probe_batch) < 2:
+            raise ValueError("probe_batch needs at least 2 examples")
+        engine._probe(probe_batch)
 
 
 def _batch_size(batch: Batch) -> int:
@@ -229,11 +243,7 @@ class PerExampleGradients:
                 in_dims=(None, None, 0),
                 randomness="different",
             )
-        self._unprobed = bool(check)
-        if probe_batch is not None and self._unprobed:
-            if _batch_size(probe_batch) < 2:
-                raise ValueError("probe_batch needs at least 2 examples")
-            self._probe(probe_batch)
+        _arm_probe(self, probe_batch, check)
 
     @property
     def p(self) -> int:
