@@ -150,7 +150,8 @@ def orthonormalize_(v: Tensor, *, tol: float | None = None, max_passes: int = 3)
 
     Raises:
         ValueError: if V is not 2-D with p >= k, or its columns are linearly dependent
-            to working precision (Cholesky fails).
+            to working precision (Cholesky fails), or the error is still above ``tol``
+            after ``max_passes`` passes (never returns a basis that is not orthonormal).
     """
     if v.ndim != 2 or v.shape[0] < v.shape[1]:
         raise ValueError(f"orthonormalize_ needs a tall p x k matrix (p >= k), got shape {tuple(v.shape)}")
@@ -172,6 +173,10 @@ def orthonormalize_(v: Tensor, *, tol: float | None = None, max_passes: int = 3)
             block.copy_(torch.linalg.solve_triangular(r, block, upper=True, left=False))
         gram = _gram64(v)
         err = (gram - eye).abs().max().item()
+    if err > tol:
+        raise ValueError(f"the basis could not be orthonormalised to {tol:g} in {max_passes} passes (max "
+                         f"|V^T V - I| = {err:.2e}): its columns are nearly dependent; pass k independent "
+                         "directions")
     return err
 
 

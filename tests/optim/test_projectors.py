@@ -143,6 +143,8 @@ def test_orthonormalize_in_place_keeps_nested_spans_against_float64_qr(small_lar
         small_large_basis.orthonormalize_(torch.ones(p, 3))
     with pytest.raises(ValueError, match="tall"):
         small_large_basis.orthonormalize_(torch.randn(3, 5))
+    with pytest.raises(ValueError, match="could not be orthonormalised"):  # float32 cannot reach 1e-12
+        small_large_basis.orthonormalize_(a.float().contiguous(), tol=1e-12, max_passes=2)
 
 
 def test_large_fixed_basis_stays_float32_and_projects_like_float64(small_large_basis):
