@@ -6,35 +6,8 @@ from pathlib import Path
 
 import typer
 
+from cli import _options as opt
 from cli._common import user_errors
-from cli._options import (
-    AccountingChoice,
-    Backend,
-    BatchSize,
-    Delta,
-    Device,
-    Epochs,
-    Epsilon,
-    EvalEvery,
-    LogEvery,
-    Lr,
-    MaxGradNorm,
-    Microbatch,
-    NoiseMultiplier,
-    Optimizer,
-    Params,
-    SamplingChoice,
-    Seed,
-    SigmaAlias,
-    Steps,
-    Task,
-    TaskOption,
-    TaskSeed,
-    choices,
-    deprecated_alias,
-    resume_settings,
-    training_config,
-)
 from gradspec import Accounting, CollectMode, GradDtype, PerExampleBackend, Sampling
 
 
@@ -42,34 +15,34 @@ from gradspec import Accounting, CollectMode, GradDtype, PerExampleBackend, Samp
 def collect_command(
     ctx: typer.Context,
     out: Path = typer.Option(Path("runs/default"), "--out", "-o", help="Run directory (store, metrics, checkpoint)."),
-    task: Task = "text",
-    task_option: TaskOption = [],  # noqa: B006 (typer copies it)
-    params: Params = [],  # noqa: B006
-    mode: str = typer.Option(CollectMode.BATCH.value, help=f"{choices(CollectMode)}: batch stores each step's average clipped gradient, per-example every clipped gradient."),
+    task: opt.Task = "text",
+    task_option: opt.TaskOption = [],  # noqa: B006 (typer copies it)
+    params: opt.Params = [],  # noqa: B006
+    mode: str = typer.Option(CollectMode.BATCH.value, help=f"{opt.choices(CollectMode)}: batch stores each step's average clipped gradient, per-example every clipped gradient."),
     every: int = typer.Option(1, help="Store every N-th step."),
-    steps: Steps = None,
-    epochs: Epochs = None,
-    batch_size: BatchSize = 64,
-    sampling: SamplingChoice = Sampling.POISSON.value,
-    max_grad_norm: MaxGradNorm = 1.0,
+    steps: opt.Steps = None,
+    epochs: opt.Epochs = None,
+    batch_size: opt.BatchSize = 64,
+    sampling: opt.SamplingChoice = Sampling.POISSON.value,
+    max_grad_norm: opt.MaxGradNorm = 1.0,
     no_clip: bool = typer.Option(False, "--no-clip", help="Do not clip (non-private runs only)."),
-    noise_multiplier: NoiseMultiplier = None,
-    sigma: SigmaAlias = None,
-    epsilon: Epsilon = None,
-    delta: Delta = None,
-    accounting: AccountingChoice = Accounting.PLD.value,
-    optimizer: Optimizer = "adam",
-    lr: Lr = 5e-4,
-    dtype: str = typer.Option(GradDtype.FLOAT32.value, help=f"On-disk dtype: {choices(GradDtype)}."),
-    backend: Backend = PerExampleBackend.VMAP.value,
-    microbatch: Microbatch = 32,
-    eval_every: EvalEvery = 50,
-    log_every: LogEvery = 10,
+    noise_multiplier: opt.NoiseMultiplier = None,
+    sigma: opt.SigmaAlias = None,
+    epsilon: opt.Epsilon = None,
+    delta: opt.Delta = None,
+    accounting: opt.AccountingChoice = Accounting.PLD.value,
+    optimizer: opt.Optimizer = "adam",
+    lr: opt.Lr = 5e-4,
+    dtype: str = typer.Option(GradDtype.FLOAT32.value, help=f"On-disk dtype: {opt.choices(GradDtype)}."),
+    backend: opt.Backend = PerExampleBackend.VMAP.value,
+    microbatch: opt.Microbatch = 32,
+    eval_every: opt.EvalEvery = 50,
+    log_every: opt.LogEvery = 10,
     checkpoint_every: int = typer.Option(50, help="Commit rows and checkpoint every N steps."),
     skip_nonfinite: bool = typer.Option(False, "--skip-nonfinite", help="Skip steps with NaN/Inf gradients instead of stopping."),
-    seed: Seed = 0,
-    task_seed: TaskSeed = None,
-    device: Device = "cpu",
+    seed: opt.Seed = 0,
+    task_seed: opt.TaskSeed = None,
+    device: opt.Device = "cpu",
     compressor: str = typer.Option(None, help="Store compression: zstd or blosc (default none)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint. Options given with it must match the run, except the run's length (--steps/--epochs), --eval-every, --log-every, --checkpoint-every, --skip-nonfinite, --microbatch."),
     allow_larger_epsilon: bool = typer.Option(False, "--allow-larger-epsilon", help="With --resume: run more steps than the noise multiplier of an --epsilon run was calibrated for (its epsilon then exceeds the target)."),
@@ -80,14 +53,14 @@ def collect_command(
     """Train a model and stream clipped gradients into OUT/gradients.zarr."""
     from gradspec.collect import collect, merge_resume, read_run_config
 
-    noise_multiplier = deprecated_alias(noise_multiplier, sigma, option="--noise-multiplier", alias="--sigma")
+    noise_multiplier = opt.deprecated_alias(noise_multiplier, sigma, option="--noise-multiplier", alias="--sigma")
     if resume:
         # (with --overwrite too, collect() refuses the pair before reading anything)
-        config = None if overwrite else merge_resume(read_run_config(out), resume_settings(ctx, ctx.params))
+        config = None if overwrite else merge_resume(read_run_config(out), opt.resume_settings(ctx, ctx.params))
     else:
         if allow_larger_epsilon:
             raise ValueError("--allow-larger-epsilon applies to --resume (extending a run); drop it")
-        config = training_config(
+        config = opt.training_config(
             task=task, task_option=task_option, params=params, mode=mode, every=every, steps=steps,
             epochs=epochs, batch_size=batch_size, sampling=sampling, max_grad_norm=max_grad_norm,
             clip=not no_clip, noise_multiplier=noise_multiplier, epsilon=epsilon, delta=delta, accounting=accounting,

@@ -6,33 +6,8 @@ from pathlib import Path
 
 import typer
 
+from cli import _options as opt
 from cli._common import user_errors
-from cli._options import (
-    AccountingChoice,
-    Backend,
-    BatchSize,
-    Delta,
-    Device,
-    Epochs,
-    Epsilon,
-    EvalEvery,
-    LogEvery,
-    Lr,
-    MaxGradNorm,
-    Microbatch,
-    NoiseMultiplier,
-    Optimizer,
-    Params,
-    SamplingChoice,
-    Seed,
-    SigmaAlias,
-    Steps,
-    Task,
-    TaskOption,
-    TaskSeed,
-    deprecated_alias,
-    training_config,
-)
 from gradspec import Accounting, Sampling
 
 
@@ -87,28 +62,28 @@ def retrain_command(
     diagonal: bool = typer.Option(False, "--diagonal", help="noisy-adagrad: diagonal preconditioner."),
     rule: str = typer.Option(None, help="AdaDPS preconditioner: rmsprop (default), adam, adagrad (public data), or fixed (side information)."),
     side_information: str = typer.Option(None, "--side-information", metavar="FILE|frequency", help="AdaDPS without public data (Option 2): a file of p positive values (.npy, .pt, .txt), or 'frequency' (feature/token frequencies of the public examples)."),
-    task: Task = "text",
-    task_option: TaskOption = [],  # noqa: B006 (typer copies it)
-    params: Params = [],  # noqa: B006
-    steps: Steps = None,
-    epochs: Epochs = None,
-    batch_size: BatchSize = 64,
-    sampling: SamplingChoice = Sampling.POISSON.value,
-    max_grad_norm: MaxGradNorm = 1.0,
-    noise_multiplier: NoiseMultiplier = None,
-    sigma: SigmaAlias = None,
-    epsilon: Epsilon = None,
-    delta: Delta = None,
-    accounting: AccountingChoice = Accounting.PLD.value,
-    optimizer: Optimizer = "sgd",  # retraining's default (collect's is adam); noisy-adagrad and dp-adam use sgd
-    lr: Lr = 0.05,
-    microbatch: Microbatch = 32,
-    backend: Backend = "vmap",
-    eval_every: EvalEvery = 20,
-    log_every: LogEvery = 10,
-    seed: Seed = 0,  # also seeds the random projector and the public examples drawn
-    task_seed: TaskSeed = None,
-    device: Device = "cpu",
+    task: opt.Task = "text",
+    task_option: opt.TaskOption = [],  # noqa: B006 (typer copies it)
+    params: opt.Params = [],  # noqa: B006
+    steps: opt.Steps = None,
+    epochs: opt.Epochs = None,
+    batch_size: opt.BatchSize = 64,
+    sampling: opt.SamplingChoice = Sampling.POISSON.value,
+    max_grad_norm: opt.MaxGradNorm = 1.0,
+    noise_multiplier: opt.NoiseMultiplier = None,
+    sigma: opt.SigmaAlias = None,
+    epsilon: opt.Epsilon = None,
+    delta: opt.Delta = None,
+    accounting: opt.AccountingChoice = Accounting.PLD.value,
+    optimizer: opt.Optimizer = "sgd",  # retraining's default (collect's is adam); noisy-adagrad and dp-adam use sgd
+    lr: opt.Lr = 0.05,
+    microbatch: opt.Microbatch = 32,
+    backend: opt.Backend = "vmap",
+    eval_every: opt.EvalEvery = 20,
+    log_every: opt.LogEvery = 10,
+    seed: opt.Seed = 0,  # also seeds the random projector and the public examples drawn
+    task_seed: opt.TaskSeed = None,
+    device: opt.Device = "cpu",
     train_metrics: bool = typer.Option(True, "--train-metrics/--no-train-metrics", help="Also report loss and accuracy on the training set at the end."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing runs."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Write figures of a sweep."),
@@ -120,9 +95,9 @@ def retrain_command(
     from gradspec.optim import retrain as run_retrain
     from gradspec.optim import sweep as run_sweep
 
-    noise_multiplier = deprecated_alias(noise_multiplier, sigma, option="--noise-multiplier", alias="--sigma")
-    noise_multipliers = deprecated_alias(noise_multipliers, sigmas, option="--noise-multipliers", alias="--sigmas")
-    precond_noise_multiplier = deprecated_alias(precond_noise_multiplier, precond_sigma,
+    noise_multiplier = opt.deprecated_alias(noise_multiplier, sigma, option="--noise-multiplier", alias="--sigma")
+    noise_multipliers = opt.deprecated_alias(noise_multipliers, sigmas, option="--noise-multipliers", alias="--sigmas")
+    precond_noise_multiplier = opt.deprecated_alias(precond_noise_multiplier, precond_sigma,
                                                 option="--precond-noise-multiplier", alias="--precond-sigma")
     if noise_multiplier is not None and epsilon is not None:
         raise ValueError("give --noise-multiplier or --epsilon, not both")
@@ -146,7 +121,7 @@ def retrain_command(
         "--side-information": side_information, "--rank": rank, "--ranks": ranks,
     })
 
-    config = training_config(
+    config = opt.training_config(
         task=task, task_option=task_option, params=params, steps=steps, epochs=epochs,
         batch_size=batch_size, sampling=sampling, max_grad_norm=max_grad_norm,
         noise_multiplier=noise_multiplier, epsilon=epsilon, delta=delta, accounting=accounting, optimizer=optimizer, lr=lr,

@@ -20,7 +20,7 @@ def test_every_public_name_imports():
 def test_every_subpackage_all_imports():
     import importlib
 
-    for pkg in ("gradspec.optim", "gradspec.store", "gradspec.collect", "gradspec.train", "gradspec.train._masks"):
+    for pkg in ("gradspec.optim", "gradspec.store", "gradspec.collect", "gradspec.train", "gradspec._attention"):
         mod = importlib.import_module(pkg)
         for name in mod.__all__:
             assert getattr(mod, name) is not None, f"{pkg}.{name}"
@@ -28,17 +28,17 @@ def test_every_subpackage_all_imports():
 
 
 def test_new_exports_resolve():
+    import gradspec._attention as attention
     import gradspec.optim as optim
-    import gradspec.train._per_example as per_example
+    import gradspec.train as train
     from gradspec.store import StoreDamagedError
-    from gradspec.train import _masks
 
     assert gradspec.StoreDamagedError is StoreDamagedError and issubclass(StoreDamagedError, OSError)
-    assert gradspec.attention_mask_4d is _masks.attention_mask_4d
-    assert gradspec.attention_is_causal is _masks.attention_is_causal
-    # the masks moved out of _per_example; the old import path still works
+    # the masks live below train and tasks (model plumbing); train still exports them
     for name in ("attention_mask_4d", "attention_is_causal", "additive_attention_mask"):
-        assert getattr(per_example, name) is getattr(_masks, name)
+        assert getattr(train, name) is getattr(attention, name)
+    assert gradspec.attention_mask_4d is attention.attention_mask_4d
+    assert gradspec.attention_is_causal is attention.attention_is_causal
     for name in ("spectrum_layout", "algorithm_options", "frequency_side_information",
                  "load_side_information", "public_ids"):
         assert name in optim.__all__ and callable(getattr(optim, name)), name

@@ -8,29 +8,16 @@ every other training loop records through.
 
 from __future__ import annotations
 
-from pathlib import Path
+import inspect
+from typing import Any
 
 from gradspec.collect._recorder import GradientRecorder
-from gradspec.tasks import Task
-from gradspec.train import StepHooks, TrainConfig, TrainResult, train
+from gradspec.train import TrainConfig, TrainResult, train
 
 __all__ = ["collect"]
 
 
-def collect(
-    config: TrainConfig | None = None,
-    *,
-    out: str | Path,
-    task: Task | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    progress: bool = False,
-    writer: bool = True,
-    stop_after: int | None = None,
-    hooks: StepHooks | None = None,
-    write_store: bool = True,
-    allow_larger_epsilon: bool = False,
-) -> TrainResult:
+def collect(config: TrainConfig | None = None, **options: Any) -> TrainResult:
     """Train with DP-SGD and stream clipped gradients into ``out/gradients.zarr``.
 
     The run owns ``out`` while it runs: a second writer (another process, or another
@@ -55,6 +42,22 @@ def collect(
             ``out`` is not empty and not a run directory.
         DirectoryBusyError: another process is writing to ``out``.
     """
-    return train(config, out=out, task=task, resume=resume, overwrite=overwrite, progress=progress,
-                 writer=writer, stop_after=stop_after, hooks=hooks, write_store=write_store,
-                 allow_larger_epsilon=allow_larger_epsilon, sink=GradientRecorder.for_trainer)
+    if "sink" in options:
+        raise TypeError("collect() writes through a GradientRecorder; call gradspec.train.train(sink=...) "
+                        "for another sink")
+    _SIGNATURE.bind(config, **options)  # the trainer's keywords, checked before anything runs
+    options.setdefault("write_store", True)
+    return train(config, sink=GradientRecorder.for_trainer, **options)
+
+
+def _collect_signature() -> inspect.Signature:
+    """`train`'s signature (its one owner) as `collect` takes it: no ``sink``, and
+    ``write_store`` on by default."""
+    sig = inspect.signature(train)
+    params = [p.replace(default=True) if p.name == "write_store" else p
+              for p in sig.parameters.values() if p.name != "sink"]
+    return sig.replace(parameters=params)
+
+
+_SIGNATURE = _collect_signature()
+collect.__signature__ = _SIGNATURE  # help(collect) and IDEs show the trainer's keywords

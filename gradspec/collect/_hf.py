@@ -62,13 +62,13 @@ class _HFForward:
     """
 
     def __init__(self, model: nn.Module) -> None:
-        from gradspec.train import attention_is_causal
+        from gradspec._attention import attention_is_causal
 
         self.model = model
         self.causal = attention_is_causal(model)
 
     def __call__(self, call: Callable[..., Any], batch: dict[str, Tensor]) -> Tensor:
-        from gradspec.train import attention_mask_4d
+        from gradspec._attention import attention_mask_4d
 
         inputs = {k: v for k, v in batch.items() if k not in _LABEL_KEYS}
         mask = inputs.get("attention_mask")

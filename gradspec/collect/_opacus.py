@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gradspec.collect._recorder import GradientRecorder
+from gradspec.collect._recorder_base import RecorderBase
 from gradspec.collect._rows import DIVISOR_ACTUAL, ROW_EXAMPLE, ROW_MEAN
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class OpacusRecording:
     restores the optimizer. Attributes: ``steps`` (real steps seen), ``ghost``.
     """
 
-    def __init__(self, optimizer: Any, recorder: GradientRecorder, accountant: Any, delta: float | None) -> None:
+    def __init__(self, optimizer: Any, recorder: RecorderBase, accountant: Any, delta: float | None) -> None:
         from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 
         if not isinstance(optimizer, DPOptimizer):
@@ -299,7 +299,7 @@ class OpacusRecording:
 def record_opacus(
     optimizer: Any,
     *,
-    recorder: GradientRecorder,
+    recorder: RecorderBase,
     accountant: Any = None,
     delta: float | None = None,
 ) -> OpacusRecording:

@@ -26,14 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from gradspec.linalg._device import (
+from gradspec._device import resolve_device
+from gradspec.linalg._kernels import block_edges, sym_finish, sym_update
+from gradspec.linalg._precision import (
     effective_precision,
-    resolve_device,
     resolve_precision,
     to_device,
     to_numpy,
 )
-from gradspec.linalg._kernels import block_edges, sym_finish, sym_update
 from gradspec.linalg._sources import ColRanges, RowSelection, make_source
 
 logger = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ class GradientOperator:
             as Li et al. 2022 analyse the uncentered H).
         device: ``"cpu"`` | ``"cuda"`` | ``"auto"``.
         precision: ``"auto"`` (float32 products for float32 data, else float64) | ``"float64"`` |
-            ``"float32"`` | ``"tf32"`` (see ``_device``).
+            ``"float32"`` | ``"tf32"`` (see ``_precision``).
         memory: host-memory budget in bytes for blocks in flight (None: 2 GiB).
         block_cols: columns per read block (default: the store's chunk width).
         prefetch: blocks read ahead on a background thread.

@@ -17,7 +17,7 @@ precision resolves is not a singular direction but rounding: its u is noise and
 V = Hᵀu/σ is not a unit vector (measured: σ ≈ 2e-4·σ_1 and ‖v‖ ≈ 1e-4 for the
 null directions of a rank-5 H in float32). ``finalize`` keeps only σ_i above
 ``rank_rtol(r, precision)``·σ_1 — the numerical-rank floor of a float64
-Gram/Ritz, or where the precision's σ error (``_device``: ~1e-6·(σ_1/σ_i)² for
+Gram/Ritz, or where the precision's σ error (``_precision``: ~1e-6·(σ_1/σ_i)² for
 float32, ~1e-3·(σ_1/σ_i)² for tf32) reaches 10% — and then, with ``verify``,
 drops any trailing directions whose stored V column is not a unit vector to
 within ``V_UNIT_ATOL`` (the tolerance `gradspec decay` checks). The result holds
@@ -56,7 +56,7 @@ def null_floor(sigma1: float, r: int) -> float:
     return float(sigma1) * float(np.sqrt(max(r, 1) * np.finfo(np.float64).eps)) * 10
 
 
-#: Relative σ error of each block-product precision at σ_i: ~coef·(σ_1/σ_i)² (see ``_device``).
+#: Relative σ error of each block-product precision at σ_i: ~coef·(σ_1/σ_i)² (see ``_precision``).
 SIGMA_ERROR = {"float64": 0.0, "auto": 0.0, "float32": 1e-6, "tf32": 1e-3}
 #: |‖v_j‖ − 1| above which a stored direction is not kept (``gradspec.spectrum.project_rows``'s atol).
 V_UNIT_ATOL = 1e-3

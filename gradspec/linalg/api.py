@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -14,6 +13,11 @@ import numpy as np
 
 from gradspec._enums import PcaMethod, parse_choice
 from gradspec.linalg._auto import check_memory, choose_method, parse_memory
+from gradspec.linalg._output import (
+    _give_up,
+    _open_output,
+    _VSink,
+)
 from gradspec.linalg._result import PcaResult
 from gradspec.linalg._sources import ColRanges, RowSelection
 
@@ -59,183 +63,6 @@ def _check_k(k: int, shape: tuple[int, int]) -> None:
             f"k={k} exceeds min(r, p) = {min(r, p)} for the selected H ({r} rows × {p} columns); "
             "lower --k or select more rows"
         )
-
-
-#: Run settings that change the numbers: a resumed run must use the saved ones.
-RESUME_SETTINGS = (
-    "k",
-    "method",
-    "iters",
-    "tol",
-    "oversample",
-    "seed",
-    "precision",
-    "center",
-    "rows",
-    "params",
-    "col_ranges",
-    "v_dtype",
-    "source_path",
-)
-
-
-def _source_rows(op: Any) -> np.ndarray | None:
-    src = getattr(op, "source", None)
-    return src.row_indices() if hasattr(src, "row_indices") else None
-
-
-def _check_not_source(out: Any, desc: dict) -> None:
-    """Refuse an --out that is, holds or lies inside the gradient store being read."""
-    from gradspec.store import is_url, resolved_path
-
-    src = desc.get("abspath")
-    if src is None or is_url(out) or is_url(src):
-        return
-    o = Path(resolved_path(out))
-    s = Path(src)
-    if o == s or s in o.parents or o in s.parents:
-        raise ValueError(
-            f"--out {str(out)!r} is or contains the gradient store being read ({src}); "
-            "choose another --out"
-        )
-
-
-def _open_output(
-    out: Any,
-    *,
-    op: Any,
-    k: int,
-    method: PcaMethod,
-    params: dict,
-    resume: bool,
-    overwrite: bool,
-    v_dtype: str,
-):
-    """-> (store to write, final path when the store is staged beside a complete one, or None)."""
-    from gradspec.store import SpectrumStatus, SpectrumStore, is_url
-
-    r, p = op.shape
-    desc = op.describe()
-    _check_not_source(out, desc)
-    if resume and Path(out).exists():
-        store = SpectrumStore.open(out, mode="r+")
-        if store.status == SpectrumStatus.COMPLETE:
-            raise ValueError(
-                f"{str(out)!r} is already complete; nothing to resume (use --overwrite to redo it)"
-            )
-        saved = store.params
-        mismatch = [
-            f"{name}: saved {_jsonish(saved.get(name))!r}, now {_jsonish(params.get(name))!r}"
-            for name in RESUME_SETTINGS
-            if _jsonish(saved.get(name)) != _jsonish(params.get(name))
-        ]
-        was = store.source
-        for key, label in (("rows_resolved", "rows"), ("rows_digest", "source rows' metadata")):
-            if was.get(key) is not None and was.get(key) != desc.get(key):
-                mismatch.append(
-                    f"{label}: saved {_rows_label(was.get(key))}, now {_rows_label(desc.get(key))}"
-                )
-        if store.shape != (r, p):
-            mismatch.insert(0, f"shape: saved {store.shape}, now {(r, p)}")
-        if mismatch:
-            raise ValueError(
-                f"cannot resume {str(out)!r}: it was started with other settings "
-                f"({'; '.join(mismatch)}); resume with the saved ones, or --overwrite to start afresh"
-            )
-        if store.load_state() is None:
-            logger.info("%r holds no completed pass: starting afresh in it", str(out))
-        return store, None
-    target = out
-    final = None
-    if overwrite and not is_url(out) and Path(out).exists():
-        try:
-            complete = SpectrumStore.open(out).status == SpectrumStatus.COMPLETE
-        except (ValueError, OSError):
-            complete = False  # check_target refuses what is not a spectrum store
-        if complete:
-            # Write beside it; the complete store is replaced only when this run completes.
-            final = Path(out)
-            target = final.with_name(f".{final.name}.partial-{os.getpid()}")
-            SpectrumStore.check_target(out, overwrite=True)
-    store = SpectrumStore.create(
-        target,
-        r=r,
-        p=p,
-        k=k,
-        method=method.value,
-        params=params,
-        source=desc,
-        source_rows=_source_rows(op),
-        v_dtype=v_dtype,
-        v_chunk_rows=None,
-        overwrite=overwrite or final is not None,
-    )
-    return store, final
-
-
-def _rows_label(value: Any) -> str:
-    if isinstance(value, dict) and "start" in value:
-        step = value.get("step", 1)
-        return f"{value['start']}:{value['stop']}" + (f":{step}" if step != 1 else "")
-    if isinstance(value, str):
-        return f"digest {value[:12]}…"
-    return repr(value)
-
-
-def _jsonish(value: Any) -> Any:
-    """Settings as they read back from a store's JSON attributes (tuples as lists)."""
-    import json
-
-    from gradspec.store import jsonable
-
-    return json.loads(json.dumps(jsonable(value)))
-
-
-class _VSink:
-    """The spectrum store's V writer, created for the k of the first block.
-
-    pca may keep fewer directions than asked for (see ``_result.finalize``): the
-    store's arrays are sized to them before any row of V is written.
-    """
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self.writer: Any = None
-
-    def __call__(self, offset: int, block: np.ndarray) -> None:
-        if self.writer is None:
-            self.store.resize_k(int(block.shape[1]))
-            self.writer = self.store.v_sink()
-        self.writer(offset, block)
-
-    def flush(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-    def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.abort()
-
-
-def _give_up(store: Any, exc: BaseException) -> None:
-    """After a failed run: keep a resumable state (marked), else remove the partial store."""
-    status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-    try:
-        if store.load_state() is not None:
-            store.mark_unfinished(status, f"{type(exc).__name__}: {exc}")
-            logger.warning(
-                "pca %s; its state is kept in %r: --resume continues it, a plain rerun replaces it",
-                status,
-                store.path,
-            )
-        else:
-            store.discard()
-    except Exception as cleanup:  # never hide the run's own error
-        logger.warning("could not clean up %r after the failed run: %s", store.path, cleanup)
 
 
 def pca(

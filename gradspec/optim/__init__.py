@@ -25,14 +25,11 @@ from gradspec.optim._averaged import AveragedSGDResult, dp_sgd_averaged
 from gradspec.optim._base import OptimHooks
 from gradspec.optim._constraint import BallConstraint, project_ball
 from gradspec.optim._dpadam import DPAdam
+from gradspec.optim._orthonormal import LARGE_BASIS, orthonormalize_
 from gradspec.optim._pdp import PDPSGD, pdp_sgd, rpdp_sgd
-from gradspec.optim._projectors import (
-    LARGE_BASIS,
-    FixedProjector,
-    Projector,
+from gradspec.optim._projectors import FixedProjector, Projector, RandomProjector
+from gradspec.optim._public import (
     PublicProjector,
-    RandomProjector,
-    orthonormalize_,
     public_ids,
     public_split,
     top_eigenvectors_from_rows,

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from gradspec._enums import parse_choice
 from gradspec.optim._base import OptimHooks
-from gradspec.optim._projectors import checked_public, public_gradients, public_ids
+from gradspec.optim._public import checked_public, public_gradients, public_ids
 from gradspec.tasks import TensorData
 from gradspec.train import StepContext
 

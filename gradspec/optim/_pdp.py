@@ -20,7 +20,8 @@ from torch import Tensor
 
 from gradspec._enums import Sampling
 from gradspec.optim._base import OptimHooks
-from gradspec.optim._projectors import Projector, PublicProjector, RandomProjector
+from gradspec.optim._projectors import Projector, RandomProjector
+from gradspec.optim._public import PublicProjector
 from gradspec.privacy import steps_for_epochs, steps_per_epoch
 from gradspec.train import StepContext
 

@@ -20,14 +20,10 @@ from gradspec._enums import parse_choice
 from gradspec.optim._adadps import AdaDPS
 from gradspec.optim._adagrad import NoisyAdaGrad
 from gradspec.optim._dpadam import DPAdam
+from gradspec.optim._orthonormal import LARGE_BASIS
 from gradspec.optim._pdp import PDPSGD
-from gradspec.optim._projectors import (
-    LARGE_BASIS,
-    FixedProjector,
-    Projector,
-    PublicProjector,
-    RandomProjector,
-)
+from gradspec.optim._projectors import FixedProjector, Projector, RandomProjector
+from gradspec.optim._public import PublicProjector
 from gradspec.optim._subspace import SubspaceRetrain
 from gradspec.train import StepHooks
 

@@ -15,7 +15,8 @@ from gradspec.store._source import (
     rows_digest,
     rows_text,
 )
-from gradspec.store._spectrum import SpectrumStatus, SpectrumStore
+from gradspec.store._spectrum import SpectrumStore
+from gradspec.store._spectrum_schema import SpectrumStatus
 from gradspec.store._writer import BackgroundWriter, WriterError
 from gradspec.store._zarr import is_url
 

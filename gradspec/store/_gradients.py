@@ -34,19 +34,31 @@ from __future__ import annotations
 import logging
 import os
 import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import zarr
 
+import gradspec.store._precision as _precision
 from gradspec._layout import ParamLayout
-from gradspec.store import _precision
 from gradspec.store._fastread import ChunkFileReader
+from gradspec.store._gradients_read import GradientReads
+from gradspec.store._gradients_schema import (
+    CHUNK_BYTES,
+    DEFAULT_ROWS_PER_CHUNK,
+    DTYPES,
+    KIND,
+    META_FIELDS,
+    PER_EXAMPLE_FIELDS,
+    ROWS_KEY,
+    STATS_ARRAY,
+    STATUS_KEY,
+    _codecs,
+)
+from gradspec.store._gradients_write import GradientWrites
 from gradspec.store._integrity import (
     ALL_CHUNKS_KEY,
-    CheckedArray,
     ChunkPresence,
     StoreDamagedError,
     chunk_span,
@@ -56,59 +68,16 @@ from gradspec.store._integrity import (
     row_chunks,
     verify_arrays,
 )
-from gradspec.store._prefetch import prefetch_iter
-from gradspec.store._source import as_slice, resolve_rows
 from gradspec.store._zarr import (
     create_group,
     disk_numpy_dtype,
-    from_disk_dtype,
     open_checked,
     size_on_disk,
-    to_disk_dtype,
 )
 
 logger = logging.getLogger(__name__)
 
-KIND = "gradients"
-ROWS_KEY = "gradspec.rows"
-STATUS_KEY = "gradspec.status"
-DTYPE_REPORT_KEY = "gradspec.dtype_report"
-#: What ``gradspec.status`` may say: being written, or finished by its run.
-STATUSES = ("writing", "complete")
-DTYPES = ("float32", "float16", "bfloat16")
-STATS_ARRAY = "dtype_stats"
-CHUNK_BYTES = 8 * 2**20
-DEFAULT_ROWS_PER_CHUNK = 32
-
-#: Row-metadata fields and their dtypes; per-example stores add ``example_index``.
-META_FIELDS: dict[str, str] = {
-    "step": "int64",
-    "epoch": "int32",
-    "loss": "float32",
-    "batch_size": "int32",
-    "norm_mean": "float32",
-    "norm_max": "float32",
-    "frac_clipped": "float32",
-}
-PER_EXAMPLE_FIELDS: dict[str, str] = {"example_index": "int64"}
-
-RowSelection = slice | Sequence[int] | np.ndarray | None
-ColRanges = Sequence[tuple[int, int]] | None
-
-
-def _codecs(compressor: str | None):
-    if compressor in (None, "none"):
-        return None
-    from zarr.codecs import BloscCodec, ZstdCodec
-
-    if compressor == "zstd":
-        return [ZstdCodec(level=3)]
-    if compressor == "blosc":
-        return [BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")]
-    raise ValueError(f"unknown compressor {compressor!r}; choose none, zstd or blosc")
-
-
-class GradientStore:
+class GradientStore(GradientReads, GradientWrites):
     """A gradient matrix on disk: rows = gradient samples, columns = parameters.
 
     Create with :meth:`create`, open with :meth:`open`. Writing is done by
@@ -385,297 +354,7 @@ class GradientStore:
         return {"path": self.path, **report}
 
     # ------------------------------------------------------------------ writing
-    def _check_writable(self) -> None:
-        if self.mode == "r":
-            raise ValueError(f"{self.path!r} is open read-only; open it with mode='r+' to write")
-
-    def _ensure_capacity(self, n: int) -> None:
-        # Each array is checked on its own: a process killed between two resizes
-        # leaves arrays of different capacities (zarr drops out-of-bounds writes).
-        cap = self._grads.shape[0]
-        rpc = self._grads.chunks[0]
-        new = -(-max(n, 2 * cap, rpc) // rpc) * rpc if n > cap else cap
-        for arr in self._arrays().values():
-            if arr.shape[0] < new:
-                arr.resize((new, *arr.shape[1:]))
-
-    def write_rows(self, start: int, rows: np.ndarray, meta: dict[str, np.ndarray]) -> None:
-        """Write ``rows`` (float32, shape (b, p)) at ``start``; not visible until :meth:`commit`.
-
-        Raises:
-            ValueError: bad shapes or metadata, committed rows, or finite values that the
-                store's dtype cannot hold (float16 above 65504 would be stored as ±inf).
-        """
-        self._check_writable()
-        rows = np.asarray(rows)
-        if rows.ndim != 2 or rows.shape[1] != self.p:
-            raise ValueError(f"rows must have shape (b, {self.p}), got {rows.shape}")
-        b = rows.shape[0]
-        missing = set(self._meta_fields) - set(meta)
-        if missing:
-            raise ValueError(f"row metadata is missing {sorted(missing)}")
-        if start < self._rows:
-            raise ValueError(f"cannot overwrite committed rows (start {start} < {self._rows} committed)")
-        values = {}
-        for name, dt in self._meta_fields.items():
-            values[name] = np.asarray(meta[name], dtype=dt).reshape(-1)
-            if values[name].shape[0] != b:
-                raise ValueError(f"row metadata {name!r} has {values[name].shape[0]} values for {b} rows")
-        disk = to_disk_dtype(rows, self._dtype)
-        stats = None
-        if self._stats is not None:
-            stats, overflowed = _precision.conversion_stats(np.asarray(rows, np.float32), disk, self._dtype)
-            if overflowed:
-                raise ValueError(
-                    f"{overflowed} finite gradient entries exceed {self._dtype}'s largest value (65504) and "
-                    "would be stored as infinity; collect with --dtype bfloat16 or float32"
-                )
-        self._ensure_capacity(start + b)
-        self._grads[start : start + b] = disk
-        for name, v in values.items():
-            self._meta[name][start : start + b] = v
-        if stats is not None:
-            self._stats[start : start + b] = stats
-
-    def _report_upto(self, n: int) -> tuple[int, np.ndarray, float]:
-        """The accumulated dtype stats of rows [0, n), reading only rows not yet summed."""
-        acc = self._report
-        if acc is None or acc[0] > n:
-            acc = None
-        covered = acc[0] if acc is not None else 0
-        if n > covered or acc is None:
-            acc = _precision.accumulate(acc, np.asarray(self._stats[covered:n]))
-        self._report = acc
-        return acc
-
-    def commit(self, n_rows: int) -> None:
-        """Make rows ``[0, n_rows)`` visible; their bytes must already be written.
-
-        In a store that writes every chunk, on local disk, the chunks of the newly
-        committed rows are checked to exist first (a stat each).
-        """
-        self._check_writable()
-        n = int(n_rows)
-        cap = min(arr.shape[0] for arr in self._arrays().values())
-        if not 0 <= n <= cap:
-            raise ValueError(f"cannot commit {n} rows: only {cap} written")
-        if self._strict and n > self._rows and self._presence["grads"].local:
-            for name, arr in self._arrays().items():
-                self._missing(name, self._presence[name].missing(committed_chunks(arr, n, self._rows)))
-        update: dict[str, Any] = {ROWS_KEY: n}
-        report = None
-        if self._stats is not None:
-            report = _precision.summarize(self._report_upto(n), self.p, self._dtype)
-            update[DTYPE_REPORT_KEY] = report
-        self._group.attrs.update(update)
-        self._rows = n
-        why = _precision.material(report) if report else None
-        if why:
-            self._warn_once("dtype", f"{self.path}: {why}")
-
-    def truncate(self, n_rows: int) -> None:
-        """Forget committed rows beyond ``n_rows`` (resume from an earlier checkpoint)."""
-        if n_rows > self._rows:
-            raise ValueError(f"cannot truncate to {n_rows} rows: only {self._rows} are committed")
-        self.commit(n_rows)
-
-    def append(self, rows: np.ndarray, meta: dict[str, np.ndarray]) -> None:
-        """Write rows after the committed ones and commit them (synchronous)."""
-        self.write_rows(self._rows, rows, meta)
-        self.commit(self._rows + np.asarray(rows).shape[0])
-
-    def finalize(self) -> None:
-        """Shrink every array to the committed rows, so that plain zarr reads exactly them.
-
-        Crash-safe: zarr deletes the chunks wholly beyond the new shape (all uncommitted)
-        before it rewrites the array's metadata, and never a chunk holding a committed row; a
-        kill part-way leaves arrays of different capacities, which writing handles. Writing
-        more rows later grows the arrays again.
-        """
-        self._check_writable()
-        for arr in self._arrays().values():
-            if arr.shape[0] > self._rows:
-                arr.resize((self._rows, *arr.shape[1:]))
-
-    def set_status(self, status: str) -> None:
-        """Record the store's status: ``"writing"`` or ``"complete"``.
-
-        ``"complete"`` first shrinks the arrays to the committed rows (:meth:`finalize`) and
-        checks that every chunk of a committed row is stored.
-
-        Raises:
-            ValueError: an unknown status.
-            StoreDamagedError: a chunk of a committed row is missing (the store is not marked complete).
-        """
-        self._check_writable()
-        if status not in STATUSES:
-            raise ValueError(f"unknown store status {status!r}; choose one of {', '.join(STATUSES)}")
-        if status == "complete":
-            self.finalize()
-            lost = self.find_missing_chunks()
-            if lost and self._strict:
-                first = lost[0]
-                raise damage_error(self.path, first["array"], first["chunk"],
-                                   (first["rows"][0], first["rows"][1] + 1), self._rows, "missing", len(lost) - 1)
-        self._group.attrs.update({STATUS_KEY: status})
-        self._status = status
-
-    def update_config(self, **items: Any) -> None:
-        """Merge items into the stored run config (e.g. the final epsilon)."""
-        self._check_writable()
-        self._config.update(items)
-        self._group.attrs.update({"gradspec.config": self._config})
-
     # ------------------------------------------------------------------ reading
-    def _row_index(self, rows: RowSelection) -> slice | np.ndarray:
-        """The committed rows a selection names, as a slice (a run of rows) or indices.
-
-        ``None`` is every committed row (none in an empty store). Any other selection goes
-        through :func:`~gradspec.store.resolve_rows`, the one row-selection rule of
-        gradspec: bounds and indices outside the committed rows, a repeated index, a
-        boolean mask or a selection of no rows are errors, never clipped or read as fill.
-        """
-        if rows is None:
-            return slice(0, self._rows)
-        idx = resolve_rows(rows, self._rows, what="the row selection", distinct=True,
-                           counted_in="the rows read")
-        return as_slice(idx)
-
-    def n_selected(self, rows: RowSelection) -> int:
-        idx = self._row_index(rows)
-        return idx.stop - idx.start if isinstance(idx, slice) else int(idx.size)
-
-    def _forget_listings(self) -> None:
-        """Start of a read: chunks are listed again (remote stores) before they are trusted."""
-        for pres in self._presence.values():
-            pres.forget()
-
-    def _read(self, idx: slice | np.ndarray, c0: int, c1: int) -> np.ndarray:
-        if self._direct is not None:  # a missing or wrong-sized chunk file raises in the reader
-            if isinstance(idx, slice):
-                raw = self._direct.read(idx.start, idx.stop, c0, c1)
-            else:
-                raw = self._direct.read_rows(idx, c0, c1)
-            return from_disk_dtype(raw, self._dtype)
-        self._require(idx, [(c0, c1)])
-        try:
-            if isinstance(idx, slice):
-                raw = self._grads[idx, c0:c1]
-            else:
-                raw = self._grads.get_orthogonal_selection((idx, slice(c0, c1)))
-        except (RuntimeError, ValueError, OSError) as exc:
-            raise StoreDamagedError(
-                f"{self.path}: reading committed rows of columns {c0}..{c1 - 1} failed ({type(exc).__name__}: "
-                f"{exc}); a chunk is damaged: `gradspec info --verify {self.path}` finds it"
-            ) from exc
-        want = idx.stop - idx.start if isinstance(idx, slice) else idx.size
-        if raw.shape[0] != want:
-            raise StoreDamagedError(f"{self.path}: grads holds fewer rows than the {self._rows} committed")
-        return from_disk_dtype(np.asarray(raw), self._dtype)
-
-    def read(self, rows: RowSelection = None, cols: slice | None = None) -> np.ndarray:
-        """Committed rows (selection) and a column slice as float32."""
-        idx = self._row_index(rows)
-        c0, c1, step = (cols or slice(None)).indices(self.p)
-        if step != 1:
-            raise ValueError("column slices must be contiguous")
-        self._forget_listings()
-        return self._read(idx, c0, c1)
-
-    def _col_blocks(self, col_ranges: ColRanges, block_cols: int | None) -> list[tuple[int, int]]:
-        ranges = [(0, self.p)] if col_ranges is None else [(int(a), int(b)) for a, b in col_ranges]
-        chunk = self.chunks[1]
-        width = chunk if block_cols is None else max(1, int(block_cols))
-        blocks = []
-        for a, b in ranges:
-            if not 0 <= a < b <= self.p:
-                raise ValueError(f"column range ({a}, {b}) is outside [0, {self.p})")
-            c = a
-            while c < b:
-                # End at a chunk boundary so that each chunk is read once.
-                end = min(b, (c // chunk) * chunk + max(chunk, -(-width // chunk) * chunk))
-                blocks.append((c, end))
-                c = end
-        return blocks
-
-    def iter_col_blocks(
-        self,
-        *,
-        rows: RowSelection = None,
-        col_ranges: ColRanges = None,
-        block_cols: int | None = None,
-        prefetch: int = 2,
-    ) -> Iterator[tuple[int, np.ndarray]]:
-        """Yield ``(offset, block)``: column blocks (n_rows_selected, c) over the selected rows.
-
-        ``offset`` counts columns within the selection (the concatenated
-        ``col_ranges``). Blocks end on chunk boundaries; ``prefetch`` blocks are
-        read ahead on a background thread.
-        """
-        idx = self._row_index(rows)
-        blocks = self._col_blocks(col_ranges, block_cols)
-        offsets = np.cumsum([0] + [b - a for a, b in blocks])[:-1]
-        self._forget_listings()
-        tasks = [(lambda a=a, b=b: self._read(idx, a, b)) for a, b in blocks]
-        for off, block in zip(offsets, prefetch_iter(tasks, prefetch), strict=True):
-            yield int(off), block
-
-    def iter_row_blocks(
-        self,
-        *,
-        rows: RowSelection = None,
-        col_ranges: ColRanges = None,
-        block_rows: int | None = None,
-        prefetch: int = 2,
-    ) -> Iterator[tuple[int, np.ndarray]]:
-        """Yield ``(offset, block)``: row blocks (b, p_selected) of the selection."""
-        idx = self._row_index(rows)
-        idx = np.arange(idx.start, idx.stop) if isinstance(idx, slice) else idx
-        br = max(1, int(block_rows or self.chunks[0]))
-        ranges = [(0, self.p)] if col_ranges is None else list(col_ranges)
-        self._forget_listings()
-
-        def read(sel: np.ndarray) -> np.ndarray:
-            contiguous = sel.size and sel[-1] - sel[0] == sel.size - 1
-            s = slice(int(sel[0]), int(sel[-1]) + 1) if contiguous else sel
-            parts = [self._read(s, a, b) for a, b in ranges]
-            return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
-
-        tasks = [(lambda s=idx[i : i + br]: read(s)) for i in range(0, idx.size, br)]
-        for i, block in enumerate(prefetch_iter(tasks, prefetch)):
-            yield i * br, block
-
-    def row_meta(self, rows: RowSelection = None) -> dict[str, np.ndarray]:
-        """Per-row metadata of the committed (selected) rows."""
-        idx = self._row_index(rows)
-        if self._strict:
-            for name, arr in self._meta.items():
-                key = f"meta/{name}"
-                pres = self._presence[key]
-                pres.forget()
-                self._missing(key, pres.missing([(i,) for i in row_chunks(idx, int(arr.chunks[0]))]))
-        return {name: np.asarray(arr[idx] if isinstance(idx, slice) else arr.get_orthogonal_selection(idx))
-                for name, arr in self._meta.items()}
-
-    def to_dask(self, rows: RowSelection = None, col_ranges: ColRanges = None):
-        """The committed (selected) rows as a float32 dask array, chunked like the store.
-
-        Every chunk the selection touches is checked to be stored before the graph is built.
-        """
-        import dask.array as da
-
-        idx = self._row_index(rows)
-        self._forget_listings()
-        self._require(idx, [(0, self.p)] if col_ranges is None else [(int(a), int(b)) for a, b in col_ranges])
-        source = CheckedArray(self._grads, self.path, self._rows, self._strict)
-        arr = da.from_array(source, chunks=self._grads.chunks, name=f"gradspec-grads-{uuid.uuid4().hex}",
-                            asarray=False, fancy=False)
-        arr = arr[idx]
-        if col_ranges is not None:
-            arr = da.concatenate([arr[:, a:b] for a, b in col_ranges], axis=1)
-        dtype = self._dtype
-        return arr.map_blocks(from_disk_dtype, dtype, dtype=np.float32)
-
     # ------------------------------------------------------------------ summary
     def nbytes_on_disk(self) -> int | None:
         return size_on_disk(self.path)

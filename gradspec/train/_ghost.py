@@ -59,18 +59,16 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from gradspec._layout import ParamLayout
+from gradspec._modes import _modes
 from gradspec.privacy import clip_factors
-from gradspec.train._per_example import (
+from gradspec.train._engine import (
     Batch,
+    EngineBase,
     ForwardFn,
     LossFn,
     _arm_probe,
     _batch_size,
-    _modes,
-    _ordered,
     _rtol,
-    layout_for,
 )
 
 logger = logging.getLogger(__name__)
@@ -120,7 +118,7 @@ class _Layer:
         self.calls, self.inp, self.grad_out, self.ln_rows = 0, None, None, None
 
 
-class GhostClipping:
+class GhostClipping(EngineBase):
     """Per-example norms and the clipped sum of a model's selected parameters, by ghost clipping.
 
     Built once per run, like `PerExampleGradients`; each call handles one batch with one
@@ -154,18 +152,9 @@ class GhostClipping:
         check: bool = True,
         probe_batch: Batch | None = None,
     ) -> None:
-        if microbatch is not None and microbatch < 1:
-            raise ValueError(f"microbatch must be a positive number of examples, got {microbatch}")
-        self.model, self.forward, self.loss, self.microbatch = model, forward, loss, microbatch
-        ordered = _ordered(model, names)
-        self.names = [n for n, _ in ordered]
-        self.layout: ParamLayout = layout_for(model, self.names)
+        self._bind(model, forward, loss, names, microbatch)
         self._layers = self._build_layers()
         _arm_probe(self, probe_batch, check)
-
-    @property
-    def p(self) -> int:
-        return self.layout.p
 
     # ------------------------------------------------------------------ setup
     def _build_layers(self) -> list[_Layer]:

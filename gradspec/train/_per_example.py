@@ -37,124 +37,41 @@ exits 0. Hence the checks (``PerExampleGradients``):
 
 Hugging Face models need a ready 4D attention mask under ``vmap``; it must keep
 the model's own attention pattern (causal + padding for decoders such as GPT-2):
-see ``attention_mask_4d`` and ``attention_is_causal`` (in ``gradspec.train._masks``).
+see ``attention_mask_4d`` and ``attention_is_causal`` (in ``gradspec._attention``).
 
 References: Abadi et al. 2016 (DP-SGD); Yousefpour et al. 2021 (Opacus).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from gradspec._enums import PerExampleBackend, parse_choice
-from gradspec._layout import ParamLayout, match_names
+from gradspec._modes import _modes
 from gradspec.privacy import OPACUS_CLIP_EPS, clip_factors
-from gradspec.train._masks import (  # noqa: F401 - re-exported: they lived here
-    _measured_causal,
-    additive_attention_mask,
-    attention_is_causal,
-    attention_mask_4d,
+from gradspec.train._engine import (
+    Batch,
+    EngineBase,
+    ForwardFn,
+    LossFn,
+    _arm_probe,
+    _batch_size,
+    _rtol,
 )
 
 logger = logging.getLogger(__name__)
-
-Batch = dict[str, Tensor]
-ForwardFn = Callable[[Callable[..., Tensor], Batch], Tensor]
-LossFn = Callable[[Tensor, Batch], Tensor]
 
 #: Added to a norm before dividing by it in `clipped_sum` (as Opacus does).
 CLIP_EPS = OPACUS_CLIP_EPS
 
 
-def select_parameters(model: nn.Module, patterns: str | Sequence[str]) -> list[str]:
-    """Names of the parameters matching ``patterns``, in ``named_parameters`` order.
-
-    Args:
-        model: the module.
-        patterns: shell globs (``*.query.weight``) or ``re:<regex>``, see ``match_names``.
-
-    Returns:
-        The matching names (at least one).
-
-    Raises:
-        ValueError: when no parameter matches; the message lists some that exist.
-    """
-    names = [n for n, _ in model.named_parameters()]
-    chosen = match_names(names, patterns)
-    if not chosen:
-        shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-        raise ValueError(
-            f"no parameter of {type(model).__name__} matches {patterns!r}; "
-            f"its parameters are: {shown or '(none)'}"
-        )
-    return chosen
-
-
-def layout_for(model: nn.Module, names: Sequence[str]) -> ParamLayout:
-    """The layout of ``names`` (ordered as in ``model.named_parameters()``)."""
-    return ParamLayout.from_shapes((n, tuple(p.shape)) for n, p in _ordered(model, names))
-
-
-def _ordered(model: nn.Module, names: Sequence[str]) -> list[tuple[str, nn.Parameter]]:
-    wanted = list(names)
-    if len(set(wanted)) != len(wanted):
-        raise ValueError("parameter names must be unique")
-    params = dict(model.named_parameters())
-    missing = [n for n in wanted if n not in params]
-    if missing:
-        raise ValueError(
-            f"{type(model).__name__} has no parameter {missing[0]!r}; "
-            "pick names with select_parameters(model, patterns)"
-        )
-    keep = set(wanted)
-    return [(n, p) for n, p in params.items() if n in keep]
-
-
-def _arm_probe(engine: Any, probe_batch: Batch | None, check: bool) -> None:
-    """Arm an engine's once-per-run batch-of-one check, running it now on ``probe_batch`` if given.
-
-    Shared by :class:`PerExampleGradients` and ``GhostClipping``: ``engine._unprobed`` says
-    the check is still due (the first batch of two or more examples then runs it).
-    """
-    engine._unprobed = bool(check)
-    if probe_batch is not None and engine._unprobed:
-        if _batch_size(probe_batch) < 2:
-            raise ValueError("probe_batch needs at least 2 examples")
-        engine._probe(probe_batch)
-
-
-def _batch_size(batch: Batch) -> int:
-    if not batch:
-        raise ValueError("a batch needs at least one tensor")
-    sizes = {k: v.shape[0] for k, v in batch.items()}
-    if len(set(sizes.values())) != 1:
-        raise ValueError(f"all tensors of a batch need the same first dimension, got {sizes}")
-    return next(iter(sizes.values()))
-
-
-@contextlib.contextmanager
-def _modes(model: nn.Module, train: bool, also_train: Sequence[nn.Module] = ()) -> Iterator[None]:
-    """Set ``model`` to train/eval (``also_train`` to train) and restore every module's mode."""
-    saved = [(m, m.training) for m in model.modules()]
-    model.train(train)
-    for m in also_train:
-        m.training = True  # non-recursive: these own the parameters, not dropout
-    try:
-        yield
-    finally:
-        for m, mode in saved:
-            m.training = mode
-
-
-class PerExampleGradients:
+class PerExampleGradients(EngineBase):
     """Per-example gradients of a model's selected parameters.
 
     Built once per run; each call computes the rows of one batch. Every call checks that
@@ -224,14 +141,9 @@ class PerExampleGradients:
                 "rows (only norms and the clipped sum: gradspec.train.GhostClipping); use backend "
                 "'vmap' or 'hooks' for rows"
             )
-        if microbatch is not None and microbatch < 1:
-            raise ValueError(f"microbatch must be a positive number of examples, got {microbatch}")
-        self.model, self.forward, self.loss = model, forward, loss
-        self.microbatch, self.dtype, self.train_mode = microbatch, dtype, bool(train_mode)
-        ordered = _ordered(model, names)
-        self.names = [n for n, _ in ordered]
+        ordered = self._bind(model, forward, loss, names, microbatch)
+        self.dtype, self.train_mode = dtype, bool(train_mode)
         self._shapes = [tuple(p.shape) for _, p in ordered]
-        self.layout = layout_for(model, self.names)
         self._owners = [model.get_submodule(n.rpartition(".")[0]) for n in self.names]
         if self.train_mode:
             _check_no_batch_norm(model)
@@ -244,11 +156,6 @@ class PerExampleGradients:
                 randomness="different",
             )
         _arm_probe(self, probe_batch, check)
-
-    @property
-    def p(self) -> int:
-        """Columns of a row."""
-        return self.layout.p
 
     # ------------------------------------------------------------------ public
     def __call__(self, batch: Batch) -> tuple[Tensor, Tensor]:
@@ -492,11 +399,6 @@ class PerExampleGradients:
                     f"batch gradient (relative gap {rel:.2g}): the parameter is also used outside "
                     "its layer's forward, which the hooks do not see; use backend='vmap'"
                 )
-
-
-def _rtol(dtype: torch.dtype) -> float:
-    """Relative tolerance of a comparison of gradients computed in ``dtype``."""
-    return {torch.float64: 1e-7, torch.float32: 1e-3}.get(dtype, 5e-2)
 
 
 def _check_no_batch_norm(model: nn.Module) -> None:

@@ -84,12 +84,14 @@ def test_spectrum_store_projector(tmp_path):
     q, _ = torch.linalg.qr(v)
     torch.testing.assert_close(hooks.projector.basis.double().abs(), q.abs(), atol=1e-6, rtol=0)
     # a large basis (threshold lowered to this size) keeps the store's float32, read block by block
+    import gradspec.optim._orthonormal as orthonormal
     import gradspec.optim._projectors as projectors
     import gradspec.optim._registry as registry
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(registry, "LARGE_BASIS", 2)
         mp.setattr(projectors, "LARGE_BASIS", 2)
+        mp.setattr(orthonormal, "LARGE_BASIS", 2)
         v32 = spectrum_basis(tmp_path / "s.zarr", 3)
         assert v32.dtype == torch.float32 and v32.shape == (p, 3)
         np.testing.assert_array_equal(v32.numpy(), store.read_v()[:, :3])

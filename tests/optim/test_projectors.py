@@ -118,10 +118,12 @@ def test_make_projector_choices():
 @pytest.fixture
 def small_large_basis(monkeypatch):
     """Make every basis above 2,000 entries "large", so the float32 path runs at test size."""
+    import gradspec.optim._orthonormal as orthonormal
     import gradspec.optim._projectors as projectors
 
     monkeypatch.setattr(projectors, "LARGE_BASIS", 2_000)
-    monkeypatch.setattr(projectors, "_GRAM_ROWS", 64)  # several row blocks
+    monkeypatch.setattr(orthonormal, "LARGE_BASIS", 2_000)
+    monkeypatch.setattr(orthonormal, "_GRAM_ROWS", 64)  # several row blocks
     return projectors
 
 

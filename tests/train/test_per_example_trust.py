@@ -357,7 +357,7 @@ def test_attention_mask_4d_pattern():
 
 
 def test_attention_is_causal_rules_and_measurement():
-    from gradspec.train._masks import _measured_causal
+    from gradspec._attention import _measured_causal
 
     torch.manual_seed(0)
     gpt2 = _gpt2_classifier()

@@ -1,4 +1,5 @@
-"""Devices and precisions of the spectral engine.
+"""Precisions of the spectral engine, and moving its blocks between host and device
+(device names are resolved by ``gradspec._device``, shared with the trainer).
 
 Precision policy (what each ``precision`` does to a block product):
 
@@ -31,8 +32,6 @@ import warnings
 
 import numpy as np
 import torch
-
-from gradspec._device import resolve_device  # noqa: F401 - re-exported for gradspec.linalg
 
 logger = logging.getLogger(__name__)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from gradspec._modes import _modes
+
 __all__ = ["additive_attention_mask", "attention_is_causal", "attention_mask_4d"]
 
 
@@ -108,8 +110,6 @@ def _measured_causal(model: nn.Module) -> bool:
         )
     device = next(model.parameters()).device
     base = getattr(model, "base_model", model)  # hidden states, not a head's pooled output
-    from gradspec.train._per_example import _modes  # imports this module: not at the top
-
     try:
         with torch.no_grad(), _modes(model, False):
             hidden = [

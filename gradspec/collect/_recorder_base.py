@@ -1,0 +1,497 @@
+"""The recorder's core: gradient rows from any training loop into a gradient store.
+
+gradspec's own trainer (``collect``) is one source of rows; a recorder takes
+them from anything else — a plain PyTorch loop, an Opacus ``DPOptimizer``
+(``attach_opacus``), a Hugging Face ``Trainer`` (``GradientRecorderCallback``).
+It owns what a store needs: the layout of a row (names and shapes of the
+recorded parameters), the run config, the per-row metadata of ``collect``
+(``step, epoch, loss, batch_size, norm_mean, norm_max, frac_clipped``, and
+``example_index`` for per-example rows), the background writer, crash-safe
+commits (a row counts once its bytes are on disk), resumption and the
+``complete`` status.
+
+Rows mean what they mean in ``collect`` (Li et al. 2022 §4.2; the convention is
+spelled out in :mod:`gradspec.collect._rows`): a per-step row is the mean clipped
+gradient over the examples the step actually had, before noise (the clipped sum
+divided by the actual batch size, not by the expected one); a step with no example
+has no row; a per-example row is one clipped per-example gradient. For a
+non-private loop the "clipped" gradient is just the gradient. The run config names
+the rows (``row``, ``row_divisor``). The norm statistics of a row are those of the
+step's per-example gradients before clipping (NaN when the source does not know them).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from gradspec.collect._rows import (
+    DIVISOR_ACTUAL,
+    ROW_EXAMPLE,
+    ROW_EXAMPLE_UNCLIPPED,
+    ROW_MEAN,
+    ROW_MEAN_UNCLIPPED,
+    Grad,
+    as_tensor,
+    flat_rows,
+    floats,
+    norm_stats,
+)
+from gradspec.store import BackgroundWriter, GradientStore, ParamLayout
+
+logger = logging.getLogger(__name__)
+
+STORE_NAME = "gradients.zarr"
+
+def _acquire_run_lock(out: Path) -> Any:
+    """Take the run directory's one-writer lock (:class:`gradspec.store.RunLock`), before anything is touched.
+
+    Raises:
+        DirectoryBusyError: another process (or thread) writes in ``out``.
+    """
+    from gradspec.store import RunLock
+
+    return RunLock(out, what="run directory").acquire()
+
+
+def _release_run_lock(lock: Any) -> None:
+    if lock is not None:
+        lock.release()
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's module inside Opacus wrappers (``GradSampleModule``), for parameter names."""
+    while type(model).__module__.startswith("opacus.") and isinstance(getattr(model, "_module", None), nn.Module):
+        model = model._module
+    return model
+
+
+class RecorderBase:
+    """Everything a recorder does but attach to a particular library: the store, rows,
+    commits and lifecycle. :class:`gradspec.collect.GradientRecorder` (the public class)
+    adds the Opacus convenience; adapters (``record_opacus``, the Hugging Face callback)
+    build on this class, so the arrows between them point one way.
+    """
+
+    def __init__(
+        self,
+        *,
+        out: str | Path,
+        model: nn.Module | None = None,
+        params: str | Sequence[str] | Mapping[str, Tensor] | None = None,
+        layout: ParamLayout | None = None,
+        per_example: bool = False,
+        max_grad_norm: float | None = None,
+        config: Mapping[str, Any] | None = None,
+        dtype: str | None = None,
+        compressor: str | None = None,
+        resume: bool = False,
+        overwrite: bool = False,
+        commit_every: int = 32,
+        skip_nonfinite: bool = False,
+        background: bool = True,
+        max_queue: int = 64,
+        store: GradientStore | None = None,
+    ) -> None:
+        if commit_every < 1:
+            raise ValueError(f"commit_every must be a positive number of steps, got {commit_every}")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be positive (or None for unclipped rows), got {max_grad_norm}")
+        if resume and overwrite:
+            raise ValueError("pass resume=True or overwrite=True, not both")
+        self.names, self.params, self.layout = self._resolve_layout(model, params, layout)
+        #: The recorded module (Opacus wrappers seen through); None when built from params or layout.
+        self.model = None if model is None else unwrap_model(model)
+        self.per_example = bool(per_example)
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.skip_nonfinite = bool(skip_nonfinite)
+        self.commit_every = int(commit_every)
+        self.out = Path(out)
+        self.path = self.out / STORE_NAME
+        self._background, self._max_queue = bool(background), int(max_queue)
+        if store is not None:  # the caller's store, under the caller's lock
+            self._lock = None
+            self.store = store
+        else:
+            self._lock = _acquire_run_lock(self.out)
+            try:
+                self.store = self._open_store(config, dtype, compressor, resume, overwrite)
+            except BaseException:
+                _release_run_lock(self._lock)
+                raise
+        meta = self.store.row_meta(slice(self.store.n_rows - 1, None)) if self.store.n_rows else None
+        self._last_step = int(meta["step"][-1]) if meta else -1
+        #: The epoch written with rows that do not name one (set it from your loop).
+        self.epoch = int(meta["epoch"][-1]) if meta else 0
+        self._writer = BackgroundWriter(self.store, max_queue=self._max_queue, background=self._background)
+        self._steps_since_commit = 0
+        #: Calls whose rows were dropped as non-finite (``skip_nonfinite``).
+        self.steps_skipped = 0
+        self._losses: list[Tensor] = []
+        self._on_close: list[Callable[[], Mapping[str, Any] | None]] = []
+        self._closed = False
+
+    @classmethod
+    def for_trainer(cls, store: GradientStore, *, max_queue: int = 64, background: bool = True) -> RecorderBase:
+        """The recorder of a gradspec trainer run (a :class:`gradspec.train.RowSink`).
+
+        The trainer creates the run's store (or opens it on a resume and rolls it back to
+        its checkpoint) under the run directory's lock, computes each row and its metadata
+        (:meth:`put_rows`), and commits at its checkpoints (:meth:`commit` with a callback
+        that saves the checkpoint once the rows it names are durable). The recorder writes
+        them, commits, and marks the store complete at :meth:`close`.
+        """
+        return cls(out=Path(store.path).parent, layout=store.layout,
+                   per_example=store.per_example, background=background, max_queue=max_queue, store=store)
+
+    # ------------------------------------------------------------------ setup
+    @staticmethod
+    def _resolve_layout(model, params, layout) -> tuple[list[str], list[Tensor] | None, ParamLayout]:
+        if layout is not None:
+            if model is not None or params is not None:
+                raise ValueError("give the rows' layout by model (and params), by params alone, or by layout; not several")
+            return layout.names, None, layout
+        if isinstance(params, Mapping):
+            if model is not None:
+                raise ValueError("params as a name -> parameter mapping replaces model; pass one of them")
+            named = list(params.items())
+        elif model is not None:
+            from gradspec.train import select_parameters
+
+            inner = unwrap_model(model)
+            if params is None:
+                named = [(n, p) for n, p in inner.named_parameters() if p.requires_grad]
+                if not named:
+                    raise ValueError(f"{type(inner).__name__} has no parameter with requires_grad; pass params=")
+            else:
+                chosen = set(select_parameters(inner, params))
+                named = [(n, p) for n, p in inner.named_parameters() if n in chosen]
+        else:
+            raise ValueError("a GradientRecorder needs the recorded parameters: pass model=, params= or layout=")
+        for name, p in named:
+            if not isinstance(p, Tensor):
+                raise ValueError(f"params[{name!r}] is a {type(p).__name__}, not a tensor")
+        layout = ParamLayout.from_shapes((n, tuple(p.shape)) for n, p in named)
+        return [n for n, _ in named], [p for _, p in named], layout
+
+    def _run_config(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
+        from gradspec.train import package_versions
+
+        clipped = self.max_grad_norm is not None
+        if self.per_example:
+            row, divisor = (ROW_EXAMPLE if clipped else ROW_EXAMPLE_UNCLIPPED), None
+        else:
+            row, divisor = (ROW_MEAN if clipped else ROW_MEAN_UNCLIPPED), DIVISOR_ACTUAL
+        return {
+            "source": "recorder",
+            "recorder": {"per_example": self.per_example},
+            "row": row,
+            "row_divisor": divisor,
+            "parameters": self.names,
+            "p": self.layout.p,
+            "max_grad_norm": self.max_grad_norm,
+            "user": dict(config or {}),
+            "versions": package_versions(),
+        }
+
+    def _open_store(self, config, dtype, compressor, resume, overwrite) -> GradientStore:
+        exists = self.path.exists()
+        if resume:
+            if not exists:
+                raise FileNotFoundError(f"no store to resume in {str(self.out)!r} (no {STORE_NAME}); drop resume=True")
+            store = GradientStore.open(self.path, mode="r+")
+            if store.layout.to_list() != self.layout.to_list():
+                have = [(s.name, s.shape) for s in store.layout.params]
+                want = [(s.name, s.shape) for s in self.layout.params]
+                diff = next(((a, b) for a, b in zip(have, want, strict=False) if a != b), (len(have), len(want)))
+                raise ValueError(
+                    f"the store in {str(self.out)!r} has another parameter layout (first difference: "
+                    f"{diff[0]} in the store, {diff[1]} here); resume with the same parameters"
+                )
+            if store.per_example != self.per_example:
+                kind = "per-example" if store.per_example else "per-step"
+                raise ValueError(f"the store in {str(self.out)!r} holds {kind} rows; resume with per_example={store.per_example}")
+            if dtype is not None and dtype != store.dtype:
+                raise ValueError(f"the store in {str(self.out)!r} is {store.dtype}; resume with dtype={store.dtype!r} or None")
+            if config:
+                store.update_config(user={**store.config.get("user", {}), **config})
+            store.set_status("writing")
+            logger.info("resuming %s after %d committed rows", self.path, store.n_rows)
+            return store
+        if exists and not overwrite:
+            raise FileExistsError(
+                f"{str(self.out)!r} already holds a gradient store: pass resume=True to continue it or overwrite=True to replace it"
+            )
+        self.out.mkdir(parents=True, exist_ok=True)
+        return GradientStore.create(
+            self.path, layout=self.layout, config=self._run_config(config), dtype=dtype or "float32",
+            per_example=self.per_example, compressor=compressor, overwrite=overwrite,
+        )
+
+    # ------------------------------------------------------------------ state
+    @property
+    def next_step(self) -> int:
+        """The step number a row gets when none is given: one after the last recorded."""
+        return self._last_step + 1
+
+    @property
+    def rows_recorded(self) -> int:
+        """Rows in the store once everything handed over is committed (resumed rows included)."""
+        return self._writer.rows_written
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"the recorder of {str(self.path)!r} is closed; open a new one with resume=True")
+
+    def _take_step(self, step: int | None, same_ok: bool) -> int:
+        step = self.next_step if step is None else int(step)
+        if step < self._last_step or (step == self._last_step and not same_ok):
+            raise ValueError(
+                f"step {step} comes after step {self._last_step}: steps must increase"
+                + (" (several record_examples calls may share one)" if self.per_example else "")
+            )
+        return step
+
+    def observe_loss(self, loss: float | Tensor | np.ndarray) -> None:
+        """Note a loss for the rows an adapter (Opacus) records next.
+
+        Note either the batch's mean loss or its per-example losses (B,) (an Opacus
+        ghost-clipping loss gives its per-example losses). Losses noted since the last
+        row are averaged into its ``loss``; per-example losses (one per recorded
+        example, in order) are stored per example, and the Opacus adapter checks the
+        batch size of the per-example gradients against their number.
+        """
+        self._losses.append(torch.from_numpy(floats(loss)))
+
+    def _take_losses(self, n: int) -> float | np.ndarray:
+        if not self._losses:
+            return math.nan
+        values = torch.cat(self._losses)
+        self._losses.clear()
+        if self.per_example and n and values.numel() == n:
+            return values.numpy()
+        return float(values.mean()) if values.numel() else math.nan
+
+    # ------------------------------------------------------------------ rows
+    def _finite(self, rows: Tensor, step: int) -> bool:
+        if bool(torch.isfinite(rows).all()):
+            return True
+        if not self.skip_nonfinite:
+            raise ValueError(
+                f"the gradient of step {step} has NaN or infinite values; nothing of this step was "
+                "recorded (pass skip_nonfinite=True to drop such rows)"
+            )
+        logger.warning("step %d: non-finite gradient, row(s) not recorded", step)
+        self.steps_skipped += 1
+        return False
+
+    def _put(self, rows: Tensor, meta: dict[str, np.ndarray], step: int) -> None:
+        self._writer.put(rows.numpy(), meta)
+        if step != self._last_step:
+            self._steps_since_commit += 1
+        self._last_step = step
+        if self._steps_since_commit >= self.commit_every:
+            self.commit()
+
+    def record_step(
+        self,
+        *,
+        grad: Grad | None = None,
+        step: int | None = None,
+        epoch: int | None = None,
+        loss: float | Tensor | None = None,
+        batch_size: int | None = None,
+        norms: Tensor | np.ndarray | None = None,
+        max_grad_norm: float | None = None,
+    ) -> None:
+        """Record one step's row: its mean (clipped) gradient over the batch's examples.
+
+        Args:
+            grad: the row: a flat tensor/array of p values, a mapping name ->
+                gradient (extra names are ignored), or tensors in layout order;
+                None reads ``.grad`` of the recorded parameters.
+            step: the step number (default: one after the last); steps must increase.
+            epoch: the epoch (default: ``recorder.epoch``).
+            loss: the step's (mean) loss; None stores NaN (or the losses noted by
+                :meth:`observe_loss`).
+            batch_size: examples in the step's batch, the divisor of the row's mean
+                (stored as 0 when not given). 0 given explicitly is an empty (Poisson)
+                batch: no row is recorded, as in ``collect``, and the step number is used.
+            norms: the per-example gradient norms before clipping, for
+                ``norm_mean``/``norm_max``/``frac_clipped`` (NaN when not given).
+            max_grad_norm: the clipping norm for ``frac_clipped`` (default: the recorder's).
+
+        Raises:
+            ValueError: a per-example recorder, a row of the wrong size, a step
+                that does not increase, NaN/inf values (unless ``skip_nonfinite``).
+        """
+        self._check_open()
+        if self.per_example:
+            raise ValueError("this recorder stores per-example rows (per_example=True): use record_examples")
+        step = self._take_step(step, same_ok=False)
+        if batch_size is not None and int(batch_size) < 0:
+            raise ValueError(f"batch_size is a number of examples, got {batch_size}")
+        if batch_size is not None and int(batch_size) == 0:  # an empty batch: no row, as in collect
+            self._take_losses(0)
+            self._last_step = step
+            return
+        row = flat_rows(grad, layout=self.layout, names=self.names, params=self.params, batch=None, step=step)
+        noted = self._take_losses(0)  # taken either way, so that none is left for a later row
+        loss_value = noted if loss is None else float(np.mean(floats(loss)))
+        if not self._finite(row, step):
+            return
+        mean, top, frac = norm_stats(norms, self.max_grad_norm if max_grad_norm is None else max_grad_norm)
+        meta = {
+            "step": np.array([step]), "epoch": np.array([self.epoch if epoch is None else int(epoch)]),
+            "loss": np.array([loss_value]), "batch_size": np.array([0 if batch_size is None else int(batch_size)]),
+            "norm_mean": np.array([mean]), "norm_max": np.array([top]), "frac_clipped": np.array([frac]),
+        }
+        self._put(row[None], meta, step)
+
+    def record_examples(
+        self,
+        *,
+        grads: Grad,
+        step: int | None = None,
+        epoch: int | None = None,
+        loss: float | Tensor | np.ndarray | None = None,
+        example_index: Sequence[int] | Tensor | np.ndarray | None = None,
+        batch_size: int | None = None,
+        norms: Tensor | np.ndarray | None = None,
+        max_grad_norm: float | None = None,
+    ) -> None:
+        """Record per-example rows: each (clipped) per-example gradient of a step.
+
+        Several calls may share one step (microbatches of one batch).
+
+        Args:
+            grads: the rows: a (b, p) tensor/array, a mapping name -> (b, *shape)
+                (e.g. Opacus ``grad_sample``), or such tensors in layout order.
+            step: the step number (default: one after the last); steps must not decrease.
+            epoch: the epoch (default: ``recorder.epoch``).
+            loss: per-example losses (b,) or one value for all rows.
+            example_index: the examples' indices in the dataset (-1 when not given).
+            batch_size: examples in the step's batch (default: b).
+            norms: the per-example norms before clipping (default: the rows' norms).
+            max_grad_norm: the clipping norm for ``frac_clipped`` (default: the recorder's).
+
+        Raises:
+            ValueError: a per-step recorder, rows of the wrong shape, mismatched
+                lengths, a decreasing step, NaN/inf values (unless ``skip_nonfinite``).
+        """
+        self._check_open()
+        if not self.per_example:
+            raise ValueError("this recorder stores one row per step (per_example=False): use record_step")
+        step = self._take_step(step, same_ok=True)
+        rows = flat_rows(grads, layout=self.layout, names=self.names, params=self.params, batch=-1, step=step)
+        b = rows.shape[0]
+        noted = self._take_losses(b)  # taken either way, so that none is left for later rows
+        losses = np.asarray(noted if loss is None else floats(loss), dtype=np.float64).reshape(-1)
+        if losses.size == 1:
+            losses = np.full(b, losses[0])
+        index = np.full(b, -1) if example_index is None else as_tensor(example_index).reshape(-1).cpu().numpy()
+        norms_arr = floats(torch.linalg.vector_norm(rows.double(), dim=1) if norms is None else norms)
+        for name, arr in (("loss", losses), ("example_index", index), ("norms", norms_arr)):
+            if len(arr) != b:
+                raise ValueError(f"{name} has {len(arr)} values for the {b} rows of step {step}")
+        if b == 0 or not self._finite(rows, step):
+            return
+        mean, top, frac = norm_stats(norms_arr, self.max_grad_norm if max_grad_norm is None else max_grad_norm)
+        meta = {
+            "step": np.full(b, step), "epoch": np.full(b, self.epoch if epoch is None else int(epoch)),
+            "loss": losses, "batch_size": np.full(b, b if batch_size is None else int(batch_size)),
+            "norm_mean": np.full(b, mean), "norm_max": np.full(b, top), "frac_clipped": np.full(b, frac),
+            "example_index": index,
+        }
+        self._put(rows, meta, step)
+
+    def put_rows(self, rows: np.ndarray, meta: Mapping[str, np.ndarray]) -> None:
+        """Hand over rows (b, p) that a source computed with their metadata (gradspec's
+        trainer: its rows, steps and norm statistics are its own), written in order."""
+        self._check_open()
+        self._writer.put(rows, dict(meta))
+        self._last_step = int(np.asarray(meta["step"])[-1])
+
+    # ------------------------------------------------------------------ commits, config, end
+    def commit(self, *, wait: bool = False, callback: Callable[[int], None] | None = None) -> None:
+        """Make every row handed over so far durable (``wait``: return when it is); then
+        ``callback(committed rows)`` runs (on the writer's thread)."""
+        self._check_open()
+        self._writer.commit(callback, wait=wait)
+        self._steps_since_commit = 0
+
+    def update_config(self, **items: Any) -> None:
+        """Merge items into the store's run config (waits for the writer first)."""
+        self._check_open()
+        self._writer.wait()
+        self.store.update_config(**items)
+
+    def rewind(self, step: int) -> int:
+        """Forget the rows of steps >= ``step`` (continue a resumed loop from its own checkpoint).
+
+        Returns:
+            The rows kept.
+        """
+        self._check_open()
+        self._writer.close()
+        steps = self.store.row_meta()["step"]
+        keep = int(np.searchsorted(steps, int(step), side="left"))
+        self.store.truncate(keep)
+        self._writer = BackgroundWriter(self.store, max_queue=self._max_queue, background=self._background)
+        self._last_step = int(steps[keep - 1]) if keep else -1
+        self._steps_since_commit = 0
+        return keep
+
+    def add_close_hook(self, fn: Callable[[], Mapping[str, Any] | None]) -> None:
+        """Run ``fn`` at close; the items it returns are merged into the run config."""
+        self._on_close.append(fn)
+
+    def close(self, *, complete: bool = True, **config: Any) -> None:
+        """Commit every row, run the close hooks, merge ``config`` into the run config, mark
+        the store complete (unless ``complete=False``: a run stopped early) and release the run."""
+        self._shutdown(complete=complete, items=config)
+
+    def _shutdown(self, complete: bool, items: Mapping[str, Any] | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._writer.close()
+            items = dict(items or {})
+            for fn in self._on_close:
+                try:
+                    items.update(fn() or {})
+                except Exception:
+                    if complete:
+                        raise
+                    logger.debug("close hook failed after an error", exc_info=True)
+            if items:
+                self.store.update_config(**items)
+            if complete:
+                self.store.set_status("complete")
+        finally:
+            _release_run_lock(self._lock)
+
+    def __enter__(self) -> RecorderBase:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # Keep what is safely written; never mark an interrupted store complete.
+        try:
+            self._shutdown(complete=False)
+        except Exception:  # noqa: BLE001 - the original error matters more
+            logger.debug("closing the recorder after an error also failed", exc_info=True)

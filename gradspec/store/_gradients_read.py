@@ -1,0 +1,181 @@
+"""Reading a gradient store: row selection, row and column blocks, metadata, Dask.
+
+A mixin of :class:`gradspec.store.GradientStore` (its core, ``_gradients``, holds the
+arrays this reads); every read is checked against the committed rows and chunks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+
+from gradspec.store._gradients_schema import (
+    ColRanges,
+    RowSelection,
+)
+from gradspec.store._integrity import (
+    CheckedArray,
+    StoreDamagedError,
+    row_chunks,
+)
+from gradspec.store._prefetch import prefetch_iter
+from gradspec.store._source import as_slice, resolve_rows
+from gradspec.store._zarr import (
+    from_disk_dtype,
+)
+
+
+class GradientReads:
+    """The reading half of a :class:`~gradspec.store.GradientStore`."""
+
+    def _row_index(self, rows: RowSelection) -> slice | np.ndarray:
+        """The committed rows a selection names, as a slice (a run of rows) or indices.
+
+        ``None`` is every committed row (none in an empty store). Any other selection goes
+        through :func:`~gradspec.store.resolve_rows`, the one row-selection rule of
+        gradspec: bounds and indices outside the committed rows, a repeated index, a
+        boolean mask or a selection of no rows are errors, never clipped or read as fill.
+        """
+        if rows is None:
+            return slice(0, self._rows)
+        idx = resolve_rows(rows, self._rows, what="the row selection", distinct=True,
+                           counted_in="the rows read")
+        return as_slice(idx)
+
+    def n_selected(self, rows: RowSelection) -> int:
+        idx = self._row_index(rows)
+        return idx.stop - idx.start if isinstance(idx, slice) else int(idx.size)
+
+    def _forget_listings(self) -> None:
+        """Start of a read: chunks are listed again (remote stores) before they are trusted."""
+        for pres in self._presence.values():
+            pres.forget()
+
+    def _read(self, idx: slice | np.ndarray, c0: int, c1: int) -> np.ndarray:
+        if self._direct is not None:  # a missing or wrong-sized chunk file raises in the reader
+            if isinstance(idx, slice):
+                raw = self._direct.read(idx.start, idx.stop, c0, c1)
+            else:
+                raw = self._direct.read_rows(idx, c0, c1)
+            return from_disk_dtype(raw, self._dtype)
+        self._require(idx, [(c0, c1)])
+        try:
+            if isinstance(idx, slice):
+                raw = self._grads[idx, c0:c1]
+            else:
+                raw = self._grads.get_orthogonal_selection((idx, slice(c0, c1)))
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise StoreDamagedError(
+                f"{self.path}: reading committed rows of columns {c0}..{c1 - 1} failed ({type(exc).__name__}: "
+                f"{exc}); a chunk is damaged: `gradspec info --verify {self.path}` finds it"
+            ) from exc
+        want = idx.stop - idx.start if isinstance(idx, slice) else idx.size
+        if raw.shape[0] != want:
+            raise StoreDamagedError(f"{self.path}: grads holds fewer rows than the {self._rows} committed")
+        return from_disk_dtype(np.asarray(raw), self._dtype)
+
+    def read(self, rows: RowSelection = None, cols: slice | None = None) -> np.ndarray:
+        """Committed rows (selection) and a column slice as float32."""
+        idx = self._row_index(rows)
+        c0, c1, step = (cols or slice(None)).indices(self.p)
+        if step != 1:
+            raise ValueError("column slices must be contiguous")
+        self._forget_listings()
+        return self._read(idx, c0, c1)
+
+    def _col_blocks(self, col_ranges: ColRanges, block_cols: int | None) -> list[tuple[int, int]]:
+        ranges = [(0, self.p)] if col_ranges is None else [(int(a), int(b)) for a, b in col_ranges]
+        chunk = self.chunks[1]
+        width = chunk if block_cols is None else max(1, int(block_cols))
+        blocks = []
+        for a, b in ranges:
+            if not 0 <= a < b <= self.p:
+                raise ValueError(f"column range ({a}, {b}) is outside [0, {self.p})")
+            c = a
+            while c < b:
+                # End at a chunk boundary so that each chunk is read once.
+                end = min(b, (c // chunk) * chunk + max(chunk, -(-width // chunk) * chunk))
+                blocks.append((c, end))
+                c = end
+        return blocks
+
+    def iter_col_blocks(
+        self,
+        *,
+        rows: RowSelection = None,
+        col_ranges: ColRanges = None,
+        block_cols: int | None = None,
+        prefetch: int = 2,
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(offset, block)``: column blocks (n_rows_selected, c) over the selected rows.
+
+        ``offset`` counts columns within the selection (the concatenated
+        ``col_ranges``). Blocks end on chunk boundaries; ``prefetch`` blocks are
+        read ahead on a background thread.
+        """
+        idx = self._row_index(rows)
+        blocks = self._col_blocks(col_ranges, block_cols)
+        offsets = np.cumsum([0] + [b - a for a, b in blocks])[:-1]
+        self._forget_listings()
+        tasks = [(lambda a=a, b=b: self._read(idx, a, b)) for a, b in blocks]
+        for off, block in zip(offsets, prefetch_iter(tasks, prefetch), strict=True):
+            yield int(off), block
+
+    def iter_row_blocks(
+        self,
+        *,
+        rows: RowSelection = None,
+        col_ranges: ColRanges = None,
+        block_rows: int | None = None,
+        prefetch: int = 2,
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(offset, block)``: row blocks (b, p_selected) of the selection."""
+        idx = self._row_index(rows)
+        idx = np.arange(idx.start, idx.stop) if isinstance(idx, slice) else idx
+        br = max(1, int(block_rows or self.chunks[0]))
+        ranges = [(0, self.p)] if col_ranges is None else list(col_ranges)
+        self._forget_listings()
+
+        def read(sel: np.ndarray) -> np.ndarray:
+            contiguous = sel.size and sel[-1] - sel[0] == sel.size - 1
+            s = slice(int(sel[0]), int(sel[-1]) + 1) if contiguous else sel
+            parts = [self._read(s, a, b) for a, b in ranges]
+            return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+        tasks = [(lambda s=idx[i : i + br]: read(s)) for i in range(0, idx.size, br)]
+        for i, block in enumerate(prefetch_iter(tasks, prefetch)):
+            yield i * br, block
+
+    def row_meta(self, rows: RowSelection = None) -> dict[str, np.ndarray]:
+        """Per-row metadata of the committed (selected) rows."""
+        idx = self._row_index(rows)
+        if self._strict:
+            for name, arr in self._meta.items():
+                key = f"meta/{name}"
+                pres = self._presence[key]
+                pres.forget()
+                self._missing(key, pres.missing([(i,) for i in row_chunks(idx, int(arr.chunks[0]))]))
+        return {name: np.asarray(arr[idx] if isinstance(idx, slice) else arr.get_orthogonal_selection(idx))
+                for name, arr in self._meta.items()}
+
+    def to_dask(self, rows: RowSelection = None, col_ranges: ColRanges = None):
+        """The committed (selected) rows as a float32 dask array, chunked like the store.
+
+        Every chunk the selection touches is checked to be stored before the graph is built.
+        """
+        import dask.array as da
+
+        idx = self._row_index(rows)
+        self._forget_listings()
+        self._require(idx, [(0, self.p)] if col_ranges is None else [(int(a), int(b)) for a, b in col_ranges])
+        source = CheckedArray(self._grads, self.path, self._rows, self._strict)
+        arr = da.from_array(source, chunks=self._grads.chunks, name=f"gradspec-grads-{uuid.uuid4().hex}",
+                            asarray=False, fancy=False)
+        arr = arr[idx]
+        if col_ranges is not None:
+            arr = da.concatenate([arr[:, a:b] for a, b in col_ranges], axis=1)
+        dtype = self._dtype
+        return arr.map_blocks(from_disk_dtype, dtype, dtype=np.float32)
+

@@ -1,0 +1,48 @@
+"""The gradient store's schema: its attribute keys, statuses, dtypes, chunking defaults
+and row-metadata fields (docs/store-format.md), shared by its core, writer and reader."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+KIND = "gradients"
+ROWS_KEY = "gradspec.rows"
+STATUS_KEY = "gradspec.status"
+DTYPE_REPORT_KEY = "gradspec.dtype_report"
+#: What ``gradspec.status`` may say: being written, or finished by its run.
+STATUSES = ("writing", "complete")
+DTYPES = ("float32", "float16", "bfloat16")
+STATS_ARRAY = "dtype_stats"
+CHUNK_BYTES = 8 * 2**20
+DEFAULT_ROWS_PER_CHUNK = 32
+
+#: Row-metadata fields and their dtypes; per-example stores add ``example_index``.
+META_FIELDS: dict[str, str] = {
+    "step": "int64",
+    "epoch": "int32",
+    "loss": "float32",
+    "batch_size": "int32",
+    "norm_mean": "float32",
+    "norm_max": "float32",
+    "frac_clipped": "float32",
+}
+PER_EXAMPLE_FIELDS: dict[str, str] = {"example_index": "int64"}
+
+RowSelection = slice | Sequence[int] | np.ndarray | None
+ColRanges = Sequence[tuple[int, int]] | None
+
+
+def _codecs(compressor: str | None):
+    if compressor in (None, "none"):
+        return None
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    if compressor == "zstd":
+        return [ZstdCodec(level=3)]
+    if compressor == "blosc":
+        return [BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")]
+    raise ValueError(f"unknown compressor {compressor!r}; choose none, zstd or blosc")
+
+

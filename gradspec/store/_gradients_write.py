@@ -1,0 +1,172 @@
+"""Writing a gradient store: rows into chunks, the commit that makes them visible, status.
+
+A mixin of :class:`gradspec.store.GradientStore` (its core, ``_gradients``, holds the
+arrays this writes); see that module for the crash-safety contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import gradspec.store._precision as _precision
+from gradspec.store._gradients_schema import (
+    DTYPE_REPORT_KEY,
+    ROWS_KEY,
+    STATUS_KEY,
+    STATUSES,
+)
+from gradspec.store._integrity import (
+    committed_chunks,
+    damage_error,
+)
+from gradspec.store._zarr import (
+    to_disk_dtype,
+)
+
+
+class GradientWrites:
+    """The writing half of a :class:`~gradspec.store.GradientStore`."""
+
+    def _check_writable(self) -> None:
+        if self.mode == "r":
+            raise ValueError(f"{self.path!r} is open read-only; open it with mode='r+' to write")
+
+    def _ensure_capacity(self, n: int) -> None:
+        # Each array is checked on its own: a process killed between two resizes
+        # leaves arrays of different capacities (zarr drops out-of-bounds writes).
+        cap = self._grads.shape[0]
+        rpc = self._grads.chunks[0]
+        new = -(-max(n, 2 * cap, rpc) // rpc) * rpc if n > cap else cap
+        for arr in self._arrays().values():
+            if arr.shape[0] < new:
+                arr.resize((new, *arr.shape[1:]))
+
+    def write_rows(self, start: int, rows: np.ndarray, meta: dict[str, np.ndarray]) -> None:
+        """Write ``rows`` (float32, shape (b, p)) at ``start``; not visible until :meth:`commit`.
+
+        Raises:
+            ValueError: bad shapes or metadata, committed rows, or finite values that the
+                store's dtype cannot hold (float16 above 65504 would be stored as ±inf).
+        """
+        self._check_writable()
+        rows = np.asarray(rows)
+        if rows.ndim != 2 or rows.shape[1] != self.p:
+            raise ValueError(f"rows must have shape (b, {self.p}), got {rows.shape}")
+        b = rows.shape[0]
+        missing = set(self._meta_fields) - set(meta)
+        if missing:
+            raise ValueError(f"row metadata is missing {sorted(missing)}")
+        if start < self._rows:
+            raise ValueError(f"cannot overwrite committed rows (start {start} < {self._rows} committed)")
+        values = {}
+        for name, dt in self._meta_fields.items():
+            values[name] = np.asarray(meta[name], dtype=dt).reshape(-1)
+            if values[name].shape[0] != b:
+                raise ValueError(f"row metadata {name!r} has {values[name].shape[0]} values for {b} rows")
+        disk = to_disk_dtype(rows, self._dtype)
+        stats = None
+        if self._stats is not None:
+            stats, overflowed = _precision.conversion_stats(np.asarray(rows, np.float32), disk, self._dtype)
+            if overflowed:
+                raise ValueError(
+                    f"{overflowed} finite gradient entries exceed {self._dtype}'s largest value (65504) and "
+                    "would be stored as infinity; collect with --dtype bfloat16 or float32"
+                )
+        self._ensure_capacity(start + b)
+        self._grads[start : start + b] = disk
+        for name, v in values.items():
+            self._meta[name][start : start + b] = v
+        if stats is not None:
+            self._stats[start : start + b] = stats
+
+    def _report_upto(self, n: int) -> tuple[int, np.ndarray, float]:
+        """The accumulated dtype stats of rows [0, n), reading only rows not yet summed."""
+        acc = self._report
+        if acc is None or acc[0] > n:
+            acc = None
+        covered = acc[0] if acc is not None else 0
+        if n > covered or acc is None:
+            acc = _precision.accumulate(acc, np.asarray(self._stats[covered:n]))
+        self._report = acc
+        return acc
+
+    def commit(self, n_rows: int) -> None:
+        """Make rows ``[0, n_rows)`` visible; their bytes must already be written.
+
+        In a store that writes every chunk, on local disk, the chunks of the newly
+        committed rows are checked to exist first (a stat each).
+        """
+        self._check_writable()
+        n = int(n_rows)
+        cap = min(arr.shape[0] for arr in self._arrays().values())
+        if not 0 <= n <= cap:
+            raise ValueError(f"cannot commit {n} rows: only {cap} written")
+        if self._strict and n > self._rows and self._presence["grads"].local:
+            for name, arr in self._arrays().items():
+                self._missing(name, self._presence[name].missing(committed_chunks(arr, n, self._rows)))
+        update: dict[str, Any] = {ROWS_KEY: n}
+        report = None
+        if self._stats is not None:
+            report = _precision.summarize(self._report_upto(n), self.p, self._dtype)
+            update[DTYPE_REPORT_KEY] = report
+        self._group.attrs.update(update)
+        self._rows = n
+        why = _precision.material(report) if report else None
+        if why:
+            self._warn_once("dtype", f"{self.path}: {why}")
+
+    def truncate(self, n_rows: int) -> None:
+        """Forget committed rows beyond ``n_rows`` (resume from an earlier checkpoint)."""
+        if n_rows > self._rows:
+            raise ValueError(f"cannot truncate to {n_rows} rows: only {self._rows} are committed")
+        self.commit(n_rows)
+
+    def append(self, rows: np.ndarray, meta: dict[str, np.ndarray]) -> None:
+        """Write rows after the committed ones and commit them (synchronous)."""
+        self.write_rows(self._rows, rows, meta)
+        self.commit(self._rows + np.asarray(rows).shape[0])
+
+    def finalize(self) -> None:
+        """Shrink every array to the committed rows, so that plain zarr reads exactly them.
+
+        Crash-safe: zarr deletes the chunks wholly beyond the new shape (all uncommitted)
+        before it rewrites the array's metadata, and never a chunk holding a committed row; a
+        kill part-way leaves arrays of different capacities, which writing handles. Writing
+        more rows later grows the arrays again.
+        """
+        self._check_writable()
+        for arr in self._arrays().values():
+            if arr.shape[0] > self._rows:
+                arr.resize((self._rows, *arr.shape[1:]))
+
+    def set_status(self, status: str) -> None:
+        """Record the store's status: ``"writing"`` or ``"complete"``.
+
+        ``"complete"`` first shrinks the arrays to the committed rows (:meth:`finalize`) and
+        checks that every chunk of a committed row is stored.
+
+        Raises:
+            ValueError: an unknown status.
+            StoreDamagedError: a chunk of a committed row is missing (the store is not marked complete).
+        """
+        self._check_writable()
+        if status not in STATUSES:
+            raise ValueError(f"unknown store status {status!r}; choose one of {', '.join(STATUSES)}")
+        if status == "complete":
+            self.finalize()
+            lost = self.find_missing_chunks()
+            if lost and self._strict:
+                first = lost[0]
+                raise damage_error(self.path, first["array"], first["chunk"],
+                                   (first["rows"][0], first["rows"][1] + 1), self._rows, "missing", len(lost) - 1)
+        self._group.attrs.update({STATUS_KEY: status})
+        self._status = status
+
+    def update_config(self, **items: Any) -> None:
+        """Merge items into the stored run config (e.g. the final epsilon)."""
+        self._check_writable()
+        self._config.update(items)
+        self._group.attrs.update({"gradspec.config": self._config})
+

@@ -1,0 +1,97 @@
+"""The spectrum store's schema: its kind, status words, array names and chunking, and
+who owns a running store (pid and host), shared by its core and its writer."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import zarr
+
+logger = logging.getLogger(__name__)
+
+KIND = "spectrum"
+STATUS_KEY = "gradspec.status"
+
+
+class SpectrumStatus(StrEnum):
+    """The status words of a spectrum store (the module note's Lifecycle).
+
+    ``DAMAGED`` is never recorded: :meth:`SpectrumStore.summary` reports it for a store
+    with a missing or wrong-sized chunk.
+    """
+
+    RUNNING = "running"
+    COMPLETE = "complete"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    DAMAGED = "damaged"
+
+
+RUNNING, COMPLETE, FAILED, INTERRUPTED, DAMAGED = (
+    SpectrumStatus.RUNNING, SpectrumStatus.COMPLETE, SpectrumStatus.FAILED,
+    SpectrumStatus.INTERRUPTED, SpectrumStatus.DAMAGED,
+)
+#: Statuses of a store that a run left unfinished (a resumable state is kept).
+UNFINISHED = (FAILED, INTERRUPTED)
+V_CHUNK_BYTES = 8 * 2**20
+VECTOR_ARRAYS = (
+    "residuals",
+    "residual_h",
+    "residual_ht",
+    "explained_variance_ratio",
+    "cumulative_explained_variance",
+)
+#: The arrays :meth:`SpectrumStore.finish` writes.
+RESULT_ARRAYS = ("V", "U", "sigma", *VECTOR_ARRAYS)
+#: Arrays where NaN is a value: a residual that was not measured.
+NAN_ALLOWED = ("residuals", "residual_h", "residual_ht")
+#: zarr skips all-zero chunks by default; a spectrum store writes every chunk (see the module note).
+ALL_CHUNKS = {"write_empty_chunks": True}
+
+
+# ---------------------------------------------------------------------- owners
+def _owner() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _owner_alive(owner: dict[str, Any] | None) -> bool:
+    """Whether the process that created a ``running`` store may still be writing it.
+
+    True unless it ran on this host and its pid is gone (another host: unknown, assume alive).
+    """
+    if not owner or owner.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(int(owner["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, ValueError, KeyError):
+        return True
+    return True
+
+
+def _create_arrays(
+    g: zarr.Group, *, r: int, p: int, k: int, v_dtype: str, v_chunk_rows: int | None = None
+) -> None:
+    """(Re)create V, U, σ and the per-vector arrays for k directions (all zero)."""
+    for name in ("V", "U", "sigma", *VECTOR_ARRAYS):
+        if name in g:
+            del g[name]
+    itemsize = np.dtype(v_dtype).itemsize
+    rows = v_chunk_rows or max(256, V_CHUNK_BYTES // (itemsize * k))
+    g.create_array(
+        "V", shape=(p, k), chunks=(int(min(rows, p)), k), dtype=v_dtype, fill_value=0,
+        compressors=None, config=ALL_CHUNKS,
+    )
+    g.create_array("U", shape=(r, k), chunks=(r, k), dtype="float64", fill_value=0, compressors=None,
+                   config=ALL_CHUNKS)
+    for name in ("sigma", *VECTOR_ARRAYS):
+        g.create_array(name, shape=(k,), chunks=(k,), dtype="float64", fill_value=0, compressors=None,
+                       config=ALL_CHUNKS)
+
+

@@ -1,0 +1,184 @@
+"""Writing a spectrum store: V in row blocks, the resumable state, the result, the status.
+
+A mixin of :class:`gradspec.store.SpectrumStore` (its core, ``_spectrum``, opens and
+reads the store; see that module for the layout and the lifecycle).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+
+from gradspec.store._rowsink import RowBlockWriter
+from gradspec.store._source import jsonable as _jsonable
+from gradspec.store._spectrum_schema import (
+    ALL_CHUNKS,
+    COMPLETE,
+    KIND,
+    RESULT_ARRAYS,
+    STATUS_KEY,
+    UNFINISHED,
+    VECTOR_ARRAYS,
+    _create_arrays,
+)
+from gradspec.store._zarr import is_url, open_checked
+
+logger = logging.getLogger(__name__)
+
+
+class SpectrumWrites:
+    """The writing half of a :class:`~gradspec.store.SpectrumStore`."""
+
+    def _check_writable(self) -> None:
+        if self.mode == "r":
+            raise ValueError(f"{self.path!r} is open read-only; open it with mode='r+' to write")
+
+    def resize_k(self, k: int) -> None:
+        """Hold ``k`` directions instead (before V is written): arrays recreated, all zero."""
+        self._check_writable()
+        r, p = self.shape
+        if not 1 <= k <= self.k_requested:
+            raise ValueError(f"k must lie in [1, {self.k_requested}] (the k requested), got {k}")
+        if k == self.k and self._group["V"].shape == (p, k):
+            return
+        v_dtype = str(self._group["V"].dtype)
+        _create_arrays(self._group, r=r, p=p, k=k, v_dtype=v_dtype)
+        self._group.attrs.update({"gradspec.k": int(k)})
+
+    def v_sink(self) -> RowBlockWriter:
+        """A ``sink(offset, rows)`` writing streamed rows of V in whole chunks, behind the caller.
+
+        Close it (or use it as a context manager) to land every row.
+        """
+        self._check_writable()
+        return RowBlockWriter(self._arr("V"))
+
+    def save_state(self, state: dict[str, Any]) -> None:
+        """Save an iterative run's state (arrays under ``state/``, the rest in attrs)."""
+        self._check_writable()
+        small = {}
+        for key, val in state.items():
+            if isinstance(val, np.ndarray):
+                name = f"state/{key}"
+                if name in self._group and self._group[name].shape != val.shape:
+                    del self._group[name]
+                if name not in self._group:
+                    self._group.create_array(
+                        name,
+                        shape=val.shape,
+                        chunks=val.shape or (1,),
+                        dtype="float64",
+                        fill_value=0,
+                        compressors=None,
+                        config=ALL_CHUNKS,
+                    )
+                self._arr(name)[...] = val
+            else:
+                small[key] = val
+        small["arrays"] = [k for k, v in state.items() if isinstance(v, np.ndarray)]
+        self._group.attrs.update(
+            {"gradspec.state": _jsonable(small)}
+        )  # written last: state is valid
+
+    def load_state(self) -> dict[str, Any] | None:
+        meta = self.attrs.get("gradspec.state")
+        if meta is None:
+            return None
+        state = {k: v for k, v in meta.items() if k != "arrays"}
+        for key in meta.get("arrays", []):
+            state[key] = self._read(f"state/{key}")
+        for key in ("u", "theta", "resid"):
+            state.setdefault(key, None)
+        return state
+
+    def mark_unfinished(self, status: str, error: str) -> None:
+        """Record that the run stopped (``failed`` or ``interrupted``) with its resumable state."""
+        self._check_writable()
+        if status not in UNFINISHED:
+            raise ValueError(f"status must be one of {tuple(map(str, UNFINISHED))}, got {status!r}")
+        self._group.attrs.update({STATUS_KEY: status, "gradspec.error": str(error)[:500]})
+
+    def discard(self) -> None:
+        """Delete this unfinished store from disk (a complete store is never deleted)."""
+        if self.status == COMPLETE:
+            raise ValueError(f"{self.path!r} is complete; it is not discarded")
+        if is_url(self.path):
+            self._group.store.clear()  # type: ignore[union-attr]
+        else:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def move_to(self, path: str | os.PathLike) -> Self:
+        """Move this complete store to ``path``, replacing the spectrum store there (local disk).
+
+        The old store is renamed aside first and deleted only after this one is in place.
+        """
+        if self.status != COMPLETE:
+            raise ValueError(f"{self.path!r} is not complete; only a finished run replaces a store")
+        dest = Path(path)
+        old = dest.with_name(f".{dest.name}.replaced-{os.getpid()}")
+        moved = False
+        if dest.exists():
+            open_checked(dest, KIND)  # a spectrum store (damaged or not), or this raises and nothing moves
+            os.replace(dest, old)
+            moved = True
+        try:
+            os.replace(self.path, dest)
+        except BaseException:
+            if moved:
+                os.replace(old, dest)  # put the old store back
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+        return type(self).open(dest)
+
+    def finish(self, result: Any) -> None:
+        """Write σ, U, the accuracy report and provenance of a finished run; status ``complete``.
+
+        ``result.k`` may be below the store's k (directions dropped after V was
+        streamed, see ``gradspec.linalg``): the arrays are cut to it.
+        """
+        self._check_writable()
+        g = self._group
+        k = int(np.asarray(result.sigma).size)
+        if k < self.k:
+            r, p = self.shape
+            g["V"].resize((p, k))
+            g["U"].resize((r, k))
+            for name in ("sigma", *VECTOR_ARRAYS):
+                g[name].resize((k,))
+        elif k > self.k:
+            raise ValueError(f"the result holds {k} directions, the store {self.k}")
+        self._arr("sigma")[:] = result.sigma
+        self._arr("U")[:] = result.U
+        for name in VECTOR_ARRAYS:
+            self._arr(name)[:] = getattr(result, name)
+        for name in (*RESULT_ARRAYS, *(["source_rows"] if "source_rows" in g else [])):
+            self._checks.require(name, self._arr(name))  # V streamed whole, nothing lost: or not complete
+        if "state" in g:
+            del g["state"]
+        for key in ("gradspec.state", "gradspec.error"):
+            if key in g.attrs:
+                del g.attrs[key]
+        g.attrs.update(
+            {
+                STATUS_KEY: COMPLETE,
+                "gradspec.k": k,
+                "gradspec.rank_rtol": result.params.get("rank_rtol"),
+                "gradspec.method": result.method,
+                "gradspec.params": _jsonable(result.params),
+                "gradspec.source": _jsonable(result.source),
+                "gradspec.accuracy": _jsonable(result.accuracy()),
+                "gradspec.frob2": float(result.frob2),
+                "gradspec.rank": result.rank,
+                "gradspec.history": _jsonable(result.history),
+                "gradspec.timings": _jsonable(result.timings),
+                "gradspec.passes": int(result.passes),
+                "gradspec.finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+        )
+

@@ -1,0 +1,112 @@
+"""Resuming a run: check everything a resume depends on, then roll the run directory back
+to its last checkpoint (see ``gradspec.train._loop`` for what a resume may change)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from gradspec.tasks import Task
+from gradspec.train._checkpoint import (
+    CHECKPOINT_NAME,
+    CONFIG_NAME,
+    METRICS_NAME,
+    RUN_NAME,
+    load_checkpoint,
+    open_resumable,
+    read_run_config,
+    saved_run_config,
+    write_text_atomic,
+)
+from gradspec.train._config import (
+    TrainConfig,
+    bind_task,
+    flag,
+    merge_resume,
+)
+from gradspec.train._hooks import StepHooks
+from gradspec.train._run import _Run
+
+logger = logging.getLogger(__name__)
+
+
+def _prepare_resume(
+    config: TrainConfig | None, task: Task | None, out: Path, progress: bool, hooks: StepHooks | None,
+    write_store: bool, allow_larger_epsilon: bool,
+):
+    """Check everything a resume depends on, then (and only then) roll the run back to its checkpoint."""
+    saved = read_run_config(out)
+    if task is None and saved.custom_task:
+        bind_task(saved, None)  # raises, saying how to resume such a run from Python
+    if config is not None:
+        given = (bind_task(config, task)[0] if task is not None else config).to_dict()
+    elif task is not None:
+        bound = bind_task(saved, task)[0]
+        given = {"task": bound.task, "task_options": bound.task_options}
+    else:
+        given = {}
+    config = merge_resume(saved, given)
+    config, task = bind_task(config, task) if task is None else (config, task)
+    required = ("step", "rows", "model", "optimizer", "metrics_offset", "layout")
+    state = load_checkpoint(out / CHECKPOINT_NAME, required=required)
+    run_cfg = saved_run_config(out)
+    sigma = state.get("noise_multiplier", run_cfg.get("noise_multiplier"))
+    torch.manual_seed(config.seed)
+    run = _Run(config, task, out, progress, hooks, sigma=sigma)
+    run.restore(state)
+
+    store = open_resumable(out, state, saved, run.layout.to_list(), write_store=write_store, run_config=run_cfg)
+    if not run.last_eval and store is not None:  # a checkpoint from before last_eval was saved
+        run.last_eval = dict(store.config.get("final_metrics") or {})
+
+    done = int(state["step"])
+    planned = int(state.get("total_steps") or run_cfg.get("steps") or run.steps)
+    if run.steps < done:
+        raise ValueError(f"the run has done {done} steps: {run.steps} steps would end before that; "
+                         f"give --steps >= {done}")
+    if run.steps != planned and saved.target_epsilon is not None and run.sigma > 0:
+        eps = run.planned_epsilon(run.steps)
+        if run.steps > planned and not allow_larger_epsilon:
+            raise ValueError(
+                f"the noise multiplier {run.sigma:.4g} was calibrated for epsilon = {saved.target_epsilon:g} over {planned} "
+                f"steps; {run.steps} steps at that noise multiplier end at epsilon = {eps:.3f}: pass "
+                "--allow-larger-epsilon to accept that, or start a new run with "
+                f"--epsilon {saved.target_epsilon:g} --steps {run.steps} (the noise multiplier recalibrated)"
+            )
+        # sigma stays what the steps taken used: from now on the run is a fixed-sigma run.
+        config = dataclasses.replace(config, noise_multiplier=run.sigma, target_epsilon=None)
+        run.set_config(config)
+    if run.steps != planned and run.sigma > 0:
+        logger.log(logging.WARNING if run.steps > planned else logging.INFO,
+                   "resume: %d -> %d steps at noise multiplier %.4g: epsilon at the end %.3f -> %.3f (delta = %.3g)",
+                   planned, run.steps, run.sigma, run.planned_epsilon(planned),
+                   run.planned_epsilon(run.steps), run.delta)
+
+    # Checked; now change the directory.
+    changed = {flag(k): [saved.to_dict()[k], v] for k, v in config.to_dict().items() if saved.to_dict()[k] != v}
+    if changed:
+        logger.info("resume with changed settings: %s", changed)
+        write_text_atomic(out / CONFIG_NAME, config.to_json())
+        entry = {"at_step": done, "changed": changed}
+        history = [*run_cfg.get("resumes", []), entry]
+        if store is not None:
+            store.update_config(collect=config.to_dict(), steps=run.steps, noise_multiplier=run.sigma,
+                                resumes=history)
+        else:
+            write_text_atomic(out / RUN_NAME, json.dumps({**run.run_config(), "resumes": history},
+                                                         indent=2, default=str))
+    if store is not None:
+        store.truncate(int(state["rows"]))  # rows after the checkpoint are regenerated identically
+        if run.step < run.steps and store.status != "writing":
+            store.update_config(final_epsilon=None, final_metrics=None)
+            store.set_status("writing")
+    with open(out / METRICS_NAME, "r+b") as f:
+        f.truncate(int(state["metrics_offset"]))
+    logger.info("resuming at step %d of %d", run.step, run.steps)
+    return run, store, task
+
+
