@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -77,13 +78,23 @@ def load_side_information(path: str | os.PathLike, p: int | None = None) -> Tens
         raise ValueError(f"side information file {str(path)!r} not found; give a file of p positive "
                          f"values (.npy, .pt, .txt) or {FREQUENCY!r}")
     suffix = path.suffix.lower()
-    if suffix == ".npy":
-        values = torch.from_numpy(np.load(path))
-    elif suffix in (".pt", ".pth"):
-        values = torch.as_tensor(torch.load(path, map_location="cpu", weights_only=True))
-    else:
-        text = path.read_text().replace(",", " ")
-        values = torch.from_numpy(np.array(text.split(), dtype=np.float64))
+    try:  # no pickles: np.load refuses object arrays, torch.load(weights_only) anything but tensors
+        if suffix == ".npy":
+            values = torch.from_numpy(np.asarray(np.load(path, allow_pickle=False), dtype=np.float64))
+        elif suffix in (".pt", ".pth"):
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(loaded, Tensor):
+                raise TypeError(f"it holds a {type(loaded).__name__}, not a tensor")
+            values = loaded
+        else:
+            text = path.read_text().replace(",", " ")
+            values = torch.from_numpy(np.array(text.split(), dtype=np.float64))
+    except (pickle.UnpicklingError, ValueError, TypeError, OSError, RuntimeError, UnicodeDecodeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, pickle.UnpicklingError):
+            reason = "it holds objects other than tensors (refused: unpickling them could run code)"
+        raise ValueError(f"cannot read the side information in {str(path)!r}: {reason}; give a file of "
+                         "p positive values (.npy, .pt with one tensor, .txt)") from exc
     return _checked_side(values, p, f"the side information in {str(path)!r}")
 
 

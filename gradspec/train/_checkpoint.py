@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,15 @@ def load_checkpoint(path: str | os.PathLike, required: tuple[str, ...] = ()) -> 
             "cannot be resumed; start it anew with --overwrite"
         )
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        # weights_only: a checkpoint is tensors, state dicts and plain values; torch's restricted
+        # unpickler refuses anything else, so a shared run folder can never run code here.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(
+            f"{str(path)!r} holds objects other than tensors and plain values, which gradspec "
+            "refuses to load (unpickling them could run code); it was not written by this "
+            "gradspec: start the run anew with --overwrite"
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
         raise ValueError(f"{str(path)!r} cannot be read ({type(exc).__name__}); it is damaged — "
                          "start the run anew with --overwrite") from exc
