@@ -45,7 +45,10 @@ def collect(config: TrainConfig | None = None, **options: Any) -> TrainResult:
     if "sink" in options:
         raise TypeError("collect() writes through a GradientRecorder; call gradspec.train.train(sink=...) "
                         "for another sink")
-    _SIGNATURE.bind(config, **options)  # the trainer's keywords, checked before anything runs
+    try:  # the trainer's keywords, checked before anything runs
+        _SIGNATURE.bind(config, **options)
+    except TypeError as err:  # e.g. "collect() got an unexpected keyword argument 'stpes'"
+        raise TypeError(f"collect() {err}") from None
     options.setdefault("write_store", True)
     return train(config, sink=GradientRecorder.for_trainer, **options)
 

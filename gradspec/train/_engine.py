@@ -20,6 +20,7 @@ Batch = dict[str, Tensor]
 ForwardFn = Callable[[Callable[..., Tensor], Batch], Tensor]
 LossFn = Callable[[Tensor, Batch], Tensor]
 
+
 def select_parameters(model: nn.Module, patterns: str | Sequence[str]) -> list[str]:
     """Names of the parameters matching ``patterns``, in ``named_parameters`` order.
 
@@ -89,8 +90,6 @@ def _batch_size(batch: Batch) -> int:
 def _rtol(dtype: torch.dtype) -> float:
     """Relative tolerance of a comparison of gradients computed in ``dtype``."""
     return {torch.float64: 1e-7, torch.float32: 1e-3}.get(dtype, 5e-2)
-
-
 
 
 class EngineBase:

@@ -55,10 +55,7 @@ from gradspec.train._checkpoint import (
     save_checkpoint,
     write_text_atomic,
 )
-from gradspec.train._config import (
-    TrainConfig,
-    bind_task,
-)
+from gradspec.train._config import TrainConfig, bind_task
 from gradspec.train._hooks import StepHooks
 from gradspec.train._result import CollectResult, TrainResult, evaluate, package_versions
 from gradspec.train._resume import _prepare_resume
@@ -69,6 +66,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["CHECKPOINT_NAME", "CONFIG_NAME", "METRICS_NAME", "STORE_NAME", "CollectResult", "TrainResult",
            "evaluate", "package_versions", "resolve_device", "train"]
+
 
 def train(
     config: TrainConfig | None = None,
