@@ -247,7 +247,7 @@ class GradientRecorderCallback(TrainerCallback):
         rec.record_examples(grads=rows, step=step, loss=example_losses, norms=norms, batch_size=n)
 
     def _per_example(self, model: nn.Module, batches: list[dict[str, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
-        from gradspec.privacy import clip_factors
+        from gradspec.privacy import clip_rows
         from gradspec.train import PerExampleGradients
 
         if self._engine is None:
@@ -260,9 +260,10 @@ class GradientRecorderCallback(TrainerCallback):
         try:
             for batch in batches:
                 g, loss = self._engine(batch)
-                norm = torch.linalg.vector_norm(g, dim=1)
-                if self.max_grad_norm is not None:
-                    g = g * clip_factors(norm, self.max_grad_norm)[:, None]
+                if self.max_grad_norm is not None:  # float64 norms, rows <= C exactly
+                    g, norm, _ = clip_rows(g, self.max_grad_norm)
+                else:
+                    norm = torch.linalg.vector_norm(g, dim=1, dtype=torch.float64)
                 rows.append(g.detach())
                 losses.append(loss)
                 norms.append(norm)

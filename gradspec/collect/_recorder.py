@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from gradspec.collect._opacus import record_opacus
-from gradspec.collect._recorder_base import STORE_NAME, RecorderBase, unwrap_model
+from gradspec.collect._recorder_base import RecorderBase
+from gradspec.collect._recorder_setup import STORE_NAME, unwrap_model
 
 __all__ = ["STORE_NAME", "GradientRecorder", "unwrap_model"]
 

@@ -32,6 +32,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from gradspec.collect._recorder_setup import (
+    STORE_NAME,
+    STORE_TORCH_DTYPES,
+    _acquire_run_lock,
+    _release_run_lock,
+    unwrap_model,
+)
 from gradspec.collect._rows import (
     DIVISOR_ACTUAL,
     ROW_EXAMPLE,
@@ -44,34 +51,10 @@ from gradspec.collect._rows import (
     floats,
     norm_stats,
 )
+from gradspec.privacy import bound_rows_
 from gradspec.store import BackgroundWriter, GradientStore, ParamLayout
 
 logger = logging.getLogger(__name__)
-
-STORE_NAME = "gradients.zarr"
-
-def _acquire_run_lock(out: Path) -> Any:
-    """Take the run directory's one-writer lock (:class:`gradspec.store.RunLock`), before anything is touched.
-
-    Raises:
-        DirectoryBusyError: another process (or thread) writes in ``out``.
-    """
-    from gradspec.store import RunLock
-
-    return RunLock(out, what="run directory").acquire()
-
-
-def _release_run_lock(lock: Any) -> None:
-    if lock is not None:
-        lock.release()
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's module inside Opacus wrappers (``GradSampleModule``), for parameter names."""
-    while type(model).__module__.startswith("opacus.") and isinstance(getattr(model, "_module", None), nn.Module):
-        model = model._module
-    return model
-
 
 class RecorderBase:
     """Everything a recorder does but attach to a particular library: the store, rows,
@@ -148,7 +131,9 @@ class RecorderBase:
         that saves the checkpoint once the rows it names are durable). The recorder writes
         them, commits, and marks the store complete at :meth:`close`.
         """
-        return cls(out=Path(store.path).parent, layout=store.layout,
+        run = store.config.get("collect") or {}
+        clip = run.get("max_grad_norm") if run.get("clip", True) else None
+        return cls(out=Path(store.path).parent, layout=store.layout, max_grad_norm=clip,
                    per_example=store.per_example, background=background, max_queue=max_queue, store=store)
 
     # ------------------------------------------------------------------ setup
@@ -296,8 +281,18 @@ class RecorderBase:
         self.steps_skipped += 1
         return False
 
+    def _bounded(self, rows: np.ndarray | Tensor) -> np.ndarray:
+        """The rows as the store will hold them: clipped per-example rows each with float64 norm
+        <= C (a rounding of the clip, or of the cast to a 16-bit store, never exceeds C)."""
+        if self.max_grad_norm is None or not self.per_example:
+            return rows.numpy() if isinstance(rows, Tensor) else rows
+        t = torch.as_tensor(rows)
+        stored = bound_rows_(t.clone() if t.dtype == STORE_TORCH_DTYPES[self.store.dtype] else t,
+                             self.max_grad_norm, dtype=STORE_TORCH_DTYPES[self.store.dtype])
+        return stored.to(torch.float32).numpy()  # exact: the store's cast gives these values back
+
     def _put(self, rows: Tensor, meta: dict[str, np.ndarray], step: int) -> None:
-        self._writer.put(rows.numpy(), meta)
+        self._writer.put(self._bounded(rows), meta)
         if step != self._last_step:
             self._steps_since_commit += 1
         self._last_step = step
@@ -420,7 +415,7 @@ class RecorderBase:
         """Hand over rows (b, p) that a source computed with their metadata (gradspec's
         trainer: its rows, steps and norm statistics are its own), written in order."""
         self._check_open()
-        self._writer.put(rows, dict(meta))
+        self._writer.put(self._bounded(rows), dict(meta))
         self._last_step = int(np.asarray(meta["step"])[-1])
 
     # ------------------------------------------------------------------ commits, config, end

@@ -42,7 +42,8 @@ def _orthonormality_error(v: Tensor) -> float:
     return (gram - torch.eye(v.shape[1], dtype=torch.float64, device=v.device)).abs().max().item()
 
 
-def orthonormalize_(v: Tensor, *, tol: float | None = None, max_passes: int = 3) -> float:
+def orthonormalize_(v: Tensor, *, tol: float | None = None, max_passes: int = 3,
+                    repair_only: float | None = None) -> float:
     """Orthonormalise the columns of a tall ``v`` (p x k) in place; returns ``max |V^T V - I|``.
 
     Cholesky QR: with ``V^T V = R^T R`` (R upper triangular, from the float64 Gram),
@@ -51,6 +52,9 @@ def orthonormalize_(v: Tensor, *, tol: float | None = None, max_passes: int = 3)
     an error of order eps·cond(V)^2, so passes repeat (at most ``max_passes``) until
     the measured error is at most ``tol`` (default 1e-5 in float32, 1e-12 in float64).
     The time is about 3pk^2 flops per pass plus 2pk^2 per check; the memory, V itself.
+    ``repair_only``: V is meant to be orthonormal already (a spectrum store's V, rounded to
+    float32); refuse, instead of orthonormalising, a V whose error exceeds this (a damaged
+    store: QR would turn a repeated column into a direction of rounding noise).
 
     Raises:
         ValueError: if V is not 2-D with p >= k, or its columns are linearly dependent
@@ -64,6 +68,8 @@ def orthonormalize_(v: Tensor, *, tol: float | None = None, max_passes: int = 3)
     eye = torch.eye(v.shape[1], dtype=torch.float64, device=v.device)
     gram = _gram64(v)
     err = (gram - eye).abs().max().item()
+    if repair_only is not None and err > repair_only:
+        raise ValueError(_not_orthonormal(err, repair_only))
     for _ in range(max_passes):
         if err <= tol:
             break
@@ -82,6 +88,18 @@ def orthonormalize_(v: Tensor, *, tol: float | None = None, max_passes: int = 3)
                          f"|V^T V - I| = {err:.2e}): its columns are nearly dependent; pass k independent "
                          "directions")
     return err
+
+
+def _not_orthonormal(err: float, atol: float) -> str:
+    return (f"the spectrum's V is not orthonormal (max |V^T V - I| = {err:.2e} > {atol:g}): the store "
+            "is damaged (e.g. a repeated or overwritten column); rerun `gradspec pca`")
+
+
+def check_spectrum_basis(v: Tensor, atol: float = 1e-3) -> None:
+    """Refuse a spectrum store's V that is not orthonormal to ``atol`` (what ``decay`` checks)."""
+    err = _orthonormality_error(v)
+    if not err <= atol:
+        raise ValueError(_not_orthonormal(err, atol))
 
 
 def _orthonormal(v: Tensor, what: str, atol: float) -> None:

@@ -36,6 +36,7 @@ from gradspec.optim._orthonormal import (
     LARGE_BASIS,
     _fingerprint,
     _orthonormal,
+    check_spectrum_basis,
     orthonormalize_,
 )
 from gradspec.train import StepContext
@@ -172,6 +173,9 @@ class FixedProjector(Projector):
         copy: ``False`` lets a large float32 basis be orthonormalised in place, so
             the caller's tensor changes (saves a p x k copy; for a basis read from a
             store that nobody else holds).
+        repair_only: with ``orthonormalize``, the basis is orthonormal up to rounding (a
+            spectrum store's float32 V): refuse one whose max |VᵀV − I| exceeds this (a
+            damaged store) instead of turning it into another subspace by QR.
     """
 
     kind = "fixed"
@@ -179,6 +183,7 @@ class FixedProjector(Projector):
     def __init__(
         self, basis: Tensor, *, rank: int | None = None, orthonormalize: bool = False,
         atol: float = 1e-3, layout: Any = None, source: str | None = None, copy: bool = True,
+        repair_only: float | None = None,
     ) -> None:
         basis = torch.as_tensor(basis)
         if basis.ndim != 2:
@@ -193,12 +198,14 @@ class FixedProjector(Projector):
             keep = not copy and v.dtype == torch.float32 and v.is_contiguous()
             v = v if keep else v.to(torch.float32, copy=True).contiguous()
             if orthonormalize:
-                self.orthonormality_error = orthonormalize_(v)
+                self.orthonormality_error = orthonormalize_(v, repair_only=repair_only)
             else:
                 _orthonormal(v, "the given basis", atol)
         else:
             v = v.double()
             if orthonormalize:
+                if repair_only is not None:
+                    check_spectrum_basis(v, repair_only)
                 v, _ = torch.linalg.qr(v)
             else:
                 _orthonormal(v, "the given basis", atol)

@@ -258,9 +258,11 @@ def make_projector(
                     "columns are (no layout, and its source gradient store is not readable here), so "
                     "the run's parameters cannot be checked against it; pass check_layout=False "
                     "(CLI --no-layout-check) to compare p only")
+        # a spectrum's V is orthonormal up to float32 rounding: repair that, refuse damage
         return FixedProjector(basis, rank=rank, orthonormalize=spectrum is not None, layout=layout,
                               source=None if spectrum is None else os.fspath(spectrum),
-                              copy=spectrum is None)  # a basis read here is ours to change
+                              copy=spectrum is None,  # a basis read here is ours to change
+                              repair_only=None if spectrum is None else 1e-3)
     if kind == ProjectorKind.PUBLIC:
         return PublicProjector(rank, public_size=public_size, period=period, seed=seed)
     return RandomProjector(rank, seed=seed)

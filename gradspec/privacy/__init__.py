@@ -11,8 +11,10 @@ from gradspec.privacy._calibrate import calibrate_noise_multiplier, compute_epsi
 from gradspec.privacy._clip import (
     OPACUS_CLIP_EPS,
     ClipResult,
+    bound_rows_,
     clip_factors,
     clip_per_example,
+    clip_rows,
     norm_stats,
 )
 from gradspec.privacy._compose import RDP_ORDERS
@@ -42,6 +44,8 @@ __all__ = [
     # clipping and noise
     "ClipResult",
     "clip_per_example",
+    "clip_rows",
+    "bound_rows_",
     "clip_factors",
     "OPACUS_CLIP_EPS",
     "norm_stats",

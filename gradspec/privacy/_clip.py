@@ -6,7 +6,12 @@ that is the exact ``min(1, C / ||g||)``: rows with norm <= C (zero rows included
 guard is needed) are left untouched and longer rows get norm C up to rounding. With
 ``eps = 1e-6`` it is Opacus's ``min(1, C / (||g|| + 1e-6))``, which shrinks rows just
 below C a little; `PerExampleGradients.clipped_sum` uses that (``OPACUS_CLIP_EPS``).
-Norms are computed in float32 at least, also for half-precision gradients.
+Norms are accumulated in float64, whatever the rows' dtype, and `clip_rows` guarantees the
+bound every DP statement rests on exactly: the float64 norm of each clipped row, *as stored*
+in the rows' dtype (or the dtype a store will cast it to), is <= C. Rounding the product
+``g * factor`` to float32/float16/bfloat16 can push a row at norm C above it by a few units
+in the last place; such rows are scaled down again (by the smallest margin that works) until
+the stored values meet the bound.
 """
 
 from __future__ import annotations
@@ -59,6 +64,70 @@ def clip_factors(norms: Tensor, max_norm: float, *, eps: float = 0.0) -> Tensor:
     return c / (norms + eps).clamp(min=c)
 
 
+def _unit_roundoff(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).eps) / 2
+
+
+def bound_rows_(rows: Tensor, max_norm: float, *, dtype: torch.dtype | None = None) -> Tensor:
+    """Make every row's float64 norm, as stored in ``dtype``, at most C (in place when possible).
+
+    Rows already under C are returned unchanged (bit for bit). A row whose stored values
+    exceed C (rounding of an already clipped row) is scaled by ``C / norm * (1 - m)`` and
+    re-rounded, with the margin m starting at the unit roundoff u of ``dtype`` and growing 4x a
+    pass until it holds (a few u at most). Memory: one row in float64 at a time.
+
+    Args:
+        rows: (B, p) rows (already clipped, or any rows: the result is bounded either way).
+        max_norm: the clipping norm C > 0.
+        dtype: the dtype the rows are stored in (default: ``rows.dtype``); the result has it.
+
+    Returns:
+        (B, p) rows in ``dtype`` with ``vector_norm(row, dtype=float64) <= C`` for every row.
+    """
+    c = _check_max_norm(max_norm)
+    out = rows if dtype is None or rows.dtype == dtype else rows.to(dtype)
+    norms = torch.linalg.vector_norm(out, dim=1, dtype=torch.float64)
+    if not torch.is_floating_point(out):
+        raise TypeError(f"rows must be floating point, got {out.dtype}")
+    u = _unit_roundoff(out.dtype)
+    for i in torch.nonzero(norms > c).flatten().tolist():
+        margin, norm = u, float(norms[i])
+        while norm > c:
+            if margin > 256 * u:
+                raise RuntimeError(f"row {i} cannot be brought under C = {c} (norm {norm})")
+            out[i] = (out[i].double() * (c / norm * (1.0 - margin))).to(out.dtype)
+            norm = float(torch.linalg.vector_norm(out[i], dtype=torch.float64))
+            margin *= 4
+    return out
+
+
+def clip_rows(grads: Tensor, max_norm: float, *, dtype: torch.dtype | None = None,
+              eps: float = 0.0) -> ClipResult:
+    """Clip each row to norm at most C, exactly: ``clip_per_example`` with the rows' dtype
+    (or ``dtype``) given, norms accumulated in float64 and the bound checked on the stored values.
+
+    Args:
+        grads: (B, p) per-example gradients.
+        max_norm: the clipping norm C > 0.
+        dtype: the dtype of the clipped rows (default: ``grads.dtype``).
+        eps: as in :func:`clip_factors` (Opacus's formula with ``OPACUS_CLIP_EPS``).
+
+    Returns:
+        ClipResult(grads (B, p) in ``dtype`` with float64 norms <= C, norms (B,) float64
+        pre-clip norms, factors (B,) float64).
+    """
+    if grads.ndim != 2:
+        raise ValueError(f"grads must be 2-d (batch, parameters), got shape {tuple(grads.shape)}")
+    norms = torch.linalg.vector_norm(grads, dim=1, dtype=torch.float64)
+    factors = clip_factors(norms, max_norm, eps=eps)
+    target = grads.dtype if dtype is None else dtype
+    if bool((factors == 1).all()):
+        clipped = grads.to(target)
+    else:
+        clipped = (grads * factors[:, None].to(grads.dtype)).to(target)
+    return ClipResult(bound_rows_(clipped, max_norm), norms, factors)
+
+
 def clip_per_example(grads: Tensor, max_norm: float) -> ClipResult:
     """Clip each row of ``grads`` to L2 norm at most ``max_norm``.
 
@@ -77,12 +146,7 @@ def clip_per_example(grads: Tensor, max_norm: float) -> ClipResult:
         >>> r.grads.norm(dim=1).tolist(), r.norms.tolist()
         ([1.0, 0.5], [5.0, 0.5])
     """
-    if grads.ndim != 2:
-        raise ValueError(f"grads must be 2-d (batch, parameters), got shape {tuple(grads.shape)}")
-    norm_dtype = torch.promote_types(grads.dtype, torch.float32)
-    norms = torch.linalg.vector_norm(grads, dim=1, dtype=norm_dtype)
-    factors = clip_factors(norms, max_norm)
-    return ClipResult(grads * factors[:, None].to(grads.dtype), norms, factors)
+    return clip_rows(grads, max_norm)
 
 
 def norm_stats(norms: Tensor, max_norm: float) -> dict[str, float]:

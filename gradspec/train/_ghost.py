@@ -209,7 +209,8 @@ class GhostClipping(EngineBase):
         for start in range(0, b, step):
             part = {k: v[start : start + step] for k, v in batch.items()}
             loss = self._capture(part)
-            norm = self._norms2(part_size := loss.shape[0]).sum(1).clamp_(min=0).sqrt_()
+            # per-layer squared norms summed in float64 (the clip factor's norm)
+            norm = self._norms2(part_size := loss.shape[0]).double().sum(1).clamp_(min=0).sqrt_()
             factors = (clip_factors(norm, max_norm) if max_norm is not None
                        else torch.ones(part_size, dtype=norm.dtype, device=norm.device))
             self._weighted_sum(factors, out=total)

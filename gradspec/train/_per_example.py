@@ -54,7 +54,7 @@ from torch import Tensor, nn
 
 from gradspec._enums import PerExampleBackend, parse_choice
 from gradspec._modes import _modes
-from gradspec.privacy import OPACUS_CLIP_EPS, clip_factors
+from gradspec.privacy import OPACUS_CLIP_EPS, clip_rows
 from gradspec.train._engine import (
     Batch,
     EngineBase,
@@ -203,9 +203,8 @@ class PerExampleGradients(EngineBase):
             raise ValueError(f"max_norm must be positive, got {max_norm}")
         total, norms, losses = None, [], []
         for grads, loss in self.iter_microbatches(batch):
-            norm = torch.linalg.vector_norm(grads, dim=1)
-            factor = clip_factors(norm, max_norm, eps=CLIP_EPS)
-            part = factor.to(grads.dtype) @ grads
+            clipped, norm, _ = clip_rows(grads, max_norm, eps=CLIP_EPS)  # float64 norms, <= C exactly
+            part = clipped.sum(0)
             total = part if total is None else total.add_(part)
             norms.append(norm)
             losses.append(loss)

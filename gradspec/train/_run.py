@@ -260,7 +260,7 @@ class _Run:
     # ------------------------------------------------------------------ one step
     def train_step(self, store_row: bool):
         """One DP-SGD step. Returns (rows or None, meta or None, stats) — rows to store."""
-        from gradspec.privacy import clip_factors, norm_stats
+        from gradspec.privacy import clip_rows, norm_stats
 
         c = self.config
         self.hooks.on_step_start(self.step, self.context)
@@ -279,9 +279,10 @@ class _Run:
         elif b:
             for grads, loss in self.grads.iter_microbatches(batch):
                 grads = self.hooks.precondition(grads)
-                norm = grads.norm(dim=1)
-                if c.clip:
-                    grads = grads * clip_factors(norm, c.max_grad_norm)[:, None]
+                if c.clip:  # float64 norms; every clipped row's norm <= C exactly (privacy.clip_rows)
+                    grads, norm, _ = clip_rows(grads, c.max_grad_norm)
+                else:
+                    norm = torch.linalg.vector_norm(grads, dim=1, dtype=torch.float64)
                 total += grads.sum(0)
                 norms.append(norm)
                 losses.append(loss)

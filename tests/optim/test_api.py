@@ -123,3 +123,30 @@ def test_sweep_figures_and_cli(tmp_path):
     assert len(json.loads((out / "summary.json").read_text())) == 6
     bad = CliRunner().invoke(app, ["retrain-command", "-a", "sgd", "--out", str(tmp_path / "x")])
     assert bad.exit_code != 0 and "choose one of" in bad.output
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["float64-qr", "float32-in-place"])
+def test_a_spectrum_whose_v_repeats_a_column_is_refused_not_reorthonormalised(tmp_path, large):
+    """Issue 25: V with column 1 overwritten by column 0 ran `retrain --projector` (exit 0) on a
+    subspace whose third direction was rounding noise; decay refused it. Now retrain does too."""
+    import zarr
+
+    import gradspec
+    import gradspec.optim._orthonormal as orthonormal
+    import gradspec.optim._projectors as projectors
+    import gradspec.optim._registry as registry
+    from gradspec.collect import collect
+
+    collect(config(steps=12, noise_multiplier=0.0), out=tmp_path / "grads", task=lowrank_task())
+    gradspec.pca(source=tmp_path / "grads" / "gradients.zarr", k=4, out=tmp_path / "s.zarr")
+    make_algorithm("subspace", projector="spectrum", spectrum=tmp_path / "s.zarr", rank=3)  # intact: fine
+    v = zarr.open_group(str(tmp_path / "s.zarr"), mode="r+")["V"]
+    damaged = v[:]
+    damaged[:, 1] = damaged[:, 0]
+    v[:] = damaged
+    with pytest.MonkeyPatch.context() as mp:
+        if large:
+            for module in (projectors, registry, orthonormal):
+                mp.setattr(module, "LARGE_BASIS", 2)
+        with pytest.raises(ValueError, match="not orthonormal .* damaged"):
+            make_algorithm("subspace", projector="spectrum", spectrum=tmp_path / "s.zarr", rank=3)

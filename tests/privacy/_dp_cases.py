@@ -186,6 +186,7 @@ class Step:
     pre: list[Tensor] = field(default_factory=list)  # the rows after ``precondition``
     norms: list[Tensor] = field(default_factory=list)  # norms handed to ``clip_factors``
     factors: list[Tensor] = field(default_factory=list)  # the clip factors it returned
+    clipped_rows: list[Tensor] = field(default_factory=list)  # ``clip_rows``'s output rows
     total: Tensor | None = None  # the clipped sum (``before_noise`` input)
     release: Tensor | None = None  # the pre-noise release (``before_noise`` output)
     noisy: Tensor | None = None  # (release + noise) / denominator (``after_noise`` input)
@@ -199,7 +200,10 @@ class Step:
 
     @property
     def clipped(self) -> Tensor:
-        """The clipped per-example rows, as the step scaled them (preconditioned row x factor)."""
+        """The clipped per-example rows, as the step scaled them (preconditioned row x factor,
+        bounded to norm <= C exactly by ``clip_rows``: its output when the step used it)."""
+        if self.clipped_rows:
+            return torch.cat(self.clipped_rows)
         return torch.cat([g * f[:, None].to(g.dtype) for g, f in zip(self.pre, self.factors,
                                                                         strict=True)])
 
@@ -346,6 +350,14 @@ class Probe:
             self.step.draws.append((self.phase, shape, float(a.arguments["std"]), _clone(out)))
             return out
 
+        def rows_clipped(original, a) -> Any:
+            out = original(*a.args, **a.kwargs)
+            if self.phase == "train":
+                self.step.norms.append(_clone(out.norms))
+                self.step.factors.append(_clone(out.factors))
+                self.step.clipped_rows.append(_clone(out.grads))
+            return out
+
         def factors(original, a) -> Tensor:
             out = original(*a.args, **a.kwargs)
             if self.phase == "train":
@@ -366,6 +378,7 @@ class Probe:
             mp.setattr(privacy, "PrivacyAccountant", _call(privacy.PrivacyAccountant, accountant))
             mp.setattr(privacy, "gaussian_noise", _call(privacy.gaussian_noise, draw))
             mp.setattr(privacy, "clip_factors", _call(privacy.clip_factors, factors))
+            mp.setattr(privacy, "clip_rows", _call(privacy.clip_rows, rows_clipped))
             yield
 
 

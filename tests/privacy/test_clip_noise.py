@@ -9,7 +9,14 @@ import pytest
 import torch
 from scipy import stats
 
-from gradspec.privacy import ClipResult, clip_factors, clip_per_example, gaussian_noise, norm_stats
+from gradspec.privacy import (
+    ClipResult,
+    bound_rows_,
+    clip_factors,
+    clip_per_example,
+    gaussian_noise,
+    norm_stats,
+)
 
 C = 1.5
 
@@ -71,11 +78,29 @@ def test_clip_factors_are_what_clip_uses_and_guard_zero():
     assert torch.isfinite(factors).all()
 
 
-def test_clip_half_precision_keeps_dtype_and_float32_norms():
+def test_clip_half_precision_keeps_dtype_and_float64_norms():
     grads = _grads("cpu", torch.bfloat16)
     result = clip_per_example(grads, C)
-    assert result.grads.dtype == torch.bfloat16 and result.norms.dtype == torch.float32
-    assert bool((result.grads.float().norm(dim=1) <= C * 1.01).all())  # bf16 rounding: ~0.4%
+    assert result.grads.dtype == torch.bfloat16 and result.norms.dtype == torch.float64
+    assert bool((torch.linalg.vector_norm(result.grads, dim=1, dtype=torch.float64) <= C).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["f32", "f16", "bf16"])
+def test_clipped_rows_never_exceed_C_at_5M_parameters(dtype):
+    """The bound every DP statement rests on, exactly, where float32 norms broke it (issue 25:
+    rows at p = 5M exceeded C by 1.2e-4 in float32, 5.3e-4 in float16, 3.4e-3 in bfloat16)."""
+    g = torch.Generator().manual_seed(0)
+    grads = (torch.randn(4, 5_000_000, generator=g) * 1e-3).to(dtype)  # norms ~2.2 > C
+    result = clip_per_example(grads, C)
+    stored = torch.linalg.vector_norm(result.grads, dim=1, dtype=torch.float64)
+    assert result.grads.dtype == dtype and bool((stored <= C).all()), stored.tolist()
+    assert bool((stored >= C * (1 - 64 * torch.finfo(dtype).eps)).all())  # not over-shrunk
+    # float32 rows cast to a 16-bit store afterwards: bound_rows_ keeps the bound there too
+    wide = clip_per_example(grads.float(), C).grads
+    for store in (torch.float16, torch.bfloat16):
+        cast = bound_rows_(wide.clone(), C, dtype=store)
+        assert bool((torch.linalg.vector_norm(cast, dim=1, dtype=torch.float64) <= C).all())
 
 
 def test_norm_stats():
