@@ -13,15 +13,22 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import shutil
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gradspec.train._checkpoint_schema import check_state, unsafe_value
 from gradspec.train._config import TrainConfig, resume_conflicts
 
-CHECKPOINT_FORMAT = 1
+#: 2: loadable with ``torch.load(weights_only=True)`` (tensors, containers and plain values
+#: only, checked at save and at load). Format 1 checkpoints were unpickled without
+#: restriction; they are refused, not converted (no released gradspec wrote them).
+CHECKPOINT_FORMAT = 2
 
 STORE_NAME = "gradients.zarr"
 METRICS_NAME = "metrics.jsonl"
@@ -37,40 +44,92 @@ RUN_ENTRIES = (
 )
 
 
+def _fresh(tmp: Path) -> None:
+    """Remove whatever sits at ``tmp`` first: a link planted there would be written through."""
+    if tmp.is_symlink() or tmp.is_file():
+        tmp.unlink()
+
+
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` through a temporary file and an atomic rename."""
+    """Write ``state`` to ``path`` through a temporary file and an atomic rename.
+
+    Raises:
+        TypeError: ``state`` holds a value that ``torch.load(weights_only=True)`` would
+            refuse (anything but tensors, dicts, lists, tuples, str, int, float, bool,
+            None); the message names the entry, so the ``state_dict`` that made it can
+            be fixed. Nothing is written.
+    """
     path = Path(path)
+    bad = unsafe_value(state)
+    if bad:
+        raise TypeError(f"checkpoint {bad}: a checkpoint holds only tensors, dicts, lists, tuples, str, "
+                        "int, float, bool and None (so that it loads without unpickling objects); "
+                        "store it as one of these in the state_dict that returns it")
     tmp = path.with_name(path.name + ".partial")
+    _fresh(tmp)
     torch.save({"format": CHECKPOINT_FORMAT, **state}, tmp)
     os.replace(tmp, path)
 
 
+def _refused_global(exc: BaseException) -> str:
+    """The object torch's restricted unpickler refused, as it names it (or '')."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+    return f" ({found.group(1)})" if found else ""
+
+
 def load_checkpoint(path: str | os.PathLike, required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint`; check its format and keys."""
+    """Load a checkpoint written by :func:`save_checkpoint`; check its format, keys and values.
+
+    The file is read with ``torch.load(weights_only=True)``: nothing in it can run code.
+
+    Raises:
+        FileNotFoundError: there is no checkpoint at ``path``.
+        ValueError: the file holds pickled objects (refused, never unpickled), is
+            damaged, of another format, lacks one of ``required``, or holds a value of
+            the wrong type or shape; or it is a link to a file outside its run directory.
+            One line that says what to do.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"no checkpoint at {str(path)!r}: the run stopped before its first checkpoint and "
             "cannot be resumed; start it anew with --overwrite"
         )
+    check_own_entry(path.parent, path.name)
     try:
         # weights_only: a checkpoint is tensors, state dicts and plain values; torch's restricted
         # unpickler refuses anything else, so a shared run folder can never run code here.
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise ValueError(
-            f"{str(path)!r} holds objects other than tensors and plain values, which gradspec "
-            "refuses to load (unpickling them could run code); it was not written by this "
-            "gradspec: start the run anew with --overwrite"
-        ) from exc
+            f"{str(path)!r} holds pickled objects{_refused_global(exc)} other than tensors and plain values, "
+            "which gradspec refuses to load (unpickling them could run code); it is not a checkpoint of "
+            f"this gradspec (format {CHECKPOINT_FORMAT}): start the run anew with --overwrite"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
         raise ValueError(f"{str(path)!r} cannot be read ({type(exc).__name__}); it is damaged — "
-                         "start the run anew with --overwrite") from exc
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{str(path)!r} is not a gradspec checkpoint of format {CHECKPOINT_FORMAT}")
+                         "start the run anew with --overwrite") from None
+    fmt = state.get("format") if isinstance(state, dict) else None
+    if fmt != CHECKPOINT_FORMAT or type(fmt) is not int:
+        if type(fmt) is int and 0 < fmt < CHECKPOINT_FORMAT:
+            raise ValueError(
+                f"{str(path)!r} is a checkpoint of format {fmt}, written by an older gradspec that pickled "
+                f"its objects; this gradspec resumes format {CHECKPOINT_FORMAT} only (no pickled objects): "
+                "start the run anew with --overwrite, or finish it with the gradspec that started it"
+            )
+        if type(fmt) is int and fmt > CHECKPOINT_FORMAT:
+            raise ValueError(f"{str(path)!r} is a checkpoint of format {fmt}, written by a newer gradspec; "
+                             "upgrade gradspec to resume it")
+        raise ValueError(f"{str(path)!r} is not a gradspec checkpoint (format {CHECKPOINT_FORMAT}); "
+                         "start the run anew with --overwrite")
     missing = [k for k in required if k not in state]
     if missing:
         raise ValueError(f"checkpoint {str(path)!r} lacks {missing}; it is damaged — start the run anew")
+    try:
+        check_state(state)
+    except ValueError as exc:
+        raise ValueError(f"checkpoint {str(path)!r} is damaged: {exc}; start the run anew with "
+                         "--overwrite") from None
     return state
 
 
@@ -89,35 +148,114 @@ def layout_difference(saved: list[dict], now: list[dict]) -> str:
 def write_text_atomic(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` through a temporary file (never a torn file)."""
     tmp = path.with_name(path.name + ".partial")
+    _fresh(tmp)
     tmp.write_text(text)
     os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------ run directories
+def check_own_entry(out: str | os.PathLike, name: str) -> None:
+    """Refuse a run entry that is a link to something outside its run directory ``out``.
+
+    A run folder from someone else could otherwise make a resume read, truncate or
+    append to a file anywhere (``metrics.jsonl -> ~/.bashrc``).
+
+    Raises:
+        ValueError: ``out/name`` is a symbolic link whose target is not inside ``out``.
+    """
+    entry = Path(out) / name
+    if not entry.is_symlink():
+        return
+    target, root = entry.resolve(), Path(out).resolve()
+    if target != root and root not in target.parents:
+        raise ValueError(
+            f"{str(entry)!r} is a link to {str(target)!r}, outside the run directory: a run's files must be "
+            "its own (gradspec writes to them on --resume); replace the link by a copy of what it points to"
+        )
+
+
+def check_run_entries(out: str | os.PathLike) -> None:
+    """:func:`check_own_entry` for every entry a run writes (:data:`RUN_ENTRIES`)."""
+    for name in RUN_ENTRIES:
+        check_own_entry(out, name)
+
+
+def _hint_accepts(hint: Any, value: Any) -> bool:
+    """Whether the JSON ``value`` has the type a TrainConfig field annotated ``hint`` holds."""
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(_hint_accepts(a, value) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if hint is bool:
+        return type(value) is bool
+    if hint is int:
+        return type(value) is int
+    if hint is float:
+        return type(value) in (int, float)
+    if isinstance(hint, type) and issubclass(hint, str):  # str and the StrEnum choices
+        return isinstance(value, str)
+    if origin is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+    if origin is tuple:  # tuple[str, ...], saved as a JSON list
+        return isinstance(value, list) and all(_hint_accepts(args[0], v) for v in value)
+    return False
+
+
+def _json_kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _parse_run_config(path: Path) -> TrainConfig:
+    """``path`` (a config.json) as a TrainConfig, every field of the JSON type its annotation says."""
+    try:
+        data = json.loads(path.read_text())
+    except RecursionError:
+        raise ValueError("it nests too deeply to be a run config") from None
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"it is not JSON: {str(exc).splitlines()[0][:120]}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"it holds {_json_kind(data)}, not an object of settings")
+    hints = typing.get_type_hints(TrainConfig)
+    for name, value in data.items():
+        if name in hints and not _hint_accepts(hints[name], value):
+            raise ValueError(f"setting {name!r} is {_json_kind(value)} ({str(value)[:40]!r}), not of type "
+                             f"{str(hints[name]).replace('typing.', '')}")
+    return TrainConfig.from_dict(data)
+
+
 def read_run_config(out: str | os.PathLike) -> TrainConfig:
     """The saved settings of the run in ``out``.
 
     Raises:
         FileNotFoundError: ``out`` holds no run (no ``config.json``).
-        ValueError: its ``config.json`` is not a gradspec run config.
+        ValueError: its ``config.json`` is not a gradspec run config (not JSON, not an
+            object, a setting of the wrong type or value), or an entry of the run is a
+            link out of ``out`` (:func:`check_run_entries`).
     """
     path = Path(out) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no run to resume in {str(out)!r} (no {CONFIG_NAME}); drop --resume")
+    check_run_entries(out)
     try:
-        return TrainConfig.from_dict(json.loads(path.read_text()))
+        return _parse_run_config(path)
     except (ValueError, TypeError) as exc:
         raise ValueError(
-            f"{str(path)!r} is not the config of a gradspec run ({str(exc).splitlines()[0][:120]}); "
+            f"{str(path)!r} is not the config of a gradspec run ({str(exc).splitlines()[0][:160]}); "
             f"{str(out)!r} is not a run directory gradspec can resume"
         ) from None
 
 
 def is_run_dir(out: str | os.PathLike) -> bool:
     """Whether ``out`` holds a gradspec run (a ``config.json`` that parses as one)."""
+    path = Path(out) / CONFIG_NAME
     try:
-        read_run_config(out)
-    except (OSError, ValueError):
+        _parse_run_config(path)
+    except (OSError, ValueError, TypeError):
         return False
     return True
 
@@ -184,15 +322,46 @@ def clear_run(out: str | os.PathLike) -> list[str]:
     return removed
 
 
+#: What a resume reads from the run config a run wrote, and the JSON types each may have.
+_RUN_CONFIG_KINDS: dict[str, tuple[type, ...]] = {
+    "run_id": (str, type(None)), "steps": (int, type(None)), "noise_multiplier": (int, float, type(None)),
+    "collect": (dict, type(None)), "resumes": (list,),
+}
+
+
 def saved_run_config(out: Path) -> dict[str, Any]:
-    """The run config a run wrote (the store's attributes, or run.json of a training-only run)."""
+    """The run config a run wrote (the store's attributes, or run.json of a training-only run).
+
+    Raises:
+        ValueError: run.json exists but is not a JSON object, or an entry a resume reads
+            (``run_id``, ``steps``, ``noise_multiplier``, ``collect``, ``resumes``) has
+            the wrong type.
+    """
     from gradspec.store import GradientStore
 
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        return GradientStore.open(out / STORE_NAME).config
-    with contextlib.suppress(OSError, ValueError):
-        return json.loads((out / RUN_NAME).read_text())
-    return {}
+    saved: Any = None
+    source = out / STORE_NAME
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        saved = GradientStore.open(source).config
+    if saved is None:
+        source = out / RUN_NAME
+        if not source.exists():
+            return {}
+        try:
+            saved = json.loads(source.read_text())
+        except RecursionError:
+            saved = "deeply nested lists"
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{str(source)!r} cannot be read as JSON ({str(exc).splitlines()[0][:80]}); the "
+                             "run is damaged — start it anew with --overwrite") from None
+    damaged = f"the run config in {str(source)!r} is damaged — start the run anew with --overwrite"
+    if not isinstance(saved, dict):
+        raise ValueError(f"{damaged} (it holds {_json_kind(saved)}, not the run's settings)")
+    for key, kinds in _RUN_CONFIG_KINDS.items():
+        value = saved.get(key)
+        if key in saved and (not isinstance(value, kinds) or isinstance(value, bool)):
+            raise ValueError(f"{damaged} (its {key!r} is {_json_kind(value)})")
+    return saved
 
 
 def open_resumable(out: Path, state: dict[str, Any], saved: TrainConfig, layout: list[dict], *,
