@@ -175,8 +175,10 @@ def check_own_entry(out: str | os.PathLike, name: str) -> None:
 
 
 def check_run_entries(out: str | os.PathLike) -> None:
-    """:func:`check_own_entry` for every entry a run writes (:data:`RUN_ENTRIES`)."""
-    for name in RUN_ENTRIES:
+    """:func:`check_own_entry` for every entry a run writes (:data:`RUN_ENTRIES` and its lock)."""
+    from gradspec.store import LOCK_NAME
+
+    for name in (*RUN_ENTRIES, LOCK_NAME):
         check_own_entry(out, name)
 
 
@@ -276,12 +278,16 @@ def check_new_run(out: str | os.PathLike, *, overwrite: bool) -> bool:
     Raises:
         FileExistsError: ``out`` holds a run and ``overwrite`` is False; or ``out``
             is a file, or a non-empty directory that is not a run directory.
+        ValueError: its lock file is a link out of ``out`` (:func:`check_own_entry`).
     """
+    from gradspec.store import LOCK_NAME
+
     out = Path(out)
     if not out.exists():
         return False
     if not out.is_dir():
         raise FileExistsError(f"--out {str(out)!r} is a file, not a directory: choose a directory")
+    check_own_entry(out, LOCK_NAME)  # the lock is written before anything is cleared
     entries = _entries(out)
     if not entries:
         return False

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gradspec.collect import collect, is_run_dir, read_run_config
+from gradspec.store import LOCK_NAME
 from gradspec.train._checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
@@ -176,22 +177,37 @@ def test_a_checkpoint_with_a_wrong_type_or_shape_is_one_line_before_anything_is_
 def test_collect_resume_refuses_a_corrupted_checkpoint_and_leaves_the_run_alone(run, name):
     change, words = CORRUPTIONS[name]
     _edit(run, change)
-    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "lock"}
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != LOCK_NAME}
     _resume_fails(run, words)
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "lock"} == before
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != LOCK_NAME} == before
 
 
 # ------------------------------------------------------------------ links out of the run folder
-@pytest.mark.parametrize("name", ["metrics.jsonl", "checkpoint.pt", "config.json", "gradients.zarr"])
+@pytest.mark.parametrize("name", ["metrics.jsonl", "checkpoint.pt", "config.json", "gradients.zarr", LOCK_NAME])
 def test_a_run_entry_linked_out_of_the_run_folder_is_refused_and_its_target_untouched(run, tmp_path, name):
-    """A shared folder whose metrics.jsonl links to ~/.bashrc: resume would truncate it."""
+    """A shared folder whose metrics.jsonl links to ~/.bashrc: resume would truncate it (and
+    the run lock would write its owner into the file the lock links to)."""
     victim = tmp_path / ("victim" if name != "gradients.zarr" else "victim.zarr")
+    if name == LOCK_NAME:
+        (run / name).write_text("the user's own file")
     shutil.move(run / name, victim)
     (run / name).symlink_to(victim)
     before = sorted((p, p.read_bytes()) for p in [victim, *victim.rglob("*")] if p.is_file())
     msg = _resume_fails(run, "outside the run directory", name)
     assert "copy" in msg
     assert sorted((p, p.read_bytes()) for p in [victim, *victim.rglob("*")] if p.is_file()) == before
+
+
+def test_overwrite_refuses_a_lock_linked_out_of_the_run_folder(run, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("the user's own file")
+    (run / LOCK_NAME).unlink(missing_ok=True)
+    (run / LOCK_NAME).symlink_to(victim)
+    res = runner.invoke(app, ["collect", "--out", str(run), "--overwrite", "--steps", "2", "--task", "lowrank",
+                              "-t", "n=120", "-t", "d=16", "--no-progress"])
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code != 0 and len(lines) == 1 and "outside the run directory" in lines[0], res.output
+    assert victim.read_text() == "the user's own file" and (run / "config.json").is_file()
 
 
 def test_a_link_inside_the_run_folder_is_fine(run):
