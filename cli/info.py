@@ -56,6 +56,7 @@ def info_command(
         r, p = summary["shape"]
         typer.echo(f"shape    {r} rows x {p:,} columns   dtype {summary['dtype']}   chunks {tuple(summary['chunks'])}")
         typer.echo(f"size     {_size(summary['size_on_disk'])} on disk   per-example rows: {summary['per_example']}")
+        typer.echo(f"kind     {summary['row_kind_text']}")
         lay = summary["layout"]
         typer.echo(f"layout   {lay['parameters']} parameters, p = {lay['p']:,}")
         for spec in lay["first"]:

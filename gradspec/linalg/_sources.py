@@ -198,6 +198,7 @@ class StoreSource:
             "col_ranges": self._ranges,
             "layout": self._store.layout.to_list(),
             "per_example": bool(getattr(self._store, "per_example", False)),
+            "row_kind": self._store.row_kind.to_dict() if hasattr(self._store, "row_kind") else None,
             "run": {
                 key: config.get(key)
                 for key in ("n_train", "final_epsilon", "delta", "steps")

@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from enum import StrEnum
@@ -37,6 +38,8 @@ __all__ = [
     "spectrum_layout",
     "spectrum_provenance",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class Algorithm(StrEnum):
@@ -112,6 +115,17 @@ def spectrum_basis(path: str | os.PathLike, rank: int) -> torch.Tensor:
     for offset, block in store.iter_v_blocks():
         v[offset:offset + block.shape[0]] = block[:, :rank]
     return torch.from_numpy(v)
+
+
+def _warn_unlike_rows(path: str | os.PathLike) -> None:
+    """Warn, by name, when a spectrum's rows are not the kind retraining privatises (clipped
+    means of per-example gradients): e.g. a Hugging Face Trainer's unclipped ``.grad``."""
+    from gradspec.store import MEAN_OF_EXAMPLES, RowKind, SpectrumStore
+
+    kind = (SpectrumStore.open(path).source or {}).get("row_kind")
+    if kind and (not kind["clipped"] or kind["normalisation"] != MEAN_OF_EXAMPLES):
+        logger.warning("the spectrum %r was computed from rows that are %s; retraining privatises "
+                       "clipped means of per-example gradients", os.fspath(path), RowKind(**kind).describe())
 
 
 def spectrum_layout(path: str | os.PathLike) -> list[tuple[str, tuple[int, ...]]] | None:
@@ -251,6 +265,7 @@ def make_projector(
         layout = None
         if spectrum is not None:
             basis = spectrum_basis(spectrum, rank)
+            _warn_unlike_rows(spectrum)
             layout = spectrum_layout(spectrum) if check_layout else None
             if layout is None and check_layout:
                 raise ValueError(

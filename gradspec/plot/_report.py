@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from gradspec.spectrum import (
     SpectralDensity,
     StepError,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class ReportView:
@@ -140,6 +143,27 @@ def report_figures(
     return figs
 
 
+def _row_kind_of(analysis: Any) -> dict[str, Any] | None:
+    sources = getattr(analysis, "sources", None)
+    if sources is None and isinstance(analysis, Mapping):
+        sources = analysis.get("sources")
+    return ((sources or {}).get("spectrum") or {}).get("source", {}).get("row_kind")
+
+
+def _warn_if_kinds_differ(analyses: Mapping[str, Any]) -> None:
+    """Overlaid spectra of rows of different kinds (clipped vs not, per-step vs per-example,
+    a Trainer's .grad) are warned about by name: they do not measure the same thing."""
+    from gradspec.store import RowKind, kind_mismatch
+
+    kinds = {label: k for label, a in analyses.items() if (k := _row_kind_of(a))}
+    labels = list(kinds)
+    for label in labels[1:]:
+        differ = kind_mismatch(RowKind(**kinds[labels[0]]), RowKind(**kinds[label]),
+                               names=(repr(labels[0]), repr(label)))
+        if differ:
+            logger.warning("overlaying spectra of rows of different kinds: %s", differ)
+
+
 def overlay_figures(
     analyses: Mapping[str, DecayAnalysis | ReportView | Mapping[str, Any]],
     out_dir: str | Path | None = None,
@@ -158,6 +182,7 @@ def overlay_figures(
     views = {label: _view(a) for label, a in analyses.items()}
     if not views:
         raise ValueError("overlay_figures needs at least one analysis")
+    _warn_if_kinds_differ(analyses)
     figs: dict[str, Figure] = {
         "spectrum": plot_spectrum(
             {lab: v.sigma for lab, v in views.items()},

@@ -136,6 +136,15 @@ def _heldout_index(rows: Any, n: int) -> np.ndarray:
                         counted_in="G_k and the explained variance")
 
 
+def _kinds_differ(src: dict[str, Any], store: Any) -> str | None:
+    """How the kind of the spectrum's source rows differs from ``store``'s (None: same, or unknown)."""
+    from gradspec.store import RowKind, kind_mismatch
+
+    if not src.get("row_kind"):
+        return None
+    return kind_mismatch(RowKind(**src["row_kind"]), store.row_kind, names=("the spectrum's", "--gradients'"))
+
+
 def _relation(spec: Any, store: Any) -> str:
     """``"source"`` (the spectrum's own store, or a copy of the same run) or ``"other"``.
 
@@ -271,6 +280,11 @@ def decay_analysis(
         if store is not None:
             cols = _read_columns(spec, store)
             relation = _relation(spec, store)
+            if relation == "other":
+                differ = _kinds_differ(src, store)
+                if differ:
+                    logger.warning("the spectrum's rows and %r's rows are not the same kind: %s", store.path, differ)
+                    notes.append(f"the spectrum's rows and {store.path!r}'s rows are not the same kind: {differ}")
             if store.p > p:
                 notes.append(
                     f"the spectrum covers {p} of the {store.p} columns of {store.path!r}: G_k, the "

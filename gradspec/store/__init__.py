@@ -5,6 +5,7 @@ from gradspec.store._gradients import META_FIELDS, GradientStore
 from gradspec.store._integrity import StoreDamagedError
 from gradspec.store._lock import LOCK_NAME, DirectoryBusyError, RunLock
 from gradspec.store._precision import material as precision_material
+from gradspec.store._rowkind import MEAN_OF_EXAMPLES, RowKind, kind_mismatch, row_kind
 from gradspec.store._source import (
     as_slice,
     config_digest,
@@ -25,9 +26,11 @@ __all__ = [
     "DirectoryBusyError",
     "GradientStore",
     "LOCK_NAME",
+    "MEAN_OF_EXAMPLES",
     "META_FIELDS",
     "ParamLayout",
     "ParamSpec",
+    "RowKind",
     "RunLock",
     "SpectrumStatus",
     "SpectrumStore",
@@ -38,10 +41,12 @@ __all__ = [
     "describe_row_indices",
     "is_url",
     "jsonable",
+    "kind_mismatch",
     "match_names",
     "precision_material",
     "resolve_rows",
     "resolved_path",
+    "row_kind",
     "rows_digest",
     "rows_text",
 ]

@@ -68,6 +68,7 @@ from gradspec.store._integrity import (
     row_chunks,
     verify_arrays,
 )
+from gradspec.store._rowkind import RowKind, row_kind
 from gradspec.store._zarr import (
     create_group,
     disk_numpy_dtype,
@@ -255,6 +256,11 @@ class GradientStore(GradientReads, GradientWrites):
         return dict(self._config)
 
     @property
+    def row_kind(self) -> RowKind:
+        """What the rows are: clipped (and C), normalisation, source (``_rowkind``)."""
+        return row_kind(self._config, per_example=self._per_example)
+
+    @property
     def per_example(self) -> bool:
         return self._per_example
 
@@ -393,6 +399,8 @@ class GradientStore(GradientReads, GradientWrites):
             "dtype": self._dtype,
             "chunks": list(self.chunks),
             "per_example": self._per_example,
+            "row_kind": self.row_kind.to_dict(),
+            "row_kind_text": self.row_kind.describe(),
             "size_on_disk": self.nbytes_on_disk(),
             "layout": {
                 "parameters": len(params),
