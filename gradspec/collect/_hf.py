@@ -187,7 +187,23 @@ class GradientRecorderCallback(TrainerCallback):
             self._losses.append(loss.detach().float().mean().cpu())
 
     # ------------------------------------------------------------------ events
+    def _failing(self, event: Callable[[], Any]) -> Any:
+        """Run an event; on any error, mark the store failed and release its lock (a refusal
+        must not leave a store marked "writing" and locked until the process exits)."""
+        try:
+            return event()
+        except BaseException as exc:
+            if self.recorder is not None and self._owned:
+                self.recorder.fail(exc)
+            if self._handle is not None:
+                self._handle.remove()
+                self._handle = None
+            raise
+
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        return self._failing(lambda: self._train_begin(args, state, model))
+
+    def _train_begin(self, args, state, model):
         if model is None:
             raise ValueError("GradientRecorderCallback needs the Trainer's model (on_train_begin got none)")
         if self.recorder is None:
@@ -214,6 +230,8 @@ class GradientRecorderCallback(TrainerCallback):
                 "averaged gradient at on_pre_optimizer_step (after the Trainer's clipping, if any)",
             },
         )
+        if rec.per_example and self._engine is None:  # refuse what can be refused before training
+            self._engine = self._make_engine(model)
         if self._handle is None:
             self._handle = model.register_forward_hook(self._capture, with_kwargs=True)
 
@@ -226,6 +244,9 @@ class GradientRecorderCallback(TrainerCallback):
         self._losses.clear()
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        return self._failing(lambda: self._pre_optimizer_step(state, model))
+
+    def _pre_optimizer_step(self, state, model):
         step = state.global_step
         batches, losses = list(self._batches), list(self._losses)
         self._batches.clear()
@@ -248,13 +269,9 @@ class GradientRecorderCallback(TrainerCallback):
 
     def _per_example(self, model: nn.Module, batches: list[dict[str, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
         from gradspec.privacy import clip_rows
-        from gradspec.train import PerExampleGradients
 
         if self._engine is None:
-            self._engine = PerExampleGradients(
-                model, self._forward or _HFForward(model), self._loss or sequence_classification_loss,
-                self.recorder.names, backend=self._backend, microbatch=self._microbatch,
-            )
+            self._engine = self._make_engine(model)
         rows, losses, norms = [], [], []
         self._busy = True
         try:
@@ -270,6 +287,14 @@ class GradientRecorderCallback(TrainerCallback):
         finally:
             self._busy = False
         return torch.cat(rows), torch.cat(losses), torch.cat(norms)
+
+    def _make_engine(self, model: nn.Module) -> Any:
+        from gradspec.train import PerExampleGradients
+
+        return PerExampleGradients(
+            model, self._forward or _HFForward(model), self._loss or sequence_classification_loss,
+            self.recorder.names, backend=self._backend, microbatch=self._microbatch,
+        )
 
     def on_save(self, args, state, control, **kwargs):
         if self.recorder is not None and not self.recorder.closed:

@@ -457,6 +457,26 @@ class RecorderBase:
         the store complete (unless ``complete=False``: a run stopped early) and release the run."""
         self._shutdown(complete=complete, items=config)
 
+    def fail(self, error: BaseException | str) -> None:
+        """Stop recording after an error: keep the committed rows, mark the store ``failed``
+        (with the error in its run config) and release the run directory's lock, so that a
+        later ``resume=True`` continues it and nothing stays locked until the process exits."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            try:
+                self._writer.close()  # the rows already handed over are written and committed
+            except Exception:  # noqa: BLE001 - the original error matters more
+                logger.debug("closing the writer after an error also failed", exc_info=True)
+            try:
+                self.store.update_config(error=str(error) or type(error).__name__)
+                self.store.set_status("failed")
+            except Exception:  # noqa: BLE001
+                logger.debug("marking the store failed also failed", exc_info=True)
+        finally:
+            _release_run_lock(self._lock)
+
     def _shutdown(self, complete: bool, items: Mapping[str, Any] | None = None) -> None:
         if self._closed:
             return

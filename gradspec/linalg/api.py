@@ -169,7 +169,7 @@ def pca(
             progress=progress,
         )
     desc = op.describe()
-    if desc.get("status") == "writing":
+    if desc.get("status") in ("writing", "failed"):
         logger.info(
             "the store is still being written: using its %d committed rows", desc["committed_rows"]
         )

@@ -11,8 +11,9 @@ KIND = "gradients"
 ROWS_KEY = "gradspec.rows"
 STATUS_KEY = "gradspec.status"
 DTYPE_REPORT_KEY = "gradspec.dtype_report"
-#: What ``gradspec.status`` may say: being written, or finished by its run.
-STATUSES = ("writing", "complete")
+#: What ``gradspec.status`` may say: being written, finished by its run, or stopped by an
+#: error its writer caught (its committed rows are intact; the run's ``error`` says why).
+STATUSES = ("writing", "complete", "failed")
 DTYPES = ("float32", "float16", "bfloat16")
 STATS_ARRAY = "dtype_stats"
 CHUNK_BYTES = 8 * 2**20

@@ -142,7 +142,7 @@ class GradientWrites:
                 arr.resize((self._rows, *arr.shape[1:]))
 
     def set_status(self, status: str) -> None:
-        """Record the store's status: ``"writing"`` or ``"complete"``.
+        """Record the store's status: ``"writing"``, ``"complete"`` or ``"failed"``.
 
         ``"complete"`` first shrinks the arrays to the committed rows (:meth:`finalize`) and
         checks that every chunk of a committed row is stored.

@@ -154,3 +154,25 @@ def test_a_ready_recorder_stays_open_and_bad_input(tmp_path):
         pytest.raises(ValueError, match="not the Trainer model's"),
     ):
         train(tmp_path, GradientRecorderCallback(recorder=recorder), steps=1)
+
+
+def test_a_refusal_comes_before_training_and_leaves_the_store_failed_and_unlocked(tmp_path):
+    """Issue 25: the callback refused (e.g. a per-example backend it cannot use) only at the
+    first optimizer step, and left its store "writing" with the run lock held until the process
+    exited. Now what can be checked is checked in on_train_begin, and any error marks the store
+    failed and releases the lock, so the run can be resumed in the same process."""
+    callback = GradientRecorderCallback(out=tmp_path / "run", params="classifier.*", per_example=True,
+                                        backend="ghost")
+    steps_begun = Snapshots()
+    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=4, max_steps=2,
+                             report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=make_model(), args=args, train_dataset=Data(), callbacks=[callback, steps_begun])
+    with pytest.raises(ValueError, match="ghost"):
+        trainer.train()
+    assert not steps_begun.weights  # refused in on_train_begin: no step began
+    store = GradientStore.open(tmp_path / "run" / "gradients.zarr")
+    assert store.status == "failed" and "ghost" in store.config["error"]
+    with GradientRecorder(out=tmp_path / "run", model=make_model(), params="classifier.*", per_example=True,
+                          resume=True) as again:  # the lock is free; the failed store resumes
+        assert again.store.status == "writing"
+    assert GradientStore.open(tmp_path / "run" / "gradients.zarr").status == "complete"
