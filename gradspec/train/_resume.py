@@ -60,6 +60,17 @@ def _prepare_resume(
     run.restore(state)
 
     store = open_resumable(out, state, saved, run.layout.to_list(), write_store=write_store, run_config=run_cfg)
+    if store is not None:  # verify what the resume keeps before training a single step
+        kept = int(state["rows"])
+        lost = [m for m in store.find_missing_chunks() if m["rows"][0] < kept]
+        if lost:
+            first = lost[0]
+            raise ValueError(
+                f"the run's store {str(store.path)!r} is damaged: {len(lost)} chunk(s) of the rows the "
+                f"checkpoint keeps are missing (first: {first['array']} chunk {first['chunk']}, rows "
+                f"{first['rows'][0]}..{first['rows'][1]}); it cannot be resumed: start it anew with "
+                "--overwrite (gradspec info --verify lists the damage)"
+            )
     if not run.last_eval and store is not None:  # a checkpoint from before last_eval was saved
         run.last_eval = dict(store.config.get("final_metrics") or {})
 

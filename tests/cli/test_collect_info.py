@@ -181,3 +181,18 @@ def test_task_help_names_every_registered_task():
     from gradspec.tasks import available_tasks
 
     assert available_tasks() == TASKS
+
+
+def test_resume_verifies_the_store_before_training_a_step(tmp_path):
+    """Issue 25: a committed chunk deleted, then `collect --resume` trained all remaining steps
+    and only then exited "damaged". The resume now checks first: one line, nothing trained."""
+    out = tmp_path / "run"
+    assert invoke("collect", "--out", out, "--steps", 16, "--stop-after", 8, *LOWRANK).exit_code == 0
+    chunk = out / "gradients.zarr" / "grads" / "c" / "0" / "0"
+    assert chunk.is_file()
+    chunk.unlink()
+    metrics = (out / "metrics.jsonl").read_text()
+    res = invoke("collect", "--out", out, "--resume")
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code != 0 and len(lines) == 1 and "damaged" in lines[0] and "--overwrite" in lines[0], res.output
+    assert (out / "metrics.jsonl").read_text() == metrics  # not one step trained
