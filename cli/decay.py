@@ -103,7 +103,10 @@ def _load_view(path: Path):
 
     report = path / "report.json" if path.is_dir() else path
     if report.is_file():
-        return ReportView.from_report(read_report(report))
+        try:
+            return ReportView.from_report(read_report(report))
+        except ValueError as exc:
+            raise ValueError(f"{str(report)!r}: {exc}") if "report is damaged" in str(exc) else exc from None
     return ReportView.from_analysis(sigma_analysis(path))
 
 

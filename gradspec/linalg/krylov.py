@@ -51,11 +51,16 @@ class KrylovState:
     @classmethod
     def load_state_dict(cls, d: dict[str, Any], *, r: int) -> KrylovState:
         """Rebuild a state, checking it belongs to a run with ``r`` rows."""
-        kb = np.asarray(d["basis"], dtype=np.float64)
-        akb = np.asarray(d["products"], dtype=np.float64)
-        sizes = [int(x) for x in d["sizes"]]
-        it = int(d["iteration"])
-        if kb.shape[0] != r or akb.shape[0] != r or kb.shape[1] != sum(sizes) or it < 1:
+        try:
+            kb = np.asarray(d["basis"], dtype=np.float64)
+            akb = np.asarray(d["products"], dtype=np.float64)
+            sizes = [int(x) for x in d["sizes"]]
+            it = int(d["iteration"])
+        except (KeyError, TypeError, ValueError) as exc:
+            what = f"no {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0][:80]
+            raise ValueError(f"saved Krylov state is damaged ({what}); start afresh with --overwrite") from None
+        if (kb.ndim != 2 or akb.ndim != 2 or kb.shape[0] != r or akb.shape[0] != r or kb.shape[1] != sum(sizes)
+                or any(b < 1 for b in sizes) or not 1 <= it <= len(sizes)):
             raise ValueError(
                 f"saved Krylov state does not fit this run ({r} rows); resume with the same rows, "
                 "or start afresh with --overwrite"

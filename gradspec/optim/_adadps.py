@@ -79,12 +79,16 @@ def load_side_information(path: str | os.PathLike, p: int | None = None) -> Tens
                          f"values (.npy, .pt, .txt) or {FREQUENCY!r}")
     suffix = path.suffix.lower()
     try:  # no pickles: np.load refuses object arrays, torch.load(weights_only) anything but tensors
-        if suffix == ".npy":
-            values = torch.from_numpy(np.asarray(np.load(path, allow_pickle=False), dtype=np.float64))
+        if suffix == ".npy":  # mapped first: a header declaring more than the file holds is refused unread
+            values = torch.from_numpy(np.array(np.load(path, mmap_mode="r", allow_pickle=False),
+                                                 dtype=np.float64))
         elif suffix in (".pt", ".pth"):
             loaded = torch.load(path, map_location="cpu", weights_only=True)
             if not isinstance(loaded, Tensor):
                 raise TypeError(f"it holds a {type(loaded).__name__}, not a tensor")
+            if loaded.numel() * loaded.element_size() > loaded.untyped_storage().nbytes():
+                raise ValueError(f"its tensor declares shape {tuple(loaded.shape)} over "
+                                 f"{loaded.untyped_storage().nbytes()} stored bytes (an expanded view)")
             values = loaded
         else:
             text = path.read_text().replace(",", " ")

@@ -144,13 +144,17 @@ def spectrum_layout(path: str | os.PathLike) -> list[tuple[str, tuple[int, ...]]
 
     store = SpectrumStore.open(path)
     src, p = store.source, store.shape[1]
-    if src.get("layout"):
-        full = ParamLayout.from_list(src["layout"])
-    else:
-        full = _source_store_layout([src.get("path"), src.get("abspath")], path)
-        if full is None:
-            return None
-    ranges = [(int(a), int(b)) for a, b in (src.get("col_ranges") or [(0, full.p)])]
+    try:  # what the store records of its source: a layout and column ranges, or damage
+        if src.get("layout"):
+            full = ParamLayout.from_list(src["layout"])
+        else:
+            full = _source_store_layout([src.get("path"), src.get("abspath")], path)
+            if full is None:
+                return None
+        ranges = [(int(a), int(b)) for a, b in (src.get("col_ranges") or [(0, full.p)])]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"the spectrum store {os.fspath(path)!r} records a damaged source layout or column "
+                         f"ranges ({str(exc).splitlines()[0][:80]}); compute it again with `gradspec pca`") from None
     pairs = []
     for spec in full.params:
         inside = [(a, b) for a, b in ranges if a < spec.stop and spec.offset < b]

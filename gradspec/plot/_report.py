@@ -71,7 +71,20 @@ class ReportView:
 
     @classmethod
     def from_report(cls, d: Mapping[str, Any]) -> ReportView:
-        """From the dict of ``report.json``."""
+        """From the dict of ``report.json``.
+
+        Raises:
+            ValueError: an entry the figures need is missing or of another type (one line).
+        """
+        try:
+            return cls._from_report(d)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            what = f"it has no {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0][:100]
+            raise ValueError(f"the decay report is damaged or incomplete ({what}); run `gradspec decay` "
+                             "again to rewrite it") from None
+
+    @classmethod
+    def _from_report(cls, d: Mapping[str, Any]) -> ReportView:
         sp = d["spectrum"]
         rows = d.get("rows", {})
         return cls(

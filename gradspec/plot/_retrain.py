@@ -25,15 +25,36 @@ BASELINES = ("dp-sgd",)
 
 
 def load_curve(metrics_path: str | Path, metric: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(steps, values)`` of ``metric`` from a run's ``metrics.jsonl``."""
+    """``(steps, values)`` of ``metric`` from a run's ``metrics.jsonl``.
+
+    Raises:
+        ValueError: a line is not a JSON object, or a record of ``metric`` has a step that
+            is not an integer or a value that is not a number (the file and line named).
+    """
     steps, values = [], []
-    with open(metrics_path) as f:
-        for line in f:
+    damaged = f"{str(metrics_path)!r} is not a run's metrics.jsonl (line %d %s); rerun that run"
+    with open(metrics_path, encoding="utf-8") as f:
+        try:
+            lines = list(f)
+        except UnicodeDecodeError:
+            raise ValueError(damaged % (0, "is not UTF-8 text")) from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
             rec = json.loads(line)
-            if metric in rec:
-                steps.append(rec["step"])
-                values.append(rec[metric])
-    return np.asarray(steps), np.asarray(values, dtype=float)
+        except (ValueError, RecursionError):
+            rec = None
+        if not isinstance(rec, dict):
+            raise ValueError(damaged % (number, "is not a JSON object"))
+        if metric in rec:
+            step, value = rec.get("step"), rec[metric]
+            if type(step) is not int or type(value) not in (int, float):
+                raise ValueError(damaged % (number, f"has step {step!r:.20} and {metric} {value!r:.20}, "
+                                                    "not an integer and a number"))
+            steps.append(step)
+            values.append(value)
+    return np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=float)
 
 
 def _label(row: dict[str, Any]) -> str:

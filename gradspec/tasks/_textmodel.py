@@ -4,6 +4,7 @@ for unit tests, or any Hugging Face sequence classifier by name, with dropout se
 from __future__ import annotations
 
 import logging
+import pickle
 from typing import Any
 
 import torch
@@ -99,9 +100,16 @@ def load_text_model(
     path = minilm_path() if model == "minilm" else model
     config = AutoConfig.from_pretrained(path, num_labels=num_labels)
     _set_dropout(config, dropout)
-    net, info = AutoModelForSequenceClassification.from_pretrained(
-        path, config=config, attn_implementation="eager", output_loading_info=True
-    )
+    try:  # transformers loads .bin weights with torch.load(weights_only=True): no code runs
+        net, info = AutoModelForSequenceClassification.from_pretrained(
+            path, config=config, attn_implementation="eager", output_loading_info=True
+        )
+    except pickle.UnpicklingError:
+        raise ValueError(
+            f"the weights of model {path!r} hold pickled objects other than tensors, which gradspec "
+            "refuses to load (unpickling them could run code); give a model saved with tensors only "
+            "(safetensors, save_pretrained's default)"
+        ) from None
     missing = sorted(info.get("missing_keys", ()))
     logger.info("initialising %s from seed %d: %s", path, seed, missing)
     std = float(getattr(net.config, "initializer_range", 0.02))
