@@ -4,7 +4,8 @@
 """
 
 from gradspec.linalg._auto import choose_method, parse_memory
-from gradspec.linalg._operator import ArraySink, GradientOperator
+from gradspec.linalg._operator import GradientOperator
+from gradspec.linalg._operator_base import ArraySink
 from gradspec.linalg._result import PcaResult, sign_fix
 from gradspec.linalg._sources import ArraySource, DaskSource, StoreSource, make_source, parse_rows
 from gradspec.linalg.api import pca

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from gradspec.linalg._operator import ArraySink, Sink, scipy_operator
+from gradspec.linalg._operator_base import OperatorBase, Sink
 from gradspec.linalg._sources import ArraySource, ColRanges, RowSelection, make_source
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def connect(scheduler: Any, timeout: str = "10s"):
     )
 
 
-class DaskGradientOperator:
+class DaskGradientOperator(OperatorBase):
     """``GradientOperator``'s interface with every pass a dask graph on a cluster.
 
     Args:
@@ -99,43 +99,34 @@ class DaskGradientOperator:
             )
         return [np.asarray(x) for x in out[:-1]]
 
-    @property
-    def frob2(self) -> float:
-        if self.row_sq_norms is None:
-            self._compute()
-        return float(self.row_sq_norms.sum())  # type: ignore[union-attr]
+    def _norms_pass(self) -> None:
+        self._compute()
 
     def gram(self) -> np.ndarray:
         return self._compute(self.h @ self.h.T)[0]
 
-    def hht(self, q: np.ndarray) -> np.ndarray:
-        return self._compute(self.h @ (self.h.T @ np.asarray(q, dtype=np.float64)))[0]
+    def _hht(self, q: np.ndarray) -> np.ndarray:
+        return self._compute(self.h @ (self.h.T @ q))[0]
 
-    def matmat(self, x: np.ndarray) -> np.ndarray:
+    def _matmat(self, x: np.ndarray) -> np.ndarray:
         import dask.array as da
 
-        x = np.asarray(x, dtype=np.float64)
-        xd = da.from_array(x, chunks=(self.h.chunks[1],) + ((x.shape[1],) if x.ndim == 2 else ()))
+        xd = da.from_array(x, chunks=(self.h.chunks[1], x.shape[1]))
         return self._compute(self.h @ xd)[0]
 
-    def rmatmat(self, y: np.ndarray, sink: Sink | None = None) -> np.ndarray | None:
-        w = self._compute(self.h.T @ np.asarray(y, dtype=np.float64))[0]
+    def _rmatmat(self, y: np.ndarray, sink: Sink | None) -> np.ndarray | None:
+        w = self._compute(self.h.T @ y)[0]
         if sink is None:
             return w
         sink(0, w)
         return None
 
-    def project(
-        self,
-        u: np.ndarray,
-        sigma: np.ndarray,
-        sink: Sink,
-        *,
-        out_dtype: Any = np.float32,
-        verify: bool = True,
-        gram: np.ndarray | None = None,
+    def _project(
+        self, u: np.ndarray, sigma: np.ndarray, sink: Sink, *, out_dtype: Any, verify: bool,
+        gram: np.ndarray | None,
     ) -> dict[str, np.ndarray] | None:
-        """As ``GradientOperator.project`` (``gram`` is not needed: H·V is one more graph)."""
+        """V persisted on the cluster, fetched block by block (``gram`` is not needed: H·V is
+        one more graph)."""
         from distributed import wait
 
         safe = np.where(sigma > 0, sigma, np.inf)
@@ -153,9 +144,6 @@ class DaskGradientOperator:
         hv, vtv, rt = self._compute(self.h @ vs, vs.T @ vs, ((w - vs) ** 2).sum(axis=0))
         return {"hv": hv, "vtv": vtv, "rt2": rt * np.asarray(sigma, dtype=np.float64) ** 2}
 
-    def to_scipy(self):
-        return scipy_operator(self)
-
     def describe(self) -> dict[str, Any]:
         return {
             **self.source.describe(),
@@ -165,4 +153,4 @@ class DaskGradientOperator:
         }
 
 
-__all__ = ["ArraySink", "DaskGradientOperator", "connect"]
+__all__ = ["DaskGradientOperator", "connect"]

@@ -20,195 +20,22 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from gradspec._device import resolve_device
-from gradspec.linalg._kernels import block_edges, sym_finish, sym_update
-from gradspec.linalg._precision import (
-    effective_precision,
-    resolve_precision,
-    to_device,
-    to_numpy,
-)
+from gradspec.linalg._operator_base import ArraySink, OperatorBase, Sink, scipy_operator
+from gradspec.linalg._passes import _Gram, _HHt, _Matmat, _Project, _Rmatmat
+from gradspec.linalg._precision import effective_precision, resolve_precision, to_device, to_numpy
 from gradspec.linalg._sources import ColRanges, RowSelection, make_source
 
 logger = logging.getLogger(__name__)
 
-Sink = Callable[[int, np.ndarray], None]
 
-
-class ArraySink:
-    """Collects streamed rows of a p×k result (V, or Hᵀ·Y) in memory."""
-
-    def __init__(self, p: int, k: int, dtype: Any = np.float32) -> None:
-        self.array = np.zeros((p, k), dtype=dtype)
-        self.dtype = np.dtype(dtype)
-
-    def __call__(self, offset: int, block: np.ndarray) -> None:
-        self.array[offset : offset + block.shape[0]] = block
-
-
-class _Gram:
-    """G = Σ P·Pᵀ over panels in float64, upper block triangle only (see ``_kernels``)."""
-
-    def __init__(self, op: GradientOperator) -> None:
-        r = op.shape[0]
-        self.g = torch.zeros((r, r), dtype=torch.float64, device=op.device)
-        self.edges = block_edges(r, op.device, dtype=op.dtype)
-
-    def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
-        sym_update(self.g, p, self.edges)
-
-    def result(self) -> np.ndarray:
-        return sym_finish(self.g, self.edges)
-
-
-class _HHt:
-    """Z = H·Hᵀ·Q in one pass."""
-
-    def __init__(self, op: GradientOperator, q: np.ndarray) -> None:
-        self.q = torch.as_tensor(q, device=op.device).to(op.dtype)
-        self.z = torch.zeros(q.shape, dtype=torch.float64, device=op.device)
-
-    def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
-        self.z += (p @ (p.T @ self.q)).double()
-
-    def result(self) -> np.ndarray:
-        return to_numpy(self.z)
-
-
-class _Matmat:
-    def __init__(self, op: GradientOperator, x: np.ndarray) -> None:
-        self.x, self.op = x, op
-        self.z = torch.zeros((op.shape[0], x.shape[1]), dtype=torch.float64, device=op.device)
-
-    def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
-        xs = to_device(self.x[off : off + p.shape[1]], self.op.device, self.op.dtype)
-        self.z += (p @ xs).double()
-
-    def result(self) -> np.ndarray:
-        return to_numpy(self.z)
-
-
-class _Rmatmat:
-    def __init__(self, op: GradientOperator, y: np.ndarray, sink: Sink) -> None:
-        self.yt = torch.as_tensor(y.T.copy(), device=op.device).to(op.dtype)
-        self.sink = sink
-
-    def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
-        self.sink(off, to_numpy((self.yt @ p).T.double().contiguous()))
-
-    def result(self) -> None:
-        return None
-
-
-class _Project:
-    """The final pass: V = Hᵀ·U·Σ⁻¹ streamed to ``sink``; with ``verify``, H·V, VᵀV, ‖Hᵀu − σv‖².
-
-    V is formed in the compute precision and rounded to its stored dtype; the
-    checks use the V actually stored, V_s = V + Δ (Δ: the rounding).
-
-    float64 products, given the Gram G of the same H (the exact method has it):
-    H·V_s = G·Y + H·Δ with Y = U·Σ⁻¹: G·Y is an r×r×k product, and H·Δ (Δ is
-    ~1e-7·V) is accurate enough in float32, so no float64 p-long product is needed.
-
-    float32 products (``precision="float32"``, the default for float32 data): V is
-    formed by one float32 GEMM per panel; in the same pass, with the panel still
-    at hand, H·V_s is accumulated (float32 products, float64 sums across panels),
-    VᵀV's off-diagonal likewise, and ‖v_i‖² in float64 from the float32 V (squares
-    of float32 numbers are exact in float64). ‖v_i‖² is returned even without
-    ``verify``: it is the Rayleigh quotient that refines σ (``_result.finalize``).
-    """
-
-    def __init__(
-        self,
-        op: GradientOperator,
-        u: np.ndarray,
-        sigma: np.ndarray,
-        sink: Sink,
-        out_dtype: Any,
-        verify: bool,
-        gram: np.ndarray | None = None,
-    ) -> None:
-        safe = np.where(sigma > 0, sigma, np.inf)
-        y = u / safe
-        dev = op.device
-        # Yᵀ (k×r) contiguous: Yᵀ·P then a transposed view runs faster in MKL than Pᵀ·Y.
-        self.yt = torch.as_tensor(y.T.copy(), device=dev).to(op.dtype)
-        self.v_dtype = torch.float64 if np.dtype(out_dtype) == np.float64 else torch.float32
-        self.sigma = torch.as_tensor(sigma, device=dev, dtype=torch.float64)
-        self.sink, self.verify = sink, verify
-        k = u.shape[1]
-        # The shortcut needs V formed in float64: then Δ is all that differs from HᵀY.
-        self.use_gram = gram is not None and op.dtype == torch.float64
-        self.vtv = torch.zeros((k, k), dtype=torch.float64, device=dev)
-        self.k_edges = block_edges(k, dev, dtype=op.dtype)
-        if self.use_gram:
-            gy = np.asarray(gram, dtype=np.float64) @ y
-            self.hv = torch.as_tensor(gy, device=dev)  # H·V = G·Y; H·Δ is added per panel
-            self.ytgy = y.T @ gy  # VᵀV = YᵀGY; the Δ terms are added per panel
-        else:
-            self.hv = torch.zeros((op.shape[0], k), dtype=torch.float64, device=dev)
-        self.rt2 = torch.zeros(k, dtype=torch.float64, device=dev)
-        # float32 products: ‖v_i‖² exactly (float64 sums of float32 squares), for the refinement.
-        self.f32 = op.dtype == torch.float32
-        self.n2 = torch.zeros(k, dtype=torch.float64, device=dev)
-
-    def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
-        vpt = self.yt @ p  # Vᵀ of this panel (k×w), in the compute dtype
-        # V's rows as stored (rounded to V's dtype): a fresh w×k tensor the sink may keep.
-        vs = torch.empty(vpt.shape[::-1], dtype=self.v_dtype, device=vpt.device).copy_(vpt.T)
-        self.sink(off, to_numpy(vs))
-        if self.f32:
-            self.n2 += torch.linalg.vector_norm(vpt, dim=1, dtype=torch.float64) ** 2
-        if not self.verify:
-            return
-        if self.use_gram:
-            if self.v_dtype == torch.float64:
-                return  # V stored as computed: H·V = G·Y and VᵀV = YᵀGY exactly
-            # Δ = stored − computed, ~1e-7·V: float32 products of Δ are exact to ~1e-14
-            # of H·V and VᵀV (ΔᵀΔ is ~1e-14 of ΔᵀV_s and is left out).
-            dt = (vs.T - vpt).float()  # Δᵀ (k×w)
-            self.rt2 += torch.linalg.vector_norm(dt, dim=1).double() ** 2 * self.sigma**2
-            p32 = raw if raw is not None and raw.dtype == torch.float32 else p.float()
-            self.hv += (p32 @ dt.T).double()
-            self.vtv += (dt @ vs.float()).double()
-            return
-        if self.f32:
-            # Stored V equals the computed one (float32, or float32 widened exactly to float64):
-            # the rounding term of rt2 is zero.
-            if vs.dtype != torch.float32:
-                vs = vpt.T
-            self.hv += (p @ vs).double()
-            sym_update(self.vtv, vpt, self.k_edges)
-            return
-        vs64 = vs.to(torch.float64)
-        self.rt2 += torch.linalg.vector_norm(vs64.T - vpt, dim=1) ** 2 * self.sigma**2
-        if p.dtype == torch.float64:
-            self.hv.addmm_(p, vs64)
-        else:
-            self.hv += (p @ vs.to(p.dtype)).double()
-        sym_update(self.vtv, vs64.T, self.k_edges)
-
-    def result(self) -> dict[str, np.ndarray] | None:
-        n2 = {"n2": to_numpy(self.n2)} if self.f32 else {}
-        if not self.verify:
-            return n2 or None
-        if self.use_gram:
-            c = to_numpy(self.vtv)
-            vtv = self.ytgy + c + c.T
-        else:
-            vtv = sym_finish(self.vtv, self.k_edges)
-            if self.f32:
-                np.fill_diagonal(vtv, n2["n2"])  # the exact squared norms
-        return {"hv": to_numpy(self.hv), "vtv": vtv, "rt2": to_numpy(self.rt2), **n2}
-
-
-class GradientOperator:
+class GradientOperator(OperatorBase):
     """The r×p gradient matrix H, streamed from a block source.
 
     Args:
@@ -284,14 +111,6 @@ class GradientOperator:
                 )
         return prefetch, bc
 
-    @property
-    def r(self) -> int:
-        return self.shape[0]
-
-    @property
-    def p(self) -> int:
-        return self.shape[1]
-
     # ------------------------------------------------------------------ the pass
     def fused(self, consumers: Sequence[Any]) -> list[Any]:
         """One pass over H feeding every panel to each consumer; returns their results.
@@ -345,68 +164,30 @@ class GradientOperator:
                 )
         return [c.result() for c in consumers]
 
-    @property
-    def frob2(self) -> float:
-        """‖H‖_F² (after a pass)."""
-        if self.row_sq_norms is None:
-            self.fused([])
-        return float(self.row_sq_norms.sum())  # type: ignore[union-attr]
-
     # ------------------------------------------------------------------ products
+    def _norms_pass(self) -> None:
+        self.fused([])
+
     def gram(self) -> np.ndarray:
         """H·Hᵀ (r×r, float64) in one pass."""
         return self.fused([_Gram(self)])[0]
 
-    def hht(self, q: np.ndarray) -> np.ndarray:
-        """H·Hᵀ·Q (r×b, float64) in one pass."""
-        return self.fused([_HHt(self, np.asarray(q, dtype=np.float64))])[0]
+    def _hht(self, q: np.ndarray) -> np.ndarray:
+        return self.fused([_HHt(self, q)])[0]
 
-    def matmat(self, x: np.ndarray) -> np.ndarray:
-        """H·X for X of shape (p, b) (or (p,)), float64."""
-        x = np.asarray(x, dtype=np.float64)
-        vec = x.ndim == 1
-        x2 = x[:, None] if vec else x
-        if x2.shape[0] != self.p:
-            raise ValueError(f"matmat needs X with {self.p} rows, got shape {x.shape}")
-        z = self.fused([_Matmat(self, x2)])[0]
-        return z[:, 0] if vec else z
+    def _matmat(self, x: np.ndarray) -> np.ndarray:
+        return self.fused([_Matmat(self, x)])[0]
 
-    def rmatmat(self, y: np.ndarray, sink: Sink | None = None) -> np.ndarray | None:
-        """Hᵀ·Y for Y of shape (r, b); streamed to ``sink(offset, rows)`` if given, else returned."""
-        y = np.asarray(y, dtype=np.float64)
-        vec = y.ndim == 1
-        y2 = y[:, None] if vec else y
-        if y2.shape[0] != self.r:
-            raise ValueError(f"rmatmat needs Y with {self.r} rows, got shape {y.shape}")
-        out = None
-        if sink is None:
-            out = ArraySink(self.p, y2.shape[1], np.float64)
-            sink = out
-        self.fused([_Rmatmat(self, y2, sink)])
-        if out is None:
-            return None
-        return out.array[:, 0] if vec else out.array
+    def _rmatmat(self, y: np.ndarray, sink: Sink | None) -> np.ndarray | None:
+        out = ArraySink(self.p, y.shape[1], np.float64) if sink is None else None
+        self.fused([_Rmatmat(self, y, sink if out is None else out)])
+        return None if out is None else out.array
 
-    def project(
-        self,
-        u: np.ndarray,
-        sigma: np.ndarray,
-        sink: Sink,
-        *,
-        out_dtype: Any = np.float32,
-        verify: bool = True,
-        gram: np.ndarray | None = None,
+    def _project(
+        self, u: np.ndarray, sigma: np.ndarray, sink: Sink, *, out_dtype: Any, verify: bool,
+        gram: np.ndarray | None,
     ) -> dict[str, np.ndarray] | None:
-        """Stream V = Hᵀ·U·Σ⁻¹ to ``sink``; with ``verify`` also return H·V, VᵀV and ‖Hᵀu−σv‖².
-
-        ``gram``: H·Hᵀ from an earlier pass, which saves a float64 product (see ``_Project``).
-        """
-        sigma = np.asarray(sigma, dtype=np.float64)
         return self.fused([_Project(self, u, sigma, sink, out_dtype, verify, gram)])[0]
-
-    def to_scipy(self):
-        """A ``scipy.sparse.linalg.LinearOperator`` (float64); each product is one pass."""
-        return scipy_operator(self)
 
     def describe(self) -> dict[str, Any]:
         return {**self.source.describe(), "shape": list(self.shape), "center": self.center}
@@ -415,15 +196,4 @@ class GradientOperator:
         return f"GradientOperator(shape={self.shape}, device={self.device}, precision={self.precision})"
 
 
-def scipy_operator(op: Any):
-    """Wrap anything with ``shape``, ``matmat`` and ``rmatmat`` as a scipy LinearOperator."""
-    from scipy.sparse.linalg import LinearOperator
-
-    return LinearOperator(
-        op.shape,
-        dtype=np.float64,
-        matvec=op.matmat,
-        rmatvec=op.rmatmat,
-        matmat=op.matmat,
-        rmatmat=op.rmatmat,
-    )
+__all__ = ["ArraySink", "GradientOperator", "Sink", "scipy_operator"]

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from gradspec.linalg._operator_base import ArraySink
+
 logger = logging.getLogger(__name__)
 
 
@@ -153,8 +155,6 @@ def finalize(
 ) -> PcaResult:
     """Sign-fix U, stream V = Hᵀ·U·Σ⁻¹ to ``sink`` (kept in memory if None), build the report."""
     import time
-
-    from gradspec.linalg._operator import ArraySink
 
     r = op.shape[0]
     sigma = np.asarray(sigma, dtype=np.float64)

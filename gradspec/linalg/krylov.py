@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from gradspec.linalg._result import PcaResult, finalize, sort_desc
+from gradspec.linalg._result import PcaResult, finalize
+from gradspec.linalg._ritz import random_start, rayleigh_ritz
 from gradspec.linalg.orthogonal import block_size
 
 logger = logging.getLogger(__name__)
@@ -118,9 +119,7 @@ def krylov_pca(
     b = block_size(k, oversample, r, p)
     t0 = time.perf_counter()
     if state is None:
-        rng = np.random.default_rng(seed)
-        q0, _ = np.linalg.qr(rng.standard_normal((r, b)))
-        state = KrylovState(0, [q0], [])
+        state = KrylovState(0, [random_start(r, b, seed)], [])
     basis, products, history = state.basis, state.products, state.history
     done = state.done
     for j in range(len(products), iters + 1):
@@ -143,16 +142,11 @@ def krylov_pca(
             on_iteration(KrylovState(j + 1, basis, products, done, history))
     kb = np.concatenate(basis[: len(products)], axis=1)
     akb = np.concatenate(products, axis=1)
-    m = kb.T @ akb
-    theta, w = sort_desc(*np.linalg.eigh((m + m.T) / 2))
-    kk = min(k, theta.size)
-    if kk < k:
+    if kb.shape[1] < k:
         raise ValueError(
-            f"the Krylov space has only {kk} directions for k={k}; lower --k or use --method gram"
+            f"the Krylov space has only {kb.shape[1]} directions for k={k}; lower --k or use --method gram"
         )
-    u = kb @ w[:, :k]
-    safe = np.where(theta[:k] > 0, theta[:k], 1.0)
-    resid = np.linalg.norm(akb @ w[:, :k] - u * theta[:k], axis=0) / safe
+    theta, _, u, _, resid = rayleigh_ritz(kb, akb, k)
     logger.info(
         "krylov: %d passes, basis %d, max Ritz residual %.2e",
         len(products),

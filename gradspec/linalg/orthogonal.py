@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from gradspec.linalg._result import PcaResult, finalize, sort_desc
+from gradspec.linalg._result import PcaResult, finalize
+from gradspec.linalg._ritz import random_start, rayleigh_ritz
 
 logger = logging.getLogger(__name__)
 
@@ -94,18 +95,12 @@ def orthogonal_iteration(
     r, p = op.shape
     b = block_size(k, oversample, r, p)
     if state is None:
-        rng = np.random.default_rng(seed)
-        q, _ = np.linalg.qr(rng.standard_normal((r, b)))
-        state = OrthogonalState(iteration=0, q=q)
+        state = OrthogonalState(iteration=0, q=random_start(r, b, seed))
     while state.iteration < iters and not state.converged:
         t0 = time.perf_counter()
         q = state.q
         z = op.hht(q)
-        m = q.T @ z
-        theta, w = sort_desc(*np.linalg.eigh((m + m.T) / 2))
-        u, zw = q @ w, z @ w
-        safe = np.where(theta > 0, theta, 1.0)
-        resid = np.linalg.norm(zw - u * theta, axis=0) / safe
+        theta, _, u, zw, resid = rayleigh_ritz(q, z)
         prev = state.theta
         change = (
             float(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gradspec.linalg import ArraySink, GradientOperator, parse_rows
-from gradspec.linalg._operator import _Gram, _HHt, _Matmat
+from gradspec.linalg._passes import _Gram, _HHt, _Matmat
 
 
 @pytest.fixture
