@@ -9,6 +9,7 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from analyses.kairouz2021_noisy_adagrad import report
 from analyses.kairouz2021_noisy_adagrad import run as exp
 
 
@@ -40,13 +41,13 @@ def test_claims_are_judged_from_the_table():
     table = {m: {str(d): entry(0.001) for d in scale.dims} for m in exp.METHODS}
     table["dp-gd"][str(scale.dims[-1])] = entry(0.1)
     table["rpdp-gd"] = {str(d): entry(0.18) for d in scale.dims}
-    rows = {r["claim"]: r["reproduced"] for r in exp.claims(table, scale, [0, 1, 2])}
+    rows = {r["claim"]: r["reproduced"] for r in report.claims(table, scale, [0, 1, 2])}
     assert rows["ambient DP-GD's excess risk grows with d on a constrained problem"] == "yes"
     assert rows["noisy full-matrix AdaGrad, public subspace: excess risk independent of d"] == "yes"
     table["noisy-adagrad"][str(scale.dims[-1])] = entry(0.09)
-    rows = {r["claim"]: r["reproduced"] for r in exp.claims(table, scale, [0, 1, 2])}
+    rows = {r["claim"]: r["reproduced"] for r in report.claims(table, scale, [0, 1, 2])}
     assert rows["noisy full-matrix AdaGrad, public subspace: excess risk independent of d"] == "no"
-    gain = next(r for r in exp.claims(table, scale, [0, 1, 2]) if r["claim"].startswith("noisy AdaGrad (subspace) vs"))
+    gain = next(r for r in report.claims(table, scale, [0, 1, 2]) if r["claim"].startswith("noisy AdaGrad (subspace) vs"))
     assert "noisy AdaGrad worse" in gain["ours"] and gain["reproduced"].startswith("n/a")
 
 
