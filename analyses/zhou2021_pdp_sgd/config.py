@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 PAPER = "Zhou, Wu & Banerjee (2021), Bypassing the Ambient Dimension: Private SGD with Gradient Subspace Identification, ICLR"
 SIGMAS = (18.0, 14.0, 10.0, 8.0, 6.0, 4.0)
@@ -21,6 +22,10 @@ SWEEP_SIGMA = 18.0
 #: less 0.01, too small for our 50 steps), the lr of each then picked by final *train* accuracy
 #: (the paper's criterion, Appendix D), never by the test accuracy reported.
 LR_GRID = (0.05, 0.1, 0.2)
+#: PDP-SGD's rank k and public sample m (Table 3 settings), RPDP-SGD's rank
+K_PDP, K_RPDP, M_PUBLIC = 50, 800, 100
+#: examples in scikit-learn's digits: eval, public pool and private training split share them
+DIGITS_EXAMPLES = 1797
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +60,7 @@ SCALES = {
 
 
 def n_train(scale: Scale) -> int:
-    return 1797 - scale.n_eval - scale.n_public
+    return DIGITS_EXAMPLES - scale.n_eval - scale.n_public
 
 
 def total_steps(scale: Scale) -> int:
@@ -67,3 +72,6 @@ def start_epoch(sigma: float, scale: Scale) -> float:
     return (START_EPOCH.get(sigma, 1) - 1) / PAPER_EPOCHS * scale.epochs
 
 
+def n_train_from(spec: dict[str, Any]) -> int:
+    """The private training examples of one run's spec (as :func:`n_train` of its scale)."""
+    return DIGITS_EXAMPLES - spec["n_eval"] - spec["n_public_pool"]

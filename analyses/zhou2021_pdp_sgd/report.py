@@ -1,5 +1,5 @@
-"""The PDP-SGD reproduction's report: subspace-diagnostic summaries, the table with the
-paper's numbers beside ours, and the figures (`run.py` runs the grid and calls these)."""
+"""The PDP-SGD reproduction's report: the claims table with the paper's numbers beside ours,
+and the figures (`aggregate.py` computes what they show)."""
 
 from __future__ import annotations
 
@@ -7,30 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from analyses._common import claims_markdown
 from analyses.zhou2021_pdp_sgd.config import SWEEP_SIGMA, Scale, n_train
-
-DIAG_KEYS = ("sin_max_public", "sin_max_random", "mean_cos2_public", "mean_cos2_random",
-             "energy_public", "energy_private_topk", "energy_random", "mean_grad_kept_public",
-             "mean_grad_kept_private_topk", "mean_grad_kept_random", "eigengap_private_relative",
-             "eigengap_public_relative", "deviation", "eigengap_private", "davis_kahan_bound")
-
-
-def summarize_diagnostics(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
-    """Per diagnosed step: mean and std over seeds of each diagnostic."""
-    if not runs:
-        return {}
-    steps = sorted(set.intersection(*[{r["step"] for r in run} for run in runs]))
-    per_step = []
-    for step in steps:
-        recs = [next(r for r in run if r["step"] == step) for run in runs]
-        angles = np.degrees(np.mean([r["angles_public"] for r in recs], axis=0))
-        per_step.append({"step": step, **{k: _stats([r[k] for r in recs if r.get(k) is not None])
-                                          for k in DIAG_KEYS},
-                         "angles_public_deg_mean": [float(a) for a in angles]})
-    return {"k": runs[0][0]["k"], "public_size": runs[0][0]["public_size"],
-            "private_size": runs[0][0]["private_size"], "seeds": len(runs), "per_step": per_step}
 
 
 # ---------------------------------------------------------------------------- table
@@ -141,10 +119,7 @@ def table(agg: dict[str, Any], scale: Scale, seeds: list[int]) -> list[dict[str,
 
 
 def markdown(rows: list[dict[str, str]]) -> str:
-    lines = ["| claim | paper | ours (mean ± s.e. of seed-paired difference; accuracies mean ± std, %) | reproduced? |",
-             "|---|---|---|---|"]
-    lines += [f"| {r['claim']} | {r['paper']} | {r['ours']} | {r['reproduced']} |" for r in rows]
-    return "\n".join(lines)
+    return claims_markdown(rows, ours="ours (mean ± s.e. of seed-paired difference; accuracies mean ± std, %)")
 
 
 # ---------------------------------------------------------------------------- figures
@@ -219,11 +194,3 @@ def figures(rows: list[dict[str, Any]], agg: dict[str, Any], out: Path) -> list[
         plt.close(fig)
         written.append("subspace_diagnostics.png")
     return written
-
-
-# ---------------------------------------------------------------------------- aggregation
-def _stats(values: list[float]) -> dict[str, float]:
-    a = np.asarray(values, dtype=np.float64)
-    return {"mean": float(a.mean()), "std": float(a.std(ddof=1)) if len(a) > 1 else 0.0, "n": int(len(a))}
-
-

@@ -27,7 +27,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import os
 import platform
 import sys
@@ -37,24 +36,29 @@ from typing import Any
 
 import numpy as np
 
-from analyses.zhou2021_pdp_sgd.config import (  # noqa: F401 - run.py's settings, also read by the tests
+from analyses._common import installed_version, json_safe, log_to_stderr
+from analyses.zhou2021_pdp_sgd.aggregate import aggregate
+from analyses.zhou2021_pdp_sgd.config import (
+    K_PDP,
+    K_RPDP,
     LR_DP,
     LR_PDP,
+    M_PUBLIC,
     PAPER,
-    PAPER_EPS,
     SCALES,
     START_EPOCH,
     SWEEP_SIGMA,
     Scale,
     n_train,
+    n_train_from,
     start_epoch,
     total_steps,
 )
-from analyses.zhou2021_pdp_sgd.report import _stats, figures, markdown, summarize_diagnostics, table
+from analyses.zhou2021_pdp_sgd.report import figures, markdown, table
 
 logger = logging.getLogger("analyses.zhou2021_pdp_sgd")
 
-K_PDP, K_RPDP, M_PUBLIC = 50, 800, 100
+
 # ---------------------------------------------------------------------------- the runs
 def plan(scale: Scale, seeds: list[int]) -> list[dict[str, Any]]:
     """Every run, as a JSON-able spec (its ``name`` is its directory)."""
@@ -108,10 +112,6 @@ def _config(spec: dict[str, Any]):
         lr=spec["lr"], momentum=0.0, microbatch=None, eval_every=steps_per_epoch,
         log_every=10**6, checkpoint_every=10**6, seed=spec["seed"], device="cpu",
     )
-
-
-def n_train_from(spec: dict[str, Any]) -> int:
-    return 1797 - spec["n_eval"] - spec["n_public_pool"]
 
 
 def _hooks(spec: dict[str, Any], diag_every: int):
@@ -179,113 +179,6 @@ def untrained(seeds: list[int], scale: Scale) -> list[float]:
     return accs
 
 
-def _group(rows: list[dict[str, Any]], **match: Any) -> list[dict[str, Any]]:
-    return sorted([r for r in rows if all(r.get(k) == v for k, v in match.items())], key=lambda r: r["seed"])
-
-
-def paired(a: list[dict[str, Any]], b: list[dict[str, Any]], metric: str) -> dict[str, Any]:
-    """Seed-paired difference a - b (same split, init and noise seed) with its standard error.
-
-    se = sqrt(std_diff^2 / n + (mean eval se_a^2 + mean eval se_b^2) / n): the spread over
-    seeds plus the binomial error of the 400-example evaluation set (conservative: it
-    ignores that both runs are scored on the same examples). A difference counts when
-    |mean| > 2 se.
-    """
-    by_seed = {r["seed"]: r for r in b}
-    pairs = [(r, by_seed[r["seed"]]) for r in a if r["seed"] in by_seed]
-    diffs = [x[metric] - y[metric] for x, y in pairs]
-    n = len(diffs)
-    st = _stats(diffs)
-    binom = 0.0
-    if metric == "eval_accuracy":
-        binom = float(np.mean([x["eval_accuracy_se"] ** 2 + y["eval_accuracy_se"] ** 2 for x, y in pairs]))
-    se = math.sqrt(st["std"] ** 2 / n + binom / n) if n else float("nan")
-    verdict = "higher" if st["mean"] > 2 * se else ("lower" if st["mean"] < -2 * se else "no difference")
-    return {**st, "se": se, "verdict": verdict, "per_seed": diffs}
-
-
-def select_lr(rows: list[dict[str, Any]], method: str, sigma: float) -> dict[str, Any] | None:
-    """The step size of ``method`` at ``sigma`` with the best mean final *train* accuracy over
-    seeds (the paper's criterion), among every finished main/lr/control run of it."""
-    groups: dict[float, list[dict[str, Any]]] = {}
-    for r in rows:
-        if r["method"] == method and r["sigma"] == sigma and r["group"] in ("main", "lr", "control"):
-            groups.setdefault(r["lr"], []).append(r)
-    if not groups:
-        return None
-    n = max(len(g) for g in groups.values())
-    groups = {lr: sorted(g, key=lambda r: r["seed"]) for lr, g in groups.items() if len(g) == n}
-    train = {lr: float(np.mean([r["train_accuracy"] for r in g])) for lr, g in groups.items()}
-    best = max(train, key=train.get)
-    return {"lr": best, "candidates": {f"{lr:g}": train[lr] for lr in sorted(train)},
-            "eval_accuracy": _stats([r["eval_accuracy"] for r in groups[best]]), "rows": groups[best]}
-
-
-def aggregate(rows: list[dict[str, Any]], scale: Scale, seeds: list[int], untrained_acc: list[float]) -> dict[str, Any]:
-    grid = []
-    for sigma in scale.sigmas:
-        entry: dict[str, Any] = {"sigma": sigma, "paper_epsilon": PAPER_EPS[sigma]}
-        groups = {m: _group(rows, group="main", method=m, sigma=sigma) for m in ("dp-sgd", "pdp-sgd", "rpdp-sgd")}
-        entry["epsilon"] = float(np.mean([r["epsilon"] for r in groups["dp-sgd"]]))
-        for m, g in groups.items():
-            entry[m] = {metric: _stats([r[metric] for r in g]) for metric in ("train_accuracy", "eval_accuracy")}
-            entry[m]["eval_se"] = float(np.mean([r["eval_accuracy_se"] for r in g]))
-        for m in ("pdp-sgd", "rpdp-sgd"):
-            entry[f"{m} - dp-sgd"] = {metric: paired(groups[m], groups["dp-sgd"], metric)
-                                      for metric in ("train_accuracy", "eval_accuracy")}
-        tuned = {m: select_lr(rows, m, sigma) for m in ("dp-sgd", "pdp-sgd")}
-        if all(t is not None for t in tuned.values()) and any(len(t["candidates"]) > 1 for t in tuned.values()):
-            entry["lr_selected"] = {m: {k: v for k, v in t.items() if k != "rows"} for m, t in tuned.items()}
-            entry["lr_selected"]["pdp-sgd - dp-sgd"] = paired(tuned["pdp-sgd"]["rows"], tuned["dp-sgd"]["rows"],
-                                                              "eval_accuracy")
-        grid.append(entry)
-
-    def sweep(group: str, key: str, values: tuple[int, ...], main_value: int) -> list[dict[str, Any]]:
-        out = []
-        main = {"k": K_PDP, "m": M_PUBLIC, "s": 1}
-        for v in sorted({*values, main_value}):
-            if v == main_value:
-                g = _group(rows, group="main", method="pdp-sgd", sigma=SWEEP_SIGMA)
-            else:
-                g = _group(rows, group=group, method="pdp-sgd", **{key: v})
-            if not g:
-                continue
-            out.append({key: v, **{k2: v2 for k2, v2 in main.items() if k2 != key},
-                        "eval_accuracy": _stats([r["eval_accuracy"] for r in g]),
-                        "train_accuracy": _stats([r["train_accuracy"] for r in g])})
-        return out
-
-    dp18 = _group(rows, group="main", method="dp-sgd", sigma=SWEEP_SIGMA)
-    pdp18 = _group(rows, group="main", method="pdp-sgd", sigma=SWEEP_SIGMA)
-    lr_ctrl = _group(rows, group="control", method="dp-sgd")
-    nonpriv = _group(rows, group="control", method="sgd")
-    controls = {
-        "non_private_sgd": {m: _stats([r[m] for r in nonpriv]) for m in ("train_accuracy", "eval_accuracy")},
-        "dp_sgd_at_pdp_lr_sigma18": {m: _stats([r[m] for r in lr_ctrl]) for m in ("train_accuracy", "eval_accuracy")},
-        "pdp - dp_sgd_at_pdp_lr_sigma18": paired(pdp18, lr_ctrl, "eval_accuracy"),
-        "untrained_eval_accuracy": _stats(untrained_acc),
-    }
-    diag = [r["diagnostics"] for r in pdp18 if r.get("diagnostics")]
-    diagnostics = summarize_diagnostics(diag)
-    return {"grid": grid, "sweep_k": sweep("sweep_k", "k", scale.ks, K_PDP),
-            "sweep_m": sweep("sweep_m", "m", scale.ms, M_PUBLIC), "sweep_s": sweep("sweep_s", "s", scale.ss, 1),
-            "dp_sgd_sigma18": {m: _stats([r[m] for r in dp18]) for m in ("train_accuracy", "eval_accuracy")},
-            "controls": controls, "diagnostics": diagnostics}
-
-
-def _clean(obj: Any) -> Any:
-    """JSON-able, with non-finite floats (a non-private run's epsilon) as null."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
-
-
 # ---------------------------------------------------------------------------- entry point
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -301,8 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     scale = SCALES["quick" if args.quick else "paper" if args.paper_scale else "full"]
     out = Path(args.out or os.path.join("runs", "analyses", "zhou2021_pdp_sgd", scale.name))
     out.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    logging.getLogger("gradspec").setLevel(logging.WARNING)
+    log_to_stderr()
     logging.getLogger("analyses.zhou2021_pdp_sgd.diagnostics").setLevel(logging.INFO)
     import torch
 
@@ -329,12 +221,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     table_rows = table(agg, scale, seeds)
     md = markdown(table_rows)
     written = figures(rows, agg, out)
-    from importlib import metadata
-
-    try:
-        gradspec_version = metadata.version("gradspec")
-    except metadata.PackageNotFoundError:
-        gradspec_version = "?"
     results = {
         "paper": PAPER, "scale": dataclasses.asdict(scale), "seeds": seeds, "n_train": n_train(scale),
         "steps": total_steps(scale),
@@ -346,12 +232,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "aggregate": agg, "table": table_rows, "runs": [{k: v for k, v in r.items()} for r in rows],
         "figures": written, "wall_s": time.perf_counter() - t0,
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-                     "gradspec": gradspec_version},
+                     "gradspec": installed_version("gradspec") or "?"},
         "machine": f"{platform.machine()}, {os.cpu_count()} cores shared, torch threads {args.threads}",
         "command": "python -m analyses.zhou2021_pdp_sgd.run " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     }
-    (out / "results.json").write_text(json.dumps(_clean(results), indent=1, default=str, allow_nan=False))
+    (out / "results.json").write_text(json.dumps(json_safe(results), indent=1, default=str, allow_nan=False))
     (out / "table.md").write_text(md + "\n")
     print(md)
     return results

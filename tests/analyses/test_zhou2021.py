@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from analyses.zhou2021_pdp_sgd import aggregate
 from analyses.zhou2021_pdp_sgd import run as zhou
 from analyses.zhou2021_pdp_sgd.diagnostics import DiagnosedPDPSGD
 from gradspec.optim import PDPSGD, PublicProjector, retrain
@@ -54,12 +55,12 @@ def _row(seed: int, acc: float) -> dict:
 def test_paired_difference_standard_error_and_verdict() -> None:
     a = [_row(s, v) for s, v in enumerate((0.70, 0.72, 0.74))]
     b = [_row(s, v) for s, v in enumerate((0.50, 0.51, 0.55))]
-    d = zhou.paired(a, b, "eval_accuracy")
+    d = aggregate.paired(a, b, "eval_accuracy")
     assert d["per_seed"] == pytest.approx([0.20, 0.21, 0.19])
     assert d["mean"] == pytest.approx(0.20)
     assert d["se"] == pytest.approx(math.sqrt(0.01**2 / 3 + 2 * 0.02**2 / 3))
     assert d["verdict"] == "higher"
-    close = zhou.paired(a, [_row(s, v - 0.01) for s, v in enumerate((0.70, 0.72, 0.74))], "eval_accuracy")
+    close = aggregate.paired(a, [_row(s, v - 0.01) for s, v in enumerate((0.70, 0.72, 0.74))], "eval_accuracy")
     assert close["verdict"] == "no difference"
 
 
