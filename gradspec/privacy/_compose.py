@@ -9,9 +9,12 @@ events and calls it.
 Three methods (`gradspec._enums.Accounting`), all for the add/remove-one
 neighbouring relation:
 
-- ``pld``: privacy loss distributions (`dp_accounting.pld.PLDAccountant`,
-  Koskela et al. 2020; Doroshenko et al. 2022), the tightest; it reads
-  epsilon(delta) off the composed distribution, so there is no conversion.
+- ``pld``: privacy loss distributions (Koskela et al. 2020; Doroshenko et al. 2022),
+  the tightest; it reads epsilon(delta) off the composed distribution, so there is no
+  conversion. dp-accounting discretises each kind of step; the composition is
+  `gradspec.privacy._pld`'s port of dp-accounting's (the single step cached, sizes checked
+  before anything is allocated: a run too long for `MAX_PLD_POINTS` is refused, naming the
+  steps that fit and ``rdp``).
 - ``rdp``: Renyi DP (Mironov 2017) on `RDP_ORDERS`, converted with
   dp-accounting's improved bound (`dp_accounting.rdp.compute_epsilon`)
   eps = min_a RDP(a) + log(1 - 1/a) - log(delta * a)/(a - 1)
@@ -128,16 +131,15 @@ def _epsilon(method: Accounting, events: tuple[_Event, ...], delta: float) -> fl
         else:
             gaussian_weight += e.count / e.noise_multiplier**2
     if method == Accounting.PLD:
-        parts: list[Any] = [
-            dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), count)
-            for q, sigma, count in poisson
-        ]
-        if gaussian_weight > 0:
-            parts.append(dpa.GaussianDpEvent(gaussian_weight**-0.5))
         if not poisson:
             return float(dpa.get_epsilon_gaussian(gaussian_weight**-0.5, delta))
-        accountant = dpa.pld.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
-        eps = float(accountant.compose(dpa.ComposedDpEvent(parts)).get_epsilon(delta))
+        from gradspec.privacy._pld import pld_epsilon
+
+        groups: dict[tuple[float, float], int] = {}  # composition commutes: one count per mechanism
+        for q, sigma, count in poisson:
+            groups[q, sigma] = groups.get((q, sigma), 0) + count
+        eps = pld_epsilon([(q, sigma, count) for (q, sigma), count in groups.items()],
+                          gaussian_weight**-0.5 if gaussian_weight > 0 else None, delta)
         if math.isfinite(eps):
             return eps
         # The discretised PLD truncates its tail, so at a tiny delta (<= ~1e-15) it can only

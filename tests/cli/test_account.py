@@ -168,6 +168,10 @@ def test_target_epsilon_prints_a_noise_multiplier_that_meets_it():
             ["--epsilon", "-1", "--q", "0.01", "--steps", "10", "--delta", "1e-5"],
             "target_epsilon must be finite and > 0",
         ),
+        (  # PLD: refused before allocating (was: 2.21 TiB allocation, a traceback; 10^9: OOM-killed)
+            ["--noise-multiplier", "1", "--q", "0.01", "--steps", "1000000000000", "--delta", "1e-5"],
+            "use method 'rdp' (--method rdp), which answers any number of steps",
+        ),
     ],
     ids=[
         "neither",
@@ -181,6 +185,7 @@ def test_target_epsilon_prints_a_noise_multiplier_that_meets_it():
         "steps",
         "delta",
         "target",
+        "pld-steps-huge",
     ],
 )
 def test_bad_input_is_one_error_line(args, message):
