@@ -7,16 +7,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from analyses._common import claims_markdown, seed_stats
 
 
-def _summary(values: list[float], attempted: int) -> dict[str, float]:
-    arr = np.asarray(values, dtype=float)
-    n = len(arr)
-    return {"mean": float(arr.mean()) if n else float("nan"),
-            "std": float(arr.std(ddof=1)) if n > 1 else float("nan"),
-            "se": float(arr.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
-            "n": n, "diverged": attempted - n}
+def score_summary(values: list[float], attempted: int) -> dict[str, float]:
+    """Mean ± std (s.e.) over the seeds that finished, and how many of ``attempted`` diverged."""
+    return {**seed_stats(values), "diverged": attempted - len(values)}
 
 
 # ------------------------------------------------------------------ table and figures
@@ -85,9 +81,7 @@ def claims_table(results: dict[str, Any], seeds: list[int], quick: bool) -> list
 
 
 def markdown_table(rows: list[dict[str, str]]) -> str:
-    lines = ["| claim | paper | ours (mean ± std over seeds) | reproduced? |", "|---|---|---|---|"]
-    lines += [f"| {r['claim']} | {r['paper']} | {r['ours']} | {r['reproduced']} |" for r in rows]
-    return "\n".join(lines)
+    return claims_markdown(rows, ours="ours (mean ± std over seeds)")
 
 
 def method_table(results: dict[str, Any]) -> str:
@@ -128,5 +122,4 @@ def figures(results: dict[str, Any], out: Path) -> list[str]:
         paths += [str(p) for p in save_figure(fig, out, name, formats=("png",), dpi=110)]
         plt.close(fig)
     return paths
-
 

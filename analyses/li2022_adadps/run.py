@@ -36,139 +36,26 @@ import json
 import logging
 import math
 import platform
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from analyses._common import log_to_stderr
+from analyses.li2022_adadps.experiments import Experiment, Method, experiments, lr_kind
 from analyses.li2022_adadps.report import (
-    _summary,
     claims_table,
     figures,
     markdown_table,
     method_table,
+    score_summary,
 )
 
 logger = logging.getLogger("li2022_adadps")
 
 DEFAULT_OUT = Path("runs/analyses/li2022_adadps")
 TUNE_SEED = 1000
-#: the learning-rate grid of the paper's Appendix B (non-private runs; private runs tune C jointly)
-PAPER_LR_GRID = [0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
-
-
-@dataclass(frozen=True)
-class Method:
-    """One optimizer of a comparison."""
-
-    label: str
-    algorithm: str  # gradspec.optim algorithm name
-    optimizer: str = "sgd"  # outer optimizer
-    private: bool = True
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Experiment:
-    name: str
-    task: str
-    task_options: dict[str, Any]
-    steps: int
-    batch_size: int
-    delta: float
-    metric: str  # what selects and what is reported
-    maximize: bool
-    methods: list[Method]
-    lr_grid: dict[str, list[float]]  # by outer optimizer kind: "sgd", "adam", "adadps"
-    clip_grid: list[float]
-    noise_multiplier: float | None = None
-    target_epsilon: float | None = None
-    select_on_validation: bool = True
-    eval_every: int = 0
-    claim: str = ""
-    paper: dict[str, Any] = field(default_factory=dict)
-
-
-def _experiments(quick: bool) -> list[Experiment]:
-    from gradspec.tasks import make_task, sparse_side_information
-
-    sparse_opts = {"n": 1000, "d": 500, "n_public": 10, "n_eval": 1000}
-    side = sparse_side_information(make_task("sparselinear", seed=0, **sparse_opts))
-    lr_sgd = [0.01, 0.05, 0.2, 1.0] if not quick else [0.05, 0.2]
-    lr_adam = [0.0005, 0.002, 0.01, 0.05] if not quick else [0.002, 0.01]
-    sparse = Experiment(
-        name="sparse", task="sparselinear", task_options=sparse_opts,
-        steps=2250 if not quick else 300, batch_size=8, delta=1e-3, noise_multiplier=0.7,
-        metric="train_loss", maximize=False, select_on_validation=False, eval_every=75 if not quick else 50,
-        methods=[
-            Method("SGD", "dp-sgd", private=False),
-            Method("Adam", "dp-sgd", "adam", private=False),
-            Method("AdaS (side info A=1/0.01)", "adadps", private=False,
-                   options={"rule": "fixed", "side_information": side}),
-            Method("DP-SGD", "dp-sgd"),
-            Method("DP-Adam", "dp-adam"),
-            Method("AdaDPS (side info A=1/0.01)", "adadps", options={"rule": "fixed", "side_information": side}),
-            Method("AdaDPS (public feature freq.)", "adadps",
-                   options={"rule": "fixed", "side_information": "frequency", "public_size": 10}),
-        ],
-        lr_grid={k: PAPER_LR_GRID if not quick else [0.005, 0.05] for k in ("sgd", "adam", "adadps")},
-        clip_grid=[0.5, 2.0] if not quick else [0.5],
-        claim="Fig. 3: with side information, AdaDPS (and AdaS) reach a much lower training loss than DP-SGD/DP-Adam (SGD/Adam)",
-        paper={"epsilon": 4.13, "delta": 1e-3, "numbers": "figure only (no values given)"},
-    )
-    digits = Experiment(
-        name="digits", task="cnn",
-        task_options={"dataset": "digits", "n_public": 15},
-        steps=240 if not quick else 20, batch_size=64, delta=0.0, target_epsilon=1.25,
-        metric="eval_accuracy", maximize=True,
-        methods=[
-            Method("SGD", "dp-sgd", private=False),
-            Method("Adam", "dp-sgd", "adam", private=False),
-            Method("DP-SGD", "dp-sgd"),
-            Method("DP-Adam", "dp-adam"),
-            Method("AdaDPS (RMSProp, 1% public)", "adadps", options={"rule": "rmsprop", "public_size": 15}),
-        ],
-        lr_grid={"sgd": lr_sgd, "adam": lr_adam, "adadps": lr_sgd},
-        clip_grid=[0.5, 2.0] if not quick else [1.0],
-        claim="Table 6 (MNIST classification, eps=1.25): AdaDPS > DP-Adam > DP-SGD",
-        paper={"epsilon": 1.25, "DP-SGD": 0.9273, "DP-Adam": 0.9333, "DP-RMSProp": 0.9314,
-               "AdaDPS (RMSProp)": 0.9377, "AdaDPS (Adam)": 0.9541},
-    )
-    bow_opts = ({"n": 5000, "n_eval": 2000, "n_public": 50, "vocab": 2000} if not quick
-                else {"n": 1000, "n_eval": 500, "n_public": 10, "vocab": 500})
-    freq = {"rule": "fixed", "side_information": "frequency", "public_size": bow_opts["n_public"]}
-    bow = Experiment(
-        name="bow", task="bow", task_options=bow_opts,
-        steps=390 if not quick else 30, batch_size=64, delta=0.0, target_epsilon=1.5,
-        metric="eval_accuracy", maximize=True,
-        methods=[
-            Method("SGD", "dp-sgd", private=False),
-            Method("Adam", "dp-sgd", "adam", private=False),
-            Method("AdaS (token freq.)", "adadps", private=False, options=freq),
-            Method("DP-SGD", "dp-sgd"),
-            Method("DP-Adam", "dp-adam"),
-            Method("AdaDPS (token freq.)", "adadps", options=freq),
-        ],
-        lr_grid={"sgd": [0.1, 0.5, 2.0, 8.0] if not quick else [0.5],
-                 "adam": [0.001, 0.005, 0.02, 0.1] if not quick else [0.01],
-                 "adadps": [0.1, 0.5, 2.0, 8.0] if not quick else [0.5]},
-        clip_grid=[0.1, 1.0] if not quick else [1.0],
-        claim="§6.1.2 / Table 4 (IMDB BoW, logistic regression): AdaDPS with token-frequency A > DP-Adam > DP-SGD",
-        paper={"epsilon": 1.5, "DP-SGD": 0.62, "DP-Adam": 0.68, "AdaDPS (w/o public)": 0.75,
-               "non-private SGD": 0.66, "non-private Adam": 0.88, "AdaS (w/o public)": 0.88},
-    )
-    return [bow, sparse, digits]
-
-
-def _lr_kind(method: Method) -> str:
-    if method.algorithm == "adadps":
-        return "adadps"
-    if method.algorithm == "dp-adam" or method.optimizer == "adam":
-        return "adam"
-    return "sgd"
 
 
 def _config(exp: Experiment, method: Method, *, seed: int, lr: float, clip: float, n_train: int,
@@ -210,9 +97,6 @@ def _sigma(exp: Experiment, n_train: int) -> float:
                                       steps=exp.steps, delta=n_train**-1.1)
 
 
-REUSE = True
-
-
 def _finished(out: Path, config, method: Method):
     """The finished run in ``out`` if it was asked for with this very config and algorithm (an
     interrupted analysis resumes without retraining), else None."""
@@ -240,7 +124,7 @@ def _paper_delta_epsilons(exp: Experiment, sigma: float, n_train: int) -> dict[s
 
 
 def _run_one(exp: Experiment, method: Method, *, seed: int, lr: float, clip: float, sigma: float,
-             out: Path, validation: bool) -> dict[str, Any]:
+             out: Path, validation: bool, reuse: bool = True) -> dict[str, Any]:
     from gradspec.optim import retrain
     from gradspec.tasks import make_task
 
@@ -249,7 +133,7 @@ def _run_one(exp: Experiment, method: Method, *, seed: int, lr: float, clip: flo
         task = _validation_task(task, seed)
     config = _config(exp, method, seed=seed, lr=lr, clip=clip, n_train=len(task.train), sigma=sigma)
     t0 = time.time()
-    res = _finished(out, config, method) if REUSE else None
+    res = _finished(out, config, method) if reuse else None
     try:
         res = res or retrain(config=config, algorithm=method.algorithm, options=dict(method.options), out=out,
                              task=task, overwrite=True)
@@ -274,7 +158,9 @@ def _pick(exp: Experiment, trials: list[dict[str, Any]]) -> dict[str, Any]:
     return (max if exp.maximize else min)(ok, key=lambda t: t["score"])
 
 
-def run_experiment(exp: Experiment, seeds: list[int], out: Path) -> dict[str, Any]:
+def run_experiment(exp: Experiment, seeds: list[int], out: Path, *, reuse: bool = True) -> dict[str, Any]:
+    """Tune each method on the tuning seed, then run it on ``seeds``; ``reuse``: a finished run of the
+    same settings in its directory is read back instead of retrained."""
     from gradspec.tasks import make_task
 
     n_full = len(make_task(exp.task, seed=seeds[0], **exp.task_options).train)
@@ -289,14 +175,15 @@ def run_experiment(exp: Experiment, seeds: list[int], out: Path) -> dict[str, An
                               "tune_seed": TUNE_SEED, "methods": {},
                               "epsilon_at_paper_delta": _paper_delta_epsilons(exp, sigma, n_full)}
     for method in exp.methods:
-        kind = _lr_kind(method)
+        kind = lr_kind(method)
         clips = exp.clip_grid if method.private else [1.0]
         trials = []
         for lr in exp.lr_grid[kind]:
             for clip in clips:
                 name = f"{method.label}-lr{lr:g}-C{clip:g}".replace(" ", "_").replace("/", "_")
                 trials.append(_run_one(exp, method, seed=TUNE_SEED, lr=lr, clip=clip, sigma=sigma,
-                                       out=out / exp.name / "tune" / name, validation=exp.select_on_validation))
+                                       out=out / exp.name / "tune" / name, validation=exp.select_on_validation,
+                                       reuse=reuse))
                 logger.info("[%s] tune %-32s lr=%-7g C=%-4g %s=%s", exp.name, method.label, lr, clip,
                             exp.metric, trials[-1]["score"])
         best = _pick(exp, trials)
@@ -304,14 +191,14 @@ def run_experiment(exp: Experiment, seeds: list[int], out: Path) -> dict[str, An
         for seed in seeds:
             name = f"{method.label}-seed{seed}".replace(" ", "_").replace("/", "_")
             runs.append(_run_one(exp, method, seed=seed, lr=best["lr"], clip=best["clip"], sigma=sigma,
-                                 out=out / exp.name / "final" / name, validation=False))
+                                 out=out / exp.name / "final" / name, validation=False, reuse=reuse))
         scores = [r["score"] for r in runs if r["score"] is not None]
-        summary = _summary(scores, len(runs))
+        summary = score_summary(scores, len(runs))
         extra = {}
         for key in ("eval_accuracy", "eval_loss", "train_loss", "eval_accuracy_se"):
             vals = [r["final"][key] for r in runs if "final" in r and key in r["final"]]
             if vals:
-                extra[key] = _summary(vals, len(runs))
+                extra[key] = score_summary(vals, len(runs))
         eps = sorted({round(r["epsilon"], 4) for r in runs if "epsilon" in r})
         result["methods"][method.label] = {
             "algorithm": method.algorithm, "optimizer": method.optimizer, "private": method.private,
@@ -389,11 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="DIR",
                         help="combine the results.json of runs that each did some experiments into --out")
     args = parser.parse_args(argv)
-    global REUSE
-    REUSE = not args.no_reuse
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    for noisy in ("gradspec",):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    log_to_stderr()
     import torch
 
     torch.set_num_threads(1)
@@ -401,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     seeds = list(range(args.seeds))
     wanted = [s.strip() for s in args.only.split(",") if s.strip()]
-    exps = [e for e in _experiments(args.quick) if e.name in wanted]
+    exps = [e for e in experiments(args.quick) if e.name in wanted]
     if args.methods:
         keep = {m.strip() for m in args.methods.split(",")}
         for e in exps:
@@ -417,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {"paper": "Li, Zaheer, Reddi, Smith 2022, AdaDPS", "quick": args.quick,
                    "seeds": seeds, "experiments": {}}
         for exp in exps:
-            results["experiments"][exp.name] = run_experiment(exp, seeds, out)
+            results["experiments"][exp.name] = run_experiment(exp, seeds, out, reuse=not args.no_reuse)
             (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
         results["seconds"] = round(time.time() - t0, 1)
     finish(results, out, seeds, bool(results["quick"]))

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from analyses.li2022_adadps import run as adadps
+from analyses.li2022_adadps.experiments import experiments
 
 
 @pytest.mark.slow
@@ -78,7 +79,7 @@ def test_merge_refuses_runs_of_other_configurations(tmp_path):
 def test_finished_runs_are_reused_only_with_the_same_settings(tmp_path):
     from gradspec.optim import retrain
 
-    exp = {e.name: e for e in adadps._experiments(True)}["sparse"]
+    exp = {e.name: e for e in experiments(True)}["sparse"]
     method = exp.methods[3]  # DP-SGD
     config = adadps._config(exp, method, seed=0, lr=0.05, clip=0.5, n_train=1000, sigma=0.7)
     config = type(config).from_dict({**config.to_dict(), "steps": 3, "eval_every": 0})
