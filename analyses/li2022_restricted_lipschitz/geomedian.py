@@ -65,16 +65,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from analyses.li2022_restricted_lipschitz.geomedian_report import (  # noqa: F401 - SPECTRA is read by the tests
-    SPECTRA,
-    render,
-)
+from analyses._common import log_to_stderr
+from analyses.li2022_restricted_lipschitz.geomedian_report import SPECTRA, render
 
 logger = logging.getLogger("li2022.geomedian")
 
 DEFAULT_OUT = "runs/analyses/li2022_restricted_lipschitz/fig1"
 LR_GRID = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 ALPHA_GRID = (0.0, 1e-2, 1e-1)
+
+
 # ----------------------------------------------------------------------------- problem
 def draw_points(*, seed: int, d: int, n: int, d_min: int) -> torch.Tensor:
     """The training points of `gradspec.tasks.geomedian` (float32, (n, d))."""
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--from-results", default=None,
                     help="re-render the tables and figure of a saved results.json (or partial.json) into --out")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    log_to_stderr(quiet=())
     torch.set_num_threads(1)
     if len(args.seeds) < 3:
         raise SystemExit("give at least 3 seeds (--seeds): the table reports mean ± std")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
+from analyses._common import claims_markdown, seed_stats
 
 SPECTRA = ("const", "sqrt", "linear")
 PAPER_CLAIM = {
@@ -25,9 +25,9 @@ def summarise(rows: list[dict], dims: list[int], metric: str) -> dict:
             for d in dims:
                 vals = [r[metric] for r in rows if r["spectrum"] == s and r["private"] == private and r["d"] == d]
                 if vals:
+                    st = seed_stats(vals, single=0.0)
                     out.setdefault(f"{s}|{'private' if private else 'nonprivate'}", {})[str(d)] = {
-                        "mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
-                        "n_seeds": len(vals)}
+                        "mean": st["mean"], "std": st["std"], "n_seeds": st["n"]}
     return out
 
 
@@ -40,8 +40,6 @@ def growth(summary: dict, spectrum: str, private: bool, d_lo: int, d_hi: int) ->
     return ratio, ratio * rel
 
 
-
-
 def table(summary_emp: dict, summary_pop: dict, dims: list[int], cfg: dict) -> tuple[str, list[dict]]:
     """The claim | paper | ours | reproduced? table.
 
@@ -52,8 +50,7 @@ def table(summary_emp: dict, summary_pop: dict, dims: list[int], cfg: dict) -> t
     numbers were seen.) The growth over the whole range (dims[0] -> dims[-1]) is reported beside it.
     """
     d_lo, d_mid, d_hi = dims[0], dims[-2], dims[-1]
-    lines = ["| claim | paper | ours | reproduced? |", "|---|---|---|---|"]
-    rows = []
+    cells, rows = [], []
     for s in SPECTRA:
         g_all, se_all = growth(summary_emp, s, True, d_lo, d_hi)
         g_dec, se_dec = growth(summary_emp, s, True, d_mid, d_hi)
@@ -68,7 +65,7 @@ def table(summary_emp: dict, summary_pop: dict, dims: list[int], cfg: dict) -> t
                 f"{d_lo} -> {d_hi} (means {values}); pop.: x{g_pop_dec:.2f} ± {se_pop_dec:.2f} / "
                 f"x{g_pop_all:.0f}; non-private: x{g_np:.2f}")
         claim = f"A_{s}: excess loss vs d (eps = {cfg['epsilon']:g})"
-        lines.append(f"| {claim} | {PAPER_CLAIM[s]} | {ours} | {verdict} |")
+        cells.append((claim, PAPER_CLAIM[s], ours, verdict))
         rows.append({"spectrum": s, "claim": claim, "paper": PAPER_CLAIM[s],
                      "growth_emp_last_decade": g_dec, "growth_emp_last_decade_se": se_dec,
                      "growth_emp": g_all, "growth_emp_se": se_all, "growth_pop": g_pop_all,
@@ -78,7 +75,7 @@ def table(summary_emp: dict, summary_pop: dict, dims: list[int], cfg: dict) -> t
             f"eps = {cfg['epsilon']:g}, delta = {cfg['delta']:g}), averaged iterate, lr and alpha chosen per "
             f"(A, d) on a validation draw. Verdict on the last decade: A_const grows > 2x; A_sqrt / A_linear "
             f"< 1.5x ('does not grow beyond a certain problem dimension', §4.1).")
-    return "\n".join(lines) + foot, rows
+    return claims_markdown(cells) + foot, rows
 
 
 def per_d_table(summaries: dict, dims: list[int]) -> str:
@@ -161,5 +158,4 @@ def plot(summaries: dict[str, dict], dims: list[int], path: Path) -> None:
                              logx=True, logy=True)
     fig.tight_layout()
     save_figure(fig, path.parent, path.stem, formats=("png",), dpi=110)
-
 

