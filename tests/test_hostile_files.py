@@ -302,3 +302,18 @@ def test_pca_resume_of_a_damaged_krylov_state_is_one_line(copy, state, words):
 
     _edit_json(out / "zarr.json", interrupted)
     _cli_fails(*pca_args, "--resume", words=words)
+
+
+@pytest.mark.parametrize("task_config", [[1], {"train_ids": ["0", "1"]}, {"pool": 5}])
+def test_a_source_store_recording_its_data_with_wrong_types_counts_as_unknown(copy, task_config):
+    """retrain's DP caveat reads the spectrum's source store's task record: a record of the
+    wrong types is treated as telling nothing (the basis counts as from the private data)."""
+    from gradspec.optim._registry import spectrum_provenance
+
+    gradients, spec = copy / "run" / "gradients.zarr", copy / "spec.zarr"
+    _edit_json(spec / "zarr.json", lambda z: z["attributes"]["gradspec.source"].update(
+        path=str(gradients), abspath=str(gradients)))
+    assert spectrum_provenance(spec)["known"]
+    _edit_json(gradients / "zarr.json", lambda z: z["attributes"]["gradspec.config"].update(task_config=task_config))
+    prov = spectrum_provenance(spec)
+    assert not prov["known"] and prov["train_ids"] is None

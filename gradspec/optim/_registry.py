@@ -179,7 +179,8 @@ def spectrum_provenance(path: str | os.PathLike) -> dict[str, Any]:
     task name, ``n_train``, and, when the task's config records them, ``train_ids`` (the
     examples it trained on, i.e. whose gradients are in the store) and ``pool`` (what the
     ids index; default the task's name). A spectrum whose source is not a readable gradient
-    store has ``known: False``.
+    store, or one whose record has the wrong JSON types, has ``known: False`` (records are
+    taken as written: a store cannot prove which examples its gradients came from).
 
     Returns:
         ``{"spectrum", "known", "task", "pool", "n_train", "train_ids", "noise_multiplier"}``.
@@ -195,10 +196,17 @@ def spectrum_provenance(path: str | os.PathLike) -> dict[str, Any]:
     if not config or not config.get("task"):
         return out
     task_config = config.get("task_config") or {}
-    ids = task_config.get("train_ids")
+    ids = task_config.get("train_ids") if isinstance(task_config, dict) else None
+    if (not isinstance(task_config, dict) or not isinstance(config["task"], str)
+            or not isinstance(task_config.get("pool", ""), str)
+            or not (ids is None or (isinstance(ids, list) and all(type(i) is int for i in ids)))):
+        # A record of the wrong types tells nothing: the basis counts as from the private data.
+        logger.warning("the source gradient store of %r records its task, pool or train ids with the "
+                       "wrong types: its data is treated as unknown", os.fspath(path))
+        return out
     out.update(known=True, task=config["task"], pool=task_config.get("pool", config["task"]),
                n_train=config.get("n_train"), noise_multiplier=config.get("noise_multiplier"),
-               train_ids=None if ids is None else [int(i) for i in ids])
+               train_ids=ids)
     return out
 
 
