@@ -1,4 +1,4 @@
-"""PLD accounting of Poisson-subsampled Gaussian steps, in bounded memory.
+"""PLD accounting of Poisson-subsampled Gaussian steps, in bounded memory and with cached steps.
 
 dp-accounting builds the privacy loss distribution (PLD) of one step (its connect-the-dots
 discretisation of the subsampled Gaussian, Doroshenko et al. 2022); the composition and
@@ -9,17 +9,29 @@ the reading of epsilon are a numpy port of dp-accounting 0.6's ``DensePLDPmf``:
 Python loop over every loss point took most of a query). The tests check the results
 against dp-accounting's ``PLDAccountant``.
 
-Why this module exists: **bounded memory.** The composed distribution of T steps has
-about ``c * sqrt(T)`` to ``c * T`` points at the 1e-4 loss discretisation; 10^9 steps need
-terabytes. Each size is known before anything is allocated (the single step's range from
-dp-accounting's ``connect_dots_bounds``, the composition's from the Chernoff bound), and a
-distribution of more than `MAX_PLD_POINTS` points is refused with a `ValueError` that names
-the largest step count that fits and the RDP method, which answers any step count.
+Why this module exists:
+
+- **Bounded memory.** The composed distribution of T steps has about ``c * sqrt(T)`` to
+  ``c * T`` points at the 1e-4 loss discretisation; 10^9 steps need terabytes. Each size is
+  known before anything is allocated (the single step's range from dp-accounting's
+  ``connect_dots_bounds``, the composition's from the Chernoff bound), and a distribution of
+  more than `MAX_PLD_POINTS` points is refused with a `ValueError` that names the largest
+  step count that fits and the RDP method, which answers any step count.
+- **Cheap repeated queries.** A training loop asks for epsilon every few steps. The single
+  step's PLD (about a second to build in dp-accounting's Python loops) and the moments its
+  Chernoff bound needs are built once per (q, noise multiplier) and cached, so a query
+  costs one FFT power of the composed size and a vectorised read: the same computation a
+  fresh accountant does for the same steps, so the numbers are identical whatever was
+  asked before. (Composing only the new steps onto a kept PLD would not be cheaper: one
+  FFT convolution of the kept distribution costs what one FFT power does, and reading
+  epsilon is linear in the distribution's size either way.)
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
@@ -34,6 +46,7 @@ TAIL_MASS = 1e-15
 # a minute and about 3 GB (its Python dicts), which is why the limit is not higher.
 MAX_PLD_POINTS = 2**24
 _BYTES_PER_POINT = 40  # peak memory of a self-composition, per point (reported in the refusal)
+_CACHE_POINTS = 2**24  # single steps kept (the most recent one always)
 
 
 class _Pmf(NamedTuple):
@@ -99,6 +112,7 @@ class _Step:
     def __init__(self, pld: _Pld) -> None:
         self.pld = pld
         self._mgf: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._spectrum: dict[int, tuple[int, np.ndarray]] = {}  # log of each pmf's last rfft
 
     def _log_mgfs(self, pmf: _Pmf) -> tuple[np.ndarray, np.ndarray]:
         """dp-accounting's orders (+-1..20 over the length) and log E[exp(order * index)] at each."""
@@ -158,11 +172,16 @@ class _Step:
         lower, upper = self._range(pmf, count)
         length = upper - lower + 1
         size = fft.next_fast_len(max(length, len(pmf.probs)), real=True)
-        with np.errstate(divide="ignore"):
-            log_spectrum = np.log(fft.rfft(pmf.probs, size))
+        key = id(pmf.probs)
+        cached = self._spectrum.get(key)
+        if cached is None or cached[0] != size:
+            with np.errstate(divide="ignore"):
+                cached = (size, np.log(fft.rfft(pmf.probs, size)))
+            self._spectrum[key] = cached
         # The count-th power of the transform (exp(count log z), as numpy's own power computes
-        # it). The convolution is cyclic modulo `size`: the window [lower, upper] is read out.
-        out = fft.irfft(np.exp(count * log_spectrum), size)
+        # it, with the log kept for the next count). The convolution is cyclic modulo `size`:
+        # the window [lower, upper] is read out.
+        out = fft.irfft(np.exp(count * cached[1]), size)
         probs = np.roll(out, -lower)[:length]
         infinity = TAIL_MASS - math.expm1(count * math.log1p(-pmf.infinity_mass))
         return _Pmf(pmf.lower * count + lower, probs, infinity)
@@ -234,9 +253,18 @@ def _epsilon_for_delta(pmf: _Pmf, delta: float) -> float:
     return math.log((upper - delta) / lower)
 
 
-# ---------------------------------------------------------------------------- steps
+# ---------------------------------------------------------------------------- the cache
+_cache: OrderedDict[tuple[str, float, float], _Step] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
 def _step(noise_multiplier: float, sample_rate: float) -> _Step:
-    """The single step of a Poisson-subsampled (q < 1) or plain (q = 1) Gaussian mechanism."""
+    """The cached single step of a Poisson-subsampled (q < 1) or plain (q = 1) Gaussian mechanism."""
+    key = ("gaussian", noise_multiplier, sample_rate)
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
     size = _library_size(noise_multiplier, sample_rate)
     if size > MAX_PLD_POINTS:
         what = "one step" if sample_rate < 1 else "the Gaussian mechanisms"
@@ -247,12 +275,23 @@ def _step(noise_multiplier: float, sample_rate: float) -> _Step:
         )
     import dp_accounting as dpa
 
-    return _Step(_from_library(dpa.pld.privacy_loss_distribution.from_gaussian_mechanism(
+    step = _Step(_from_library(dpa.pld.privacy_loss_distribution.from_gaussian_mechanism(
         standard_deviation=noise_multiplier,
         value_discretization_interval=DISCRETISATION,
         sampling_prob=sample_rate,
         neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
     )))
+    with _cache_lock:
+        _cache[key] = step
+        while len(_cache) > 1 and sum(s.pld.size for s in _cache.values()) > _CACHE_POINTS:
+            _cache.popitem(last=False)
+    return step
+
+
+def clear_cache() -> None:
+    """Forget the cached single steps (tests; a long-lived process that accounted a huge run)."""
+    with _cache_lock:
+        _cache.clear()
 
 
 # ---------------------------------------------------------------------------- epsilon

@@ -1,9 +1,10 @@
-"""PLD accounting (`gradspec.privacy._pld`): dp-accounting's numbers, in bounded memory.
+"""PLD accounting (`gradspec.privacy._pld`): dp-accounting's numbers, bounded memory, cheap queries.
 
 The composition is a port of dp-accounting's; these tests hold it to dp-accounting's
-`PLDAccountant` (an independent run of the same algorithm) and check that a run too long for
+`PLDAccountant` (an independent run of the same algorithm), check that a run too long for
 the memory limit is refused before anything is allocated (and that the step count the
-refusal names does fit).
+refusal names does fit), and that an accountant asked for epsilon after every step gives
+exactly the numbers of a fresh accountant (the training loop's pattern).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ DELTA = 1e-5
 
 @pytest.fixture(autouse=True)
 def _fresh_caches():
+    _pld.clear_cache()
     _compose._epsilon.cache_clear()
     yield
+    _pld.clear_cache()
     _compose._epsilon.cache_clear()
 
 
@@ -101,3 +104,45 @@ def test_a_single_step_too_fine_for_pld_is_refused_before_it_is_built(monkeypatc
     # dp-accounting's dicts before any composition).
     with pytest.raises(ValueError, match=r"59,745,477 loss points for one step.*use method 'rdp'"):
         compute_epsilon(noise_multiplier=0.01, sample_rate=0.5, steps=1, delta=DELTA)
+
+
+# ------------------------------------------------------------------ cheap repeated queries
+def _fresh_epsilon(events: list[tuple[float, float, int]]) -> float:
+    _pld.clear_cache()
+    _compose._epsilon.cache_clear()
+    acc = PrivacyAccountant()
+    for sigma, q, count in events:
+        acc.record_poisson(sigma, q, count)
+    return acc.epsilon(DELTA)
+
+
+def test_epsilon_after_every_step_equals_a_fresh_accountants():
+    """The training loop's pattern (record one step, ask epsilon) gives exactly what an
+    accountant that recorded all the steps at once gives, with nothing cached."""
+    acc = PrivacyAccountant()
+    logged = []
+    for _ in range(40):
+        acc.record_poisson(2.0, 0.1)
+        logged.append(acc.epsilon(DELTA))
+    acc.record_poisson(1.5, 0.1, 7)  # the noise multiplier changes mid-run
+    logged.append(acc.epsilon(DELTA))
+    assert logged[-1] == _fresh_epsilon([(2.0, 0.1, 40), (1.5, 0.1, 7)])
+    for n in (1, 2, 17, 39, 40):
+        assert logged[n - 1] == _fresh_epsilon([(2.0, 0.1, n)]), n
+    assert all(a < b for a, b in zip(logged[:-1], logged[1:], strict=True))
+
+
+def test_the_single_step_is_built_once_for_all_queries(monkeypatch):
+    built = []
+    original = dpa.pld.privacy_loss_distribution.from_gaussian_mechanism
+
+    def counting(*args, **kwargs):
+        built.append(kwargs.get("sampling_prob"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(dpa.pld.privacy_loss_distribution, "from_gaussian_mechanism", counting)
+    acc = PrivacyAccountant()
+    for _ in range(30):
+        acc.record_poisson(2.0, 0.1)
+        acc.epsilon(DELTA)
+    assert built == [0.1]
