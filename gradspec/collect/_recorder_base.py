@@ -37,6 +37,7 @@ from gradspec.collect._recorder_setup import (
     STORE_TORCH_DTYPES,
     _acquire_run_lock,
     _release_run_lock,
+    resolve_layout,
     unwrap_model,
 )
 from gradspec.collect._rows import (
@@ -89,7 +90,7 @@ class RecorderBase:
             raise ValueError(f"max_grad_norm must be positive (or None for unclipped rows), got {max_grad_norm}")
         if resume and overwrite:
             raise ValueError("pass resume=True or overwrite=True, not both")
-        self.names, self.params, self.layout = self._resolve_layout(model, params, layout)
+        self.names, self.params, self.layout = resolve_layout(model, params, layout)
         #: The recorded module (Opacus wrappers seen through); None when built from params or layout.
         self.model = None if model is None else unwrap_model(model)
         self.per_example = bool(per_example)
@@ -137,35 +138,6 @@ class RecorderBase:
                    per_example=store.per_example, background=background, max_queue=max_queue, store=store)
 
     # ------------------------------------------------------------------ setup
-    @staticmethod
-    def _resolve_layout(model, params, layout) -> tuple[list[str], list[Tensor] | None, ParamLayout]:
-        if layout is not None:
-            if model is not None or params is not None:
-                raise ValueError("give the rows' layout by model (and params), by params alone, or by layout; not several")
-            return layout.names, None, layout
-        if isinstance(params, Mapping):
-            if model is not None:
-                raise ValueError("params as a name -> parameter mapping replaces model; pass one of them")
-            named = list(params.items())
-        elif model is not None:
-            from gradspec.train import select_parameters
-
-            inner = unwrap_model(model)
-            if params is None:
-                named = [(n, p) for n, p in inner.named_parameters() if p.requires_grad]
-                if not named:
-                    raise ValueError(f"{type(inner).__name__} has no parameter with requires_grad; pass params=")
-            else:
-                chosen = set(select_parameters(inner, params))
-                named = [(n, p) for n, p in inner.named_parameters() if n in chosen]
-        else:
-            raise ValueError("a GradientRecorder needs the recorded parameters: pass model=, params= or layout=")
-        for name, p in named:
-            if not isinstance(p, Tensor):
-                raise ValueError(f"params[{name!r}] is a {type(p).__name__}, not a tensor")
-        layout = ParamLayout.from_shapes((n, tuple(p.shape)) for n, p in named)
-        return [n for n, _ in named], [p for _, p in named], layout
-
     def _run_config(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
         from gradspec.train import package_versions
 
