@@ -317,3 +317,15 @@ def test_a_source_store_recording_its_data_with_wrong_types_counts_as_unknown(co
     _edit_json(gradients / "zarr.json", lambda z: z["attributes"]["gradspec.config"].update(task_config=task_config))
     prov = spectrum_provenance(spec)
     assert not prov["known"] and prov["train_ids"] is None
+
+
+def test_retrain_resume_of_a_run_with_a_hostile_checkpoint_runs_nothing(tmp_path):
+    """The library's other resume path: retrain(resume=True) reads the same checkpoint.pt."""
+    out, marker = tmp_path / "run", tmp_path / "marker"
+    retrain(config=config(steps=3), algorithm="dp-sgd", out=out, task=lowrank_task())
+    good = torch.load(out / "checkpoint.pt", weights_only=True)
+    _hostile(out / "checkpoint.pt", marker, **{k: v for k, v in good.items() if k != "format"})
+    with pytest.raises(ValueError) as err:
+        retrain(config=config(steps=6), algorithm="dp-sgd", out=out, task=lowrank_task(), resume=True)
+    _one_line(str(err.value))
+    assert "could run code" in str(err.value) and not marker.exists()
