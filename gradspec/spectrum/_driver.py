@@ -390,8 +390,10 @@ def read_report(path: str | Path) -> dict[str, Any]:
             "`gradspec decay --out` wrote, or a spectrum store")
     try:
         report = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise ValueError(f"{what} (it is not JSON, or nests too deeply)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{what} (it is not JSON)") from None
+    except RecursionError:
+        raise ValueError(f"{what} (it nests too deeply)") from None
     fmt = report.get("format") if isinstance(report, dict) else None
     if fmt != REPORT_FORMAT:
         found = f"format {fmt!r}" if fmt else "no format field"
