@@ -12,6 +12,15 @@ from pathlib import Path
 import typer
 
 from cli._common import user_errors
+from cli._outputs import RECORD_NAME, check_outputs, record_outputs
+
+# Every figure `report_figures` / `overlay_figures` can write (checked by a test): the names a
+# run may write are checked before the analysis, so a refusal costs nothing.
+REPORT_FIGURES = ("spectrum", "eigenvalues", "density", "lipschitz", "explained_variance", "step_error")
+OVERLAY_FIGURES = tuple(f"overlay_{name}" for name in REPORT_FIGURES[:-1])
+_OUT_RULE = (f"Files already there are replaced only if gradspec wrote them (listed in {RECORD_NAME}) "
+             "and they are unchanged; any other file of those names is refused unless --overwrite.")
+_OVERWRITE_HELP = "Replace files of the names this command writes even if gradspec did not write them."
 
 
 def _formats(fmt: list[str] | None) -> tuple[str, ...]:
@@ -25,7 +34,10 @@ def _formats(fmt: list[str] | None) -> tuple[str, ...]:
 @user_errors
 def decay_command(
     spectrum: Path = typer.Argument(..., help="Spectrum store written by `gradspec pca`."),
-    out: Path = typer.Option(..., "--out", "-o", help="Directory for report.json and the figures."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help=f"Directory for report.json and the figures. {_OUT_RULE}"
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help=_OVERWRITE_HELP),
     gradients: Path | None = typer.Option(
         None, "--gradients", help="Gradient store for G_k (default: the spectrum's source store)."
     ),
@@ -74,6 +86,8 @@ def decay_command(
         raise ValueError(
             f"--out {str(out)!r} is a Zarr store; choose a directory for report.json and the figures"
         )
+    figures = [f"{name}.{f}" for name in REPORT_FIGURES for f in formats] if plots else []
+    check_outputs(out, ["report.json", *figures], overwrite=overwrite)
     analysis = decay_analysis(
         spectrum=spectrum,
         gradients=gradients,
@@ -87,10 +101,13 @@ def decay_command(
     (out / "report.json").write_text(
         json.dumps(report, indent=1, ensure_ascii=False, allow_nan=False)
     )
+    written = ["report.json"]
     if plots:
         from gradspec.plot import report_figures
 
-        report_figures(analysis, out, formats=formats)
+        figs = report_figures(analysis, out, formats=formats)
+        written += [f"{name}.{f}" for name in figs for f in formats]
+    record_outputs(out, written)
     for key, line in report["summary"].items():
         typer.echo(f"{key}: {line}")
     typer.echo(f"wrote {out / 'report.json'}")
@@ -115,7 +132,8 @@ def plot_command(
     inputs: list[Path] = typer.Argument(
         ..., help="Spectrum stores, decay output directories or report.json files."
     ),
-    out: Path = typer.Option(..., "--out", "-o", help="Directory for the figures."),
+    out: Path = typer.Option(..., "--out", "-o", help=f"Directory for the figures. {_OUT_RULE}"),
+    overwrite: bool = typer.Option(False, "--overwrite", help=_OVERWRITE_HELP),
     label: list[str] | None = typer.Option(
         None, "--label", "-l", help="Legend label per input (repeat; default: the input's name)."
     ),
@@ -131,6 +149,8 @@ def plot_command(
     names = labels or [p.name if p.name != "report.json" else p.parent.name for p in inputs]
     if len(set(names)) != len(names):
         raise ValueError(f"labels must differ, got {names}; pass --label for each input")
+    stems = REPORT_FIGURES if len(inputs) == 1 else OVERLAY_FIGURES
+    check_outputs(out, [f"{name}.{f}" for name in stems for f in formats], overwrite=overwrite)
     from gradspec.plot import overlay_figures, report_figures
 
     views = {name: _load_view(p) for name, p in zip(names, inputs, strict=True)}
@@ -139,5 +159,6 @@ def plot_command(
     else:
         figs = overlay_figures(views, out, formats=formats)
         figs = {f"overlay_{k}": v for k, v in figs.items()}
+    record_outputs(out, [f"{name}.{f}" for name in figs for f in formats])
     for name in figs:
         typer.echo(str(out / f"{name}.{formats[0]}"))

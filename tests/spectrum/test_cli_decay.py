@@ -125,3 +125,99 @@ def test_plot_overlays_reports_and_spectra(stores, tmp_path):
     assert (figs / "overlay_spectrum.png").exists() and not (figs / "overlay_spectrum.pdf").exists()
     res = CliRunner().invoke(_app(), ["plot", str(out), "--out", str(figs), "-l", "a", "-l", "b"])
     assert res.exit_code != 0 and "one per input" in res.output
+
+
+# ------------------------------------------------------------- never over a user's files (issue 25)
+def _one_error_line(res) -> str:
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return lines[0]
+
+
+def test_decay_refuses_to_write_over_a_users_report_and_figures(stores, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "report.json").write_text('{"my": "own report"}')
+    (out / "spectrum.pdf").write_bytes(b"%PDF-1.4 my own figure")
+    (out / "notes.txt").write_text("untouched")
+    decay = ["decay", str(stores["spec"]), "--out", str(out), "--spectrum-only"]
+    line = _one_error_line(CliRunner().invoke(_app(), decay))
+    assert "already holds report.json, spectrum.pdf, which gradspec did not write" in line
+    assert "--overwrite" in line
+    assert (out / "report.json").read_text() == '{"my": "own report"}'
+    assert (out / "spectrum.pdf").read_bytes() == b"%PDF-1.4 my own figure"
+    # --overwrite replaces them (and only the names decay writes)
+    res = CliRunner().invoke(_app(), [*decay, "--overwrite", "--format", "pdf"])
+    assert res.exit_code == 0, res.output
+    assert len(json.loads((out / "report.json").read_text())["spectrum"]["sigma"]) == 20
+    assert (out / "spectrum.pdf").read_bytes() != b"%PDF-1.4 my own figure"
+    assert (out / "notes.txt").read_text() == "untouched"
+
+
+def test_decay_and_plot_rerun_over_their_own_files_but_not_edited_ones(stores, tmp_path):
+    out = tmp_path / "decay"
+    decay = ["decay", str(stores["spec"]), "--out", str(out), "--spectrum-only", "--format", "png"]
+    for _ in range(2):  # the second run replaces only what the first one wrote
+        res = CliRunner().invoke(_app(), decay)
+        assert res.exit_code == 0, res.output
+    plot = ["plot", str(out), "--out", str(out), "--format", "png"]  # decay's own figures, redrawn
+    assert CliRunner().invoke(_app(), plot).exit_code == 0
+    (out / "density.png").write_bytes(b"edited by hand")  # now the user's
+    line = _one_error_line(CliRunner().invoke(_app(), decay))
+    assert "already holds density.png, which gradspec did not write (or which changed since)" in line
+    assert (out / "density.png").read_bytes() == b"edited by hand"
+    line = _one_error_line(CliRunner().invoke(_app(), plot))
+    assert "density.png" in line
+
+
+def test_plot_refuses_to_write_over_a_users_figures(stores, tmp_path):
+    out = tmp_path / "d"
+    res = CliRunner().invoke(
+        _app(), ["decay", str(stores["spec"]), "--out", str(out), "--no-plots", "--spectrum-only"]
+    )
+    assert res.exit_code == 0, res.output
+    figs = tmp_path / "figs"
+    figs.mkdir()
+    (figs / "spectrum.png").write_bytes(b"my png")
+    (figs / "overlay_spectrum.pdf").write_bytes(b"my pdf")
+    line = _one_error_line(CliRunner().invoke(_app(), ["plot", str(out), "--out", str(figs)]))
+    assert "already holds spectrum.png, which gradspec did not write" in line
+    overlay = ["plot", str(out), str(stores["spec"]), "--out", str(figs), "-l", "a", "-l", "b"]
+    line = _one_error_line(CliRunner().invoke(_app(), overlay))
+    assert "already holds overlay_spectrum.pdf" in line
+    assert (figs / "spectrum.png").read_bytes() == b"my png"
+    assert (figs / "overlay_spectrum.pdf").read_bytes() == b"my pdf"
+    res = CliRunner().invoke(_app(), [*overlay, "--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert (figs / "overlay_spectrum.pdf").read_bytes() != b"my pdf"
+    assert (figs / "spectrum.png").read_bytes() == b"my png"  # not a name the overlay writes
+
+
+def test_a_link_where_a_figure_would_go_is_refused_even_with_overwrite(stores, tmp_path):
+    elsewhere = tmp_path / "precious.png"
+    elsewhere.write_bytes(b"precious")
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "spectrum.png").symlink_to(elsewhere)
+    decay = ["decay", str(stores["spec"]), "--out", str(out), "--spectrum-only", "--overwrite"]
+    line = _one_error_line(CliRunner().invoke(_app(), decay))
+    assert "spectrum.png as a link or directory" in line
+    assert elsewhere.read_bytes() == b"precious"
+
+
+def test_the_checked_figure_names_cover_every_figure_decay_and_plot_write(stores, tmp_path):
+    """REPORT_FIGURES / OVERLAY_FIGURES are checked before the analysis: every figure the
+    library draws must be among them (a new figure not listed would bypass the check)."""
+    from cli.decay import OVERLAY_FIGURES, REPORT_FIGURES
+
+    out = tmp_path / "full"
+    res = CliRunner().invoke(_app(), ["decay", str(stores["spec"]), "--out", str(out), "--heldout-rows",
+                                      "40:60", "--format", "svg"])
+    assert res.exit_code == 0, res.output
+    assert {p.stem for p in out.glob("*.svg")} == set(REPORT_FIGURES)
+    figs = tmp_path / "figs"
+    res = CliRunner().invoke(_app(), ["plot", str(out), str(out / "report.json"), "--out", str(figs),
+                                      "-l", "a", "-l", "b", "--format", "svg"])
+    assert res.exit_code == 0, res.output
+    assert {p.stem for p in figs.glob("*.svg")} == set(OVERLAY_FIGURES)
