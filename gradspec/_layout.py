@@ -45,13 +45,21 @@ def match_names(names: Iterable[str], patterns: str | Sequence[str]) -> list[str
 
     A pattern is a shell glob (``*.query.weight``) matched against the full
     name, or a regular expression when written ``re:<regex>`` (searched).
+
+    Raises:
+        ValueError: a ``re:`` pattern that is not a valid regular expression (named, with
+            the reason).
     """
     if isinstance(patterns, str):
         patterns = [patterns]
     compiled = []
     for pat in patterns:
         if pat.startswith("re:"):
-            compiled.append(re.compile(pat[3:]).search)
+            try:
+                compiled.append(re.compile(pat[3:]).search)
+            except re.error as exc:
+                raise ValueError(f"parameter pattern {pat!r} is not a valid regular expression ({exc}); "
+                                 "write re:<regex>, or a shell glob such as '*.query.weight'") from None
         else:
             compiled.append(re.compile(fnmatch.translate(pat)).match)
     return [n for n in names if any(m(n) for m in compiled)]
