@@ -24,9 +24,6 @@ from gradspec._layout import ParamLayout
 #: The plain values a checkpoint may hold besides tensors and containers of them.
 _PLAIN = (str, int, float, bool, type(None))
 
-#: Bytes of a generator state: torch's CPU generator (Mersenne Twister); CUDA's Philox
-#: generator keeps its seed and offset (16 bytes).
-_CUDA_GENERATOR_BYTES = 16
 
 
 def unsafe_value(value: Any, where: str = "state") -> str:
@@ -65,10 +62,12 @@ def _need(ok: bool, what: str) -> None:
 
 
 def _generator_state(value: Any, where: str, *, cpu: bool) -> None:
-    sizes = {torch.Generator().get_state().numel()} | (set() if cpu else {_CUDA_GENERATOR_BYTES})
+    """A generator state: 1-D uint8, of the CPU generator's size when it is a CPU generator's
+    (an accelerator's generator, e.g. CUDA's Philox seed and offset, checks its own size)."""
+    size = torch.Generator().get_state().numel()
     _need(type(value) is torch.Tensor and value.dtype == torch.uint8 and value.ndim == 1
-          and value.numel() in sizes,
-          f"{where} is not a generator state (a 1-D uint8 tensor of {' or '.join(map(str, sorted(sizes)))} bytes)")
+          and (value.numel() == size if cpu else value.numel() > 0),
+          f"{where} is not a generator state (a 1-D uint8 tensor{f' of {size} bytes' if cpu else ''})")
 
 
 def _generators(value: Any, where: str) -> None:
