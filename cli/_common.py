@@ -40,7 +40,7 @@ def user_errors(fn: F) -> F:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except typer.Exit:
+        except (typer.Exit, BrokenPipeError):  # a closed stdout is cli.main's to handle, quietly
             raise
         except KeyboardInterrupt:
             typer.echo("interrupted: committed rows are kept; rerun with --resume", err=True)

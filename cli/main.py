@@ -6,6 +6,13 @@ are imported inside the commands, so ``gradspec --help`` is instant.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
 import typer
 
 from cli import account, collect, decay, info, pca, retrain
@@ -37,13 +44,43 @@ def _root(
     setup_logging(verbose, quiet)
 
 
-app.command("collect")(collect.collect_command)
-app.command("info")(info.info_command)
-app.command("account")(account.account_command)
-app.command("pca")(pca.pca_command)
-app.command("decay")(decay.decay_command)
-app.command("plot")(decay.plot_command)
-app.command("retrain")(retrain.retrain_command)
+# A reader that stops early (`gradspec info STORE | head -4`) closes stdout under us.
+CLOSED_STDOUT_EXIT = 141  # what a shell reports for a tool killed by SIGPIPE (128 + 13)
+
+
+def _quiet_on_closed_stdout(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Stop without a word when stdout is closed (exit 141), for every command.
+
+    The command's own error handling (`cli._common.user_errors`) lets BrokenPipeError
+    through to here; typer's would exit 1, which `info` uses for a damaged store.
+    SIGPIPE stays ignored (as Python sets it), so a broken socket in a long run is still an
+    error and not a silent death.
+    """
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except BrokenPipeError:
+            # Python flushes stdout again at exit: let that flush go to /dev/null (a test
+            # runner's stdout has no file descriptor: nothing to do there).
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(CLOSED_STDOUT_EXIT) from None
+
+    return wrapper
+
+
+for _name, _command in (
+    ("collect", collect.collect_command),
+    ("info", info.info_command),
+    ("account", account.account_command),
+    ("pca", pca.pca_command),
+    ("decay", decay.decay_command),
+    ("plot", decay.plot_command),
+    ("retrain", retrain.retrain_command),
+):
+    app.command(_name)(_quiet_on_closed_stdout(_command))
 
 
 def main() -> None:
