@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -24,6 +25,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain (click) help: it wraps every column to the terminal. Rich's panels cut long option
+    # names at 80 columns ("--noise-multipli…") once a panel holds a long flag pair or metavar.
+    rich_markup_mode=None,
 )
 
 
@@ -80,7 +84,9 @@ for _name, _command in (
     ("plot", decay.plot_command),
     ("retrain", retrain.retrain_command),
 ):
-    app.command(_name)(_quiet_on_closed_stdout(_command))
+    # The first paragraph of the docstring in full: click would cut it at 45 characters ("...").
+    _summary = " ".join(inspect.cleandoc(_command.__doc__ or "").split("\n\n")[0].split())
+    app.command(_name, short_help=_summary)(_quiet_on_closed_stdout(_command))
 
 
 def main() -> None:
