@@ -7,25 +7,30 @@
 # PyTorch's CPU wheel index, or, where that is unreachable, from the configured
 # indexes if they offer a CPU build (never several GB of CUDA packages unasked).
 #
+# Progress: one line per stage on stderr ("install: ..."), so that it shows even where the
+# caller discards stdout (scripts/main.sh); pip itself runs --quiet.
+#
 # Usage: bash scripts/install.sh [extra]   (extra: test, data; default: test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 extra="${1:-test}"
 CPU_INDEX="https://download.pytorch.org/whl/cpu"
+say() { echo "install: $*" >&2; }
 
 # torch: the decision lives in scripts/torch_plan.py (tested in tests/test_install.py).
+say "checking torch ($PY)"
 plan="$("$PY" scripts/torch_plan.py plan)"
 action="${plan%%$'\t'*}"
 detail="${plan#*$'\t'}"
 case "$action" in
     keep)
-        echo "install: keeping torch $detail" ;;
+        say "keeping torch $detail" ;;
     too-old)
         echo "install: error: $detail" >&2
         exit 1 ;;
     cpu-index)
-        echo "install: no torch found; installing the CPU build $detail from $CPU_INDEX"
+        say "no torch found; installing the CPU build $detail from $CPU_INDEX (a few minutes)"
         "$PY" -m pip install --quiet "$detail" --index-url "$CPU_INDEX" \
             --extra-index-url https://pypi.org/simple ;;
     fallback)
@@ -36,7 +41,7 @@ case "$action" in
             echo "install: error: $CPU_INDEX is unreachable and the configured indexes would install a CUDA torch ($cuda); install torch yourself (pip install torch --index-url <a CPU or CUDA index>), then rerun" >&2
             exit 1
         fi
-        echo "install: no torch found and $CPU_INDEX unreachable; installing $detail (a CPU build) from the configured indexes"
+        say "no torch found and $CPU_INDEX unreachable; installing $detail (a CPU build) from the configured indexes (a few minutes)"
         "$PY" -m pip install --quiet "$detail" ;;
     *)
         echo "install: error: unexpected torch plan: $plan" >&2
@@ -48,6 +53,7 @@ trap 'rm -f "$constraints"' EXIT
 echo "torch==$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')" >"$constraints"
 
 # Skip the resolver when everything is already in place (fast re-runs).
+say "checking gradspec[$extra] and its dependencies"
 if PYTHONPATH= "$PY" -P - "$extra" <<'PYEOF' >/dev/null 2>&1
 import importlib.metadata as md, os, sys
 from packaging.requirements import Requirement
@@ -65,7 +71,9 @@ for spec in dist.requires or []:
         raise SystemExit(1)
 PYEOF
 then
-    echo "install: gradspec[$extra] already installed"
+    say "gradspec[$extra] already installed (${SECONDS} s)"
 else
+    say "installing gradspec[$extra] and its dependencies with pip (the first time: a few minutes)"
     "$PY" -m pip install --quiet -c "$constraints" -e ".[$extra]"
+    say "done (${SECONDS} s)"
 fi

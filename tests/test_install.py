@@ -104,3 +104,31 @@ def test_install_refuses_an_old_torch_and_leaves_it(tmp_path):
     out = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('torch'))"],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == "2.4.0+cu121"
+
+
+def test_install_says_what_it_is_doing_before_it_stops(tmp_path):
+    """Each stage is one ``install: ...`` line on stderr (scripts/main.sh discards stdout)."""
+    py = _fake_torch_env(tmp_path, "2.4.0+cu121")
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh")], env={**os.environ, "PYTHON": str(py)},
+                         capture_output=True, text=True, timeout=120)
+    assert res.stdout == ""
+    assert res.stderr.splitlines()[0] == f"install: checking torch ({py})"
+
+
+def test_install_reports_each_stage_on_stderr_and_nothing_on_stdout():
+    import gradspec
+
+    if Path(gradspec.__path__[0]).resolve().parent != ROOT:
+        pytest.skip("gradspec is not installed from this checkout: install.sh would run pip")
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "test"], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == ""
+    lines = res.stderr.splitlines()
+    assert all(line.startswith("install: ") for line in lines), lines
+    assert lines[:3] == [f"install: checking torch ({os.environ.get('PYTHON', 'python3')})",
+                         f"install: keeping torch {md.version('torch')}",
+                         "install: checking gradspec[test] and its dependencies"]
+    assert lines[3].startswith(("install: gradspec[test] already installed (",
+                                "install: installing gradspec[test] and its dependencies with pip"))
+    assert len(lines) == 4 or lines[4].startswith("install: done (")
