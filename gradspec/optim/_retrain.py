@@ -293,8 +293,10 @@ def retrain(
         ValueError: bad options, or a target epsilon with an optimizer that spends
             privacy of its own (calibrate the noise multiplier with ``gradspec account`` instead).
     """
-    from gradspec.train import train
+    from gradspec.train import is_run_dir, train
 
+    if not (resume or overwrite) and is_run_dir(out):  # train's own refusal advises --resume, which `gradspec retrain` lacks
+        raise FileExistsError(f"{str(out)!r} already holds a run: pass --overwrite to replace it or choose another --out (from Python, retrain(resume=True) continues it)")
     options = dict(options or {})
     requested = config.to_dict()
     if isinstance(algorithm, StepHooks):
