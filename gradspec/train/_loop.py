@@ -234,8 +234,10 @@ def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: b
                 logger.info("step %d: %s", done, run.last_eval)
             if done % config.checkpoint_every == 0 or done == run.steps:
                 checkpoint()
-            if bar is not None:
+            if bar is not None and done < run.steps:
                 bar.update(1)
+            elif bar is not None:  # the last step: close() draws it, once, at the run's average rate
+                bar.n = done
         if run.step > start_step and run.step % config.checkpoint_every != 0 and run.step != run.steps:
             checkpoint()  # stopped early (stop_after): make the stopping point resumable
         eps = run.accountant.epsilon(run.delta) if run.sigma > 0 else math.inf
