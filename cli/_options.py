@@ -57,8 +57,9 @@ Lr = Annotated[float, typer.Option("--lr", help="Learning rate.")]
 Backend = Annotated[str, typer.Option(
     "--backend", help=f"Per-example engine, {choices(PerExampleBackend)}: vmap (torch.func), hooks (Opacus), "
     "ghost (ghost clipping: norms and the clipped sum without per-example rows; --mode batch and optimizers "
-    "that use only the clipped sum; several times faster, a fraction of the memory), auto (ghost where it "
-    "applies, else vmap).")]
+    "that use only the clipped sum; several times faster, a fraction of the memory), auto (the default: ghost "
+    "where it applies and every selected layer has a ghost rule, else vmap; the engine used is printed and "
+    "recorded in the store as per_example_engine).")]
 Microbatch = Annotated[int, typer.Option(
     "--microbatch", help="Examples per per-example-gradient call (bounds memory).")]
 EvalEvery = Annotated[int, typer.Option("--eval-every", help="Evaluate every N steps (0: only at the end).")]

@@ -34,7 +34,7 @@ def collect_command(
     optimizer: opt.Optimizer = "adam",
     lr: opt.Lr = 5e-4,
     dtype: str = typer.Option(GradDtype.FLOAT32.value, help=f"On-disk dtype: {opt.choices(GradDtype)}."),
-    backend: opt.Backend = PerExampleBackend.VMAP.value,
+    backend: opt.Backend = PerExampleBackend.AUTO.value,
     microbatch: opt.Microbatch = 32,
     eval_every: opt.EvalEvery = 50,
     log_every: opt.LogEvery = 10,

@@ -83,7 +83,10 @@ class TrainConfig:
         dtype: on-disk dtype of the rows.
         backend: per-example gradients by ``vmap`` or ``hooks`` (Opacus); ``ghost``: only their
             norms and clipped sum (ghost clipping, ``mode="batch"`` only; about the cost of a
-            plain step, see docs/bench_per_example.txt); ``auto``: ghost where it applies, else vmap.
+            plain step, see docs/bench_per_example.txt); ``auto`` (the default): ghost where it
+            applies (batch mode, hooks that use only the clipped sum, every selected layer a
+            type it handles and its batch-of-one check passed), else vmap. The engine a run
+            used is logged and recorded in its run config (``per_example_engine``).
         microbatch: examples per per-example-gradient call (bounds memory).
         eval_every: evaluate on the held-out split every this many steps (0 = only at the end).
         log_every: log loss and epsilon every this many steps.
@@ -118,7 +121,7 @@ class TrainConfig:
     lr: float = 5e-4
     momentum: float = 0.0
     dtype: GradDtype = GradDtype.FLOAT32
-    backend: PerExampleBackend = PerExampleBackend.VMAP
+    backend: PerExampleBackend = PerExampleBackend.AUTO
     microbatch: int | None = 32
     eval_every: int = 50
     log_every: int = 10

@@ -106,7 +106,9 @@ class _Run:
         self.noise_gen = torch.Generator(self.device).manual_seed(config.seed + 2)
         # Ghost clipping (backend "ghost") forms the step's clipped sum without rows; the hooks
         # still get a vmap engine for rows of their own (a public subspace's examples).
-        self.ghost, self.engine = self._ghost_engine(config, task, hooks or StepHooks())
+        self.ghost, self.engine, why = self._ghost_engine(config, task, hooks or StepHooks())
+        # logged once, at the first step (after every check of the run has passed)
+        self._engine_note: str | None = f"per-example backend: {self.engine}" + (f" ({why})" if why else "")
         ghost = self.ghost is not None
         self.grads = PerExampleGradients(
             self.model, task.forward, task.loss, self.names,
@@ -133,14 +135,18 @@ class _Run:
         self.hooks.setup(self.context)
 
     def _ghost_engine(self, config: TrainConfig, task: Task, hooks: StepHooks):
-        """(GhostClipping or None, the engine's name); ``auto`` takes ghost where it applies
-        (batch mode, hooks that need no rows, layers it handles) and vmap otherwise."""
+        """(GhostClipping or None, the engine's name, why ``auto`` chose it); ``auto`` takes
+        ghost where it applies (batch mode, hooks that need no rows, layers it handles, its
+        batch-of-one check passed) and vmap otherwise."""
         from gradspec.train._ghost import GhostClipping
 
         backend = config.backend
         if backend == PerExampleBackend.AUTO:
-            if config.mode != CollectMode.BATCH or hooks.needs_rows:
-                return None, PerExampleBackend.VMAP.value
+            vmap = PerExampleBackend.VMAP.value
+            if config.mode != CollectMode.BATCH:
+                return None, vmap, "auto: --mode per-example stores the rows ghost clipping never forms"
+            if hooks.needs_rows:
+                return None, vmap, f"auto: {hooks.name} changes each per-example gradient before clipping"
             probe = None
             if len(task.train) >= 2:  # checked against a batch-of-one loop now, so a misfit falls back
                 probe = {k: v.to(self.device) for k, v in task.train.batch(torch.arange(2)).items()}
@@ -148,13 +154,12 @@ class _Run:
                 engine = GhostClipping(self.model, task.forward, task.loss, self.names,
                                        microbatch=config.microbatch, probe_batch=probe)
             except ValueError as err:
-                logger.info("backend auto: vmap (%s)", err)
-                return None, PerExampleBackend.VMAP.value
-            return engine, PerExampleBackend.GHOST.value
+                return None, vmap, f"auto: {err}"
+            return engine, PerExampleBackend.GHOST.value, "auto: every selected layer has a ghost-clipping rule"
         if backend == PerExampleBackend.GHOST:
             return GhostClipping(self.model, task.forward, task.loss, self.names,
-                                 microbatch=config.microbatch), backend.value
-        return None, backend.value
+                                 microbatch=config.microbatch), backend.value, ""
+        return None, backend.value, ""
 
     def set_config(self, config: TrainConfig) -> None:
         """Replace the run's settings (a resume that turns a calibrated run into a fixed-sigma one)."""
@@ -190,6 +195,8 @@ class _Run:
             "noise_multiplier": self.sigma,
             "max_grad_norm": c.max_grad_norm,
             "per_example_engine": self.engine,
+            # ghost clipping's batch-of-one check (GhostClipping(check=...)): off only by an expert's choice
+            **({"ghost_check": self.ghost.check} if self.ghost is not None else {}),
             "delta": self.delta,
             "sampling_note": (
                 ("Poisson sampling, accounted as the Poisson-subsampled Gaussian mechanism"
@@ -263,6 +270,9 @@ class _Run:
         from gradspec.privacy import clip_rows, norm_stats
 
         c = self.config
+        if self._engine_note is not None:
+            logger.info("%s", self._engine_note)
+            self._engine_note = None
         self.hooks.on_step_start(self.step, self.context)
         epoch = self.sampler.epoch
         idx = self.sampler.next()

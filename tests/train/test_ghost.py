@@ -3,6 +3,8 @@ refusals; the DP invariants of its clipped sum; the trainer with ``backend="ghos
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -343,21 +345,43 @@ def test_retrain_sum_only_optimizers_run_on_ghost_as_on_vmap(tmp_path, algorithm
     torch.testing.assert_close(weights["ghost"], weights["vmap"], rtol=1e-5, atol=1e-6)
 
 
-def test_auto_takes_ghost_where_it_applies_and_vmap_elsewhere(tmp_path):
+class _WithBatchNorm(nn.Module):
+    """Tiny with a BatchNorm1d, a layer the ghost backend has no rule for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.bn, self.fc = nn.Embedding(20, 6), nn.BatchNorm1d(6), nn.Linear(6, 3)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.fc(self.bn(self.emb(tokens).mean(1)))
+
+
+def test_auto_is_the_default_and_takes_ghost_where_it_applies_and_vmap_elsewhere(tmp_path, caplog):
     from gradspec.tasks import make_task
 
-    base = dict(steps=2, batch_size=8, noise_multiplier=1.0, eval_every=0, checkpoint_every=2, backend="auto")
+    assert TrainConfig().backend == "auto" and CollectConfig().backend == "auto"
+    base = dict(steps=2, batch_size=8, noise_multiplier=1.0, eval_every=0, checkpoint_every=2)
+    with_bn = tiny_task()
+    with_bn.model = _WithBatchNorm()
     runs = {
         "ghost": (CollectConfig(task="tiny", **base), tiny_task()),  # Embedding, LayerNorm, Linear
-        "vmap": (CollectConfig(task="cnn", task_options={"n_train": 32, "n_eval": 8}, **base),
-                 make_task("cnn", n_train=32, n_eval=8)),  # Conv2d
+        "ghost-cnn": (CollectConfig(task="cnn", task_options={"n_train": 32, "n_eval": 8}, **base),
+                      make_task("cnn", n_train=32, n_eval=8)),  # Conv2d, Linear
+        "vmap": (CollectConfig(task="tiny", **base), with_bn),  # BatchNorm1d
+        "vmap-pe": (CollectConfig(task="tiny", mode="per-example", **base), tiny_task()),  # rows are stored
     }
-    for want, (config, task) in runs.items():
-        res = collect(config, out=tmp_path / want, task=task)
-        assert GradientStore.open(res.store).config["per_example_engine"] == want
-    per_example = CollectConfig(task="tiny", mode="per-example", **base)
-    res = collect(per_example, out=tmp_path / "pe", task=tiny_task())
-    assert GradientStore.open(res.store).config["per_example_engine"] == "vmap"
+    for name, (config, task) in runs.items():
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="gradspec.train"):
+            res = collect(config, out=tmp_path / name, task=task)
+        stored = GradientStore.open(res.store).config
+        want = name.partition("-")[0]
+        assert stored["collect"]["backend"] == "auto" and stored["per_example_engine"] == want
+        assert stored.get("ghost_check") is (True if want == "ghost" else None)
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("per-example backend")]
+        assert len(lines) == 1 and lines[0].startswith(f"per-example backend: {want} (auto: ")
+        if name == "vmap":
+            assert "BatchNorm1d" in lines[0]
 
 
 @pytest.mark.slow
