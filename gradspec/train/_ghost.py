@@ -60,6 +60,7 @@ learners"); Bu et al. 2022 (mixed ghost clipping), 2023 (book-keeping).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -358,7 +359,7 @@ class GhostClipping(EngineBase):
                               for r in refs]) for j, param in enumerate(params)]
         # A parameter whose true gradient is ~0 (BERT's key bias: softmax ignores a shift) is
         # compared against a floor of 1e-3 of the whole rows' norm, not its own rounding noise.
-        floor = 1e-3 * float(torch.linalg.vector_norm(torch.cat(wants, dim=1)))
+        floor = 1e-3 * math.sqrt(sum(float(w.square().sum()) for w in wants))
         for j, (name, param) in enumerate(zip(self.names, params, strict=True)):
             spec = self.layout.params[j]
             want = wants[j]
