@@ -18,6 +18,6 @@ gradspec collect --out "$OUT" --overwrite --steps "$STEPS" --batch-size 32 --eps
     --lr 2e-3 --eval-every 40 --checkpoint-every 40
 gradspec info "$OUT/gradients.zarr"
 gradspec pca "$OUT/gradients.zarr" --k "$K" --out "$OUT/spectrum.zarr" --overwrite
-gradspec decay "$OUT/spectrum.zarr" --out "$OUT/decay"
-gradspec plot "$OUT/decay" --out "$OUT/figures"
+gradspec decay "$OUT/spectrum.zarr" --out "$OUT/decay" --overwrite
+gradspec plot "$OUT/decay" --out "$OUT/figures" --overwrite
 echo "figures in $OUT/figures, numbers in $OUT/decay/report.json"
