@@ -47,6 +47,7 @@ TAIL_MASS = 1e-15
 MAX_PLD_POINTS = 2**24
 _BYTES_PER_POINT = 40  # peak memory of a self-composition, per point (reported in the refusal)
 _CACHE_POINTS = 2**24  # single steps kept (the most recent one always)
+_SPECTRUM_POINTS = 2**22  # a transform is kept for the next query only up to this size (32 MiB)
 
 
 class _Pmf(NamedTuple):
@@ -177,7 +178,10 @@ class _Step:
         if cached is None or cached[0] != size:
             with np.errstate(divide="ignore"):
                 cached = (size, np.log(fft.rfft(pmf.probs, size)))
-            self._spectrum[key] = cached
+            if size <= _SPECTRUM_POINTS:
+                self._spectrum[key] = cached
+            else:
+                self._spectrum.pop(key, None)
         # The count-th power of the transform (exp(count log z), as numpy's own power computes
         # it, with the log kept for the next count). The convolution is cyclic modulo `size`:
         # the window [lower, upper] is read out.
