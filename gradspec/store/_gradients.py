@@ -72,6 +72,7 @@ from gradspec.store._rowkind import RowKind, row_kind
 from gradspec.store._zarr import (
     create_group,
     disk_numpy_dtype,
+    missing_attribute,
     open_checked,
     size_on_disk,
 )
@@ -227,7 +228,11 @@ class GradientStore(GradientReads, GradientWrites):
     @classmethod
     def open(cls, path: str | os.PathLike, mode: str = "r") -> GradientStore:
         """Open an existing store; ``mode="r"`` (default) is read-only, ``"r+"`` appends."""
-        return cls(open_checked(path, KIND, mode), str(path), mode)
+        group = open_checked(path, KIND, mode)
+        try:
+            return cls(group, str(path), mode)
+        except KeyError as err:
+            raise missing_attribute(path, KIND, err) from None
 
     # ------------------------------------------------------------------ properties
     @property

@@ -77,9 +77,13 @@ from gradspec.store._spectrum_schema import (
     _owner_alive,
 )
 from gradspec.store._spectrum_write import SpectrumWrites
-from gradspec.store._zarr import create_group, is_url, open_checked, size_on_disk
+from gradspec.store._zarr import create_group, is_url, missing_attribute, open_checked, size_on_disk
 
 logger = logging.getLogger(__name__)
+
+#: The attributes every spectrum store has from its creation on (a store without them is not one).
+REQUIRED_ATTRS = ("gradspec.shape", "gradspec.k", "gradspec.k_requested", "gradspec.method",
+                  "gradspec.params", "gradspec.source")
 
 class SpectrumStore(SpectrumWrites):
     """Top-k singular triplets of a gradient matrix with their accuracy report."""
@@ -212,7 +216,12 @@ class SpectrumStore(SpectrumWrites):
             StoreDamagedError: a complete store lacks an array, or one's shape disagrees with
                 its k and shape (chunks are checked when read, see the module note).
         """
-        store = cls(open_checked(path, KIND, mode), str(path), mode)
+        group = open_checked(path, KIND, mode)
+        attrs = group.attrs.asdict()
+        for key in REQUIRED_ATTRS:
+            if key not in attrs:
+                raise missing_attribute(path, KIND, KeyError(key))
+        store = cls(group, str(path), mode)
         if store.status == COMPLETE:
             store._check_arrays()
         return store

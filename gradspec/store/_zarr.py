@@ -141,3 +141,13 @@ def _float16_table() -> np.ndarray:
 
 def disk_numpy_dtype(dtype: str) -> str:
     return {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}[dtype]
+
+
+def missing_attribute(path: str | os.PathLike, kind: str, err: KeyError) -> ValueError:
+    """The one-line error for a store whose ``gradspec.kind`` claims ``kind`` but which lacks
+    that kind's attributes (another kind's store relabelled, or a damaged one)."""
+    name = err.args[0] if err.args else "?"
+    return ValueError(
+        f"{str(path)!r} says it is a {kind} store ({KIND_KEY}) but has no {name!r} attribute: it is "
+        "another kind of store relabelled, or a damaged one"
+    )

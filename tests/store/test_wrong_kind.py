@@ -1,0 +1,39 @@
+"""A store whose gradspec.kind names the other kind gives one line naming the claim and the
+missing attribute (issue 25: `info` and `decay` printed only `error: gradspec.shape`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+from typer.testing import CliRunner
+
+import gradspec
+from cli.main import app
+from gradspec.store import META_FIELDS, GradientStore, ParamLayout, SpectrumStore, open_store
+
+
+@pytest.fixture
+def stores(tmp_path):
+    grads = tmp_path / "g.zarr"
+    store = GradientStore.create(grads, layout=ParamLayout.from_shapes([("w", (30,))]))
+    meta = {name: np.zeros(6, dtype=dtype) for name, dtype in META_FIELDS.items()}
+    store.append(np.random.default_rng(0).standard_normal((6, 30)).astype(np.float32), meta)
+    store.set_status("complete")
+    gradspec.pca(source=grads, k=2, out=tmp_path / "s.zarr")
+    return grads, tmp_path / "s.zarr"
+
+
+@pytest.mark.parametrize("which, claim, opener, says", [
+    (0, "spectrum", SpectrumStore.open, "says it is a spectrum store .* has no 'gradspec.shape'"),
+    (1, "gradients", GradientStore.open, "has no valid parameter layout .'gradspec.layout'."),
+], ids=["gradients-says-spectrum", "spectrum-says-gradients"])
+def test_a_relabelled_store_is_one_line_naming_the_claim(stores, which, claim, opener, says):
+    path = stores[which]
+    zarr.open_group(str(path), mode="r+").attrs["gradspec.kind"] = claim
+    for call in (lambda: open_store(path), lambda: opener(path)):
+        with pytest.raises(ValueError, match=says):
+            call()
+    res = CliRunner().invoke(app, ["info", str(path)])
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code != 0 and len(lines) == 1 and "gradspec." in lines[0], res.output
