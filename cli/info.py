@@ -21,7 +21,7 @@ def _size(n: int | None) -> str:
 
 @user_errors
 def info_command(
-    store: Path = typer.Argument(..., help="A gradient store (collect) or spectrum store (pca)."),
+    store: Path = typer.Argument(None, help="A gradient store (collect) or spectrum store (pca)."),
     as_json: bool = typer.Option(False, "--json", help="Print everything as JSON."),
     verify: bool = typer.Option(
         False, "--verify",
@@ -29,12 +29,22 @@ def info_command(
         "truncated, the wrong size, undecodable or holds NaN/inf.",
     ),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar for --verify."),
+    machine: bool = typer.Option(
+        False, "--machine", help="Show this machine's Gram kernel for pca (measured once, cached) "
+        "and the measured rates, instead of a store."),
 ) -> None:
     """Show a store's shape, dtype, size, layout, config and row summary.
 
     Exits 1 when the store is damaged: without --verify, when a chunk of a committed
     row is missing (a listing, nothing is read); with --verify, on any damage found.
     """
+    if machine:
+        from cli._machine import machine_info
+
+        machine_info(as_json)
+        return
+    if store is None:
+        raise ValueError("give a STORE to describe, or --machine")
     from gradspec.store import open_store
 
     opened = open_store(store)

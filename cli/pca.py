@@ -55,6 +55,11 @@ def pca_command(
     no_verify: bool = typer.Option(
         False, "--no-verify", help="Skip the residual/reconstruction check."
     ),
+    kernel: str = typer.Option(
+        "auto", "--kernel",
+        help="Gram kernel: auto (the fastest measured on this machine, cached; see "
+        "`gradspec info --machine`) | numpy-syrk | scipy-syrk | torch-blocked | torch-gemm.",
+    ),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars."),
 ) -> None:
     """Top-k SVD of the gradient matrix, out of core; writes σ, U, V and an accuracy report."""
@@ -79,6 +84,7 @@ def pca_command(
         seed=seed,
         scheduler=scheduler,
         verify=not no_verify,
+        kernel=kernel,
         progress=not no_progress,
     )
     acc = result.accuracy()
@@ -97,6 +103,7 @@ def pca_command(
         f"accuracy: max residual {acc['max_residual']:.2e}, reconstruction error "
         f"{acc['reconstruction_error']:.4f}, explained variance {acc['explained_variance']:.4f}"
     )
+    _rates(result.params)
     typer.echo(f"{result.passes} passes in {result.timings.get('total', 0):.1f}s -> {out}")
     if acc["max_residual"] > UNCONVERGED:
         typer.echo(
@@ -105,3 +112,30 @@ def pca_command(
             "or use --method gram",
             err=True,
         )
+
+
+def _rates(params: dict) -> None:
+    """Each kind of pass: its time, symmetric-counted GFLOP/s and read rate; the Gram kernel."""
+    groups: dict[str, dict] = {}
+    for e in params.get("rates") or []:
+        g = groups.setdefault(e["pass"], {"n": 0, "seconds": 0.0, "flops": 0.0, "bytes": 0, "wait": 0.0})
+        g["n"] += 1
+        g["seconds"] += e["seconds"]
+        g["flops"] += (e.get("gflops") or 0.0) * 1e9 * e["seconds"]
+        g["bytes"] += e.get("bytes_read") or 0
+        g["wait"] += e.get("read_wait") or 0.0
+    parts = []
+    for name, g in groups.items():
+        sec = max(g["seconds"], 1e-12)
+        times = f" x{g['n']}" if g["n"] > 1 else ""
+        parts.append(
+            f"{name}{times} {g['seconds']:.1f}s"
+            + (f" {g['flops'] / sec / 1e9:.1f} GFLOP/s" if g["flops"] else "")
+            + (f" {g['bytes'] / sec / 1e9:.2f} GB/s read" if g["bytes"] else "")
+            + (f" (waited {g['wait']:.1f}s for reads)" if g["wait"] >= 0.05 else "")
+        )
+    if parts:
+        typer.echo("rates: " + "; ".join(parts))
+    if params.get("kernel"):
+        typer.echo(f"gram kernel: {params['kernel']} ({params.get('kernel_reason')})")
+

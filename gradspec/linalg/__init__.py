@@ -4,6 +4,8 @@
 """
 
 from gradspec.linalg._auto import choose_method, parse_memory
+from gradspec.linalg._kernel_choice import machine_kernels
+from gradspec.linalg._kernels import GRAM_KERNELS
 from gradspec.linalg._operator import GradientOperator
 from gradspec.linalg._operator_base import ArraySink
 from gradspec.linalg._result import PcaResult, sign_fix
@@ -36,4 +38,7 @@ __all__ = [
     "choose_method",
     "parse_memory",
     "sign_fix",
+    # the Gram kernels and this machine's choice among them
+    "GRAM_KERNELS",
+    "machine_kernels",
 ]

@@ -70,8 +70,10 @@ class DaskGradientOperator(OperatorBase):
 
         self.source = make_source(source, rows=rows, params=params, col_ranges=col_ranges)
         if isinstance(self.source, ArraySource):
-            arr = da.from_array(self.source._a, chunks=(-1, block_cols or 8192))
-            if self.source._ranges != [(0, self.source._a.shape[1])]:
+            a = self.source._a
+            a = a.float().numpy() if hasattr(a, "detach") else a  # a bfloat16/float16 tensor
+            arr = da.from_array(a, chunks=(-1, block_cols or 8192))
+            if self.source._ranges != [(0, a.shape[1])]:
                 arr = da.concatenate([arr[:, a:b] for a, b in self.source._ranges], axis=1)
         else:
             arr = self.source.to_dask()

@@ -1,19 +1,31 @@
-"""Dense kernels of the streamed passes: symmetric rank-w updates.
+"""Dense kernels of the streamed passes: the Gram kernels G += P·Pᵀ and the symmetric block update.
 
-The Gram G = Σ P·Pᵀ is symmetric, so only its upper block triangle needs
-computing: with the rows of a panel cut into b blocks, the update is
-b(b+1)/2 GEMMs instead of b², i.e. (b+1)/(2b) of the flops of one full GEMM
-(BLAS ``syrk`` does the same; torch has none, and numpy's ``a @ a.T`` uses
-OpenBLAS's, which is slower here than MKL's GEMM on blocks of ~500 rows).
-On a 2-core Xeon (AVX-512, MKL) the blocked float64 update runs at 1.2–1.4× the
-rate of one full GEMM; on CUDA a full GEMM is used (compute is not the bottleneck).
-In float32 the blocked update is *slower* than one full GEMM (measured 2.4×
-slower at r=1000, w=8192 on the shared 2-core machine: each block product
-needs its own float32 temporary added to float64), so float32 panels use one
-full GEMM whose float32 result is added to the float64 accumulator in place.
+The Gram G = Σ P·Pᵀ over panels P (r×w) is symmetric, so one triangle holds
+all of it: r²w flops per panel (BLAS ``syrk``) instead of the 2r²w of one
+full GEMM. Which routine runs fastest depends on the machine — measured on a
+2-core AMD EPYC with OpenBLAS (issue 21), numpy's float32 ``P @ P.T`` (which
+calls ``ssyrk``) was 1.76× faster than torch's full GEMM, while on a 2-core
+Xeon with MKL the full torch GEMM beat OpenBLAS's ``syrk`` — so the kernel is
+chosen by measurement (``_kernel_choice``), and each one is exact to rounding
+against a float64 dense reference. Every kernel accumulates in float64 across
+panels; inside a panel the products run in the panel's dtype (float32 or
+float64; narrower panels are widened to float32 first, see ``_precision``).
+
+The registry (``GRAM_KERNELS``) names the valid choices:
+
+- ``numpy-syrk``: numpy ``P @ P.T`` (numpy recognises the transposed pair and calls
+  its BLAS ``syrk``), added to a float64 G. CPU.
+- ``scipy-syrk``: ``scipy.linalg.blas.dsyrk`` accumulating into G's lower triangle in
+  place (float64 panels), or ``ssyrk`` into a reused float32 triangle added to G. CPU.
+- ``torch-blocked``: torch GEMMs on the upper block triangle only (blocks of
+  ``BLOCK_ROWS`` rows: b(b+1)/2 products instead of b²). CPU or CUDA.
+- ``torch-gemm``: one full torch GEMM per panel. CPU or CUDA (the only one used on CUDA
+  unless asked for: compute is not the bottleneck there).
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -27,7 +39,8 @@ def block_edges(
 ) -> list[int]:
     """Row-block edges for a symmetric update of an n×n matrix ([0, n]: one full GEMM).
 
-    ``dtype``: the dtype of the panels multiplied; float32 panels use one full GEMM.
+    ``dtype``: the dtype of the panels multiplied; float32 panels use one full GEMM
+    (each block product would need its own float32 temporary added to float64).
     """
     nb = 1 if device.type != "cpu" or dtype != torch.float64 else max(1, round(n / block_rows))
     return [int(e) for e in np.linspace(0, n, nb + 1).round()]
@@ -65,3 +78,155 @@ def sym_finish(g: torch.Tensor, edges: list[int]) -> np.ndarray:
     # Diagonal blocks were computed whole: average them with their transposes.
     full = np.where(diag, (full + full.T) / 2, full)
     return np.ascontiguousarray(full)
+
+
+class GramKernel:
+    """G = Σ P·Pᵀ (r×r, float64) over the panels handed to :meth:`update`."""
+
+    name: ClassVar[str]
+    #: Runs on host memory only (numpy/scipy BLAS).
+    cpu_only: ClassVar[bool] = False
+
+    def __init__(self, r: int, device: torch.device) -> None:
+        self.r, self.device = r, device
+
+    def update(self, panel: torch.Tensor) -> None:
+        """G += P·Pᵀ for a float32 or float64 panel P (r×w) on the kernel's device."""
+        raise NotImplementedError
+
+    def diagonal(self) -> np.ndarray:
+        """diag(G) so far (the squared row norms of H as the kernel computed them)."""
+        raise NotImplementedError
+
+    def result(self) -> np.ndarray:
+        """The full symmetric G (numpy float64, C-contiguous)."""
+        raise NotImplementedError
+
+
+class TorchGemm(GramKernel):
+    name = "torch-gemm"
+
+    def __init__(self, r: int, device: torch.device) -> None:
+        super().__init__(r, device)
+        self.g = torch.zeros((r, r), dtype=torch.float64, device=device)
+
+    def update(self, panel: torch.Tensor) -> None:
+        if panel.dtype == torch.float64:
+            self.g.addmm_(panel, panel.T)
+        else:
+            self.g.add_(panel @ panel.T)  # float32 product, added in float64
+
+    def diagonal(self) -> np.ndarray:
+        return self.g.diagonal().detach().cpu().numpy().copy()
+
+    def result(self) -> np.ndarray:
+        return sym_finish(self.g, [0, self.r])
+
+
+class TorchBlocked(GramKernel):
+    name = "torch-blocked"
+
+    def __init__(self, r: int, device: torch.device, block_rows: int = BLOCK_ROWS) -> None:
+        super().__init__(r, device)
+        self.g = torch.zeros((r, r), dtype=torch.float64, device=device)
+        nb = max(1, round(r / block_rows))
+        self.edges = [int(e) for e in np.linspace(0, r, nb + 1).round()]
+
+    def update(self, panel: torch.Tensor) -> None:
+        sym_update(self.g, panel, self.edges)
+
+    def diagonal(self) -> np.ndarray:
+        return self.g.diagonal().detach().cpu().numpy().copy()
+
+    def result(self) -> np.ndarray:
+        return sym_finish(self.g, self.edges)
+
+
+def _host(panel: torch.Tensor) -> np.ndarray:
+    if panel.device.type != "cpu":
+        raise ValueError(f"this Gram kernel runs on the CPU; the panels are on {panel.device}")
+    return panel.detach().numpy()
+
+
+class NumpySyrk(GramKernel):
+    name = "numpy-syrk"
+    cpu_only = True
+
+    def __init__(self, r: int, device: torch.device) -> None:
+        super().__init__(r, device)
+        self.g = np.zeros((r, r), dtype=np.float64)
+
+    def update(self, panel: torch.Tensor) -> None:
+        a = _host(panel)
+        np.add(self.g, a @ a.T, out=self.g)  # numpy calls syrk for a @ a.T; filled both ways
+
+    def diagonal(self) -> np.ndarray:
+        return np.diag(self.g).copy()
+
+    def result(self) -> np.ndarray:
+        return np.ascontiguousarray((self.g + self.g.T) / 2)
+
+
+class ScipySyrk(GramKernel):
+    name = "scipy-syrk"
+    cpu_only = True
+
+    def __init__(self, r: int, device: torch.device) -> None:
+        super().__init__(r, device)
+        self.g = np.zeros((r, r), dtype=np.float64)
+        self._gf = self.g.T  # Fortran-ordered view: BLAS updates its upper = g's lower triangle
+        self._c32: np.ndarray | None = None
+
+    def update(self, panel: torch.Tensor) -> None:
+        from scipy.linalg import blas
+
+        a = _host(panel)
+        # aᵀ (w×r) is Fortran-ordered when a is C-ordered: trans=1 gives (aᵀ)ᵀ·aᵀ = a·aᵀ.
+        if a.dtype == np.float64:
+            out = blas.dsyrk(1.0, a.T, beta=1.0, c=self._gf, trans=1, overwrite_c=1)
+            if out is not self._gf:  # BLAS worked on a copy: keep its sum
+                self._gf[...] = out
+            return
+        if self._c32 is None:
+            self._c32 = np.zeros((self.r, self.r), dtype=np.float32, order="F")
+        c = blas.ssyrk(1.0, a.T, beta=0.0, c=self._c32, trans=1, overwrite_c=1)
+        np.add(self._gf, c, out=self._gf)  # c's other triangle stays zero (never written)
+
+    def diagonal(self) -> np.ndarray:
+        return np.diag(self.g).copy()
+
+    def result(self) -> np.ndarray:
+        low = np.tril(self.g)
+        return np.ascontiguousarray(low + np.tril(self.g, -1).T)
+
+
+#: The Gram kernels by name (``--kernel``); ``auto`` chooses among them by measurement.
+GRAM_KERNELS: dict[str, type[GramKernel]] = {
+    k.name: k for k in (NumpySyrk, ScipySyrk, TorchBlocked, TorchGemm)
+}
+KERNEL_CHOICES = ("auto", *GRAM_KERNELS)
+
+
+def gram_kernel(name: str, device: torch.device) -> type[GramKernel]:
+    """The kernel class for ``name`` on ``device``.
+
+    Raises:
+        ValueError: an unknown name (naming the valid ones), or a CPU kernel on CUDA.
+    """
+    cls = GRAM_KERNELS.get(str(name))
+    if cls is None:
+        raise ValueError(f"unknown Gram kernel {name!r}; choose one of: {', '.join(KERNEL_CHOICES)}")
+    if cls.cpu_only and device.type != "cpu":
+        gpu = [k for k, c in GRAM_KERNELS.items() if not c.cpu_only]
+        raise ValueError(
+            f"the Gram kernel {name!r} runs on the CPU; on {device.type} choose one of: {', '.join(gpu)}"
+        )
+    return cls
+
+
+def default_kernel(dtype: torch.dtype, device: torch.device) -> str:
+    """The kernel used without a measurement: one full GEMM on CUDA and for float32 panels,
+    blocked GEMMs for float64 on the CPU (measured on MKL; see ``block_edges``)."""
+    if device.type != "cpu" or dtype != torch.float64:
+        return TorchGemm.name
+    return TorchBlocked.name

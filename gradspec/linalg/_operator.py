@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,9 +28,17 @@ import numpy as np
 import torch
 
 from gradspec._device import resolve_device
+from gradspec.linalg._kernel_choice import choose_gram_kernel
+from gradspec.linalg._kernels import GramKernel, gram_kernel
 from gradspec.linalg._operator_base import ArraySink, OperatorBase, Sink, scipy_operator
 from gradspec.linalg._passes import _Gram, _HHt, _Matmat, _Project, _Rmatmat
-from gradspec.linalg._precision import effective_precision, resolve_precision, to_device, to_numpy
+from gradspec.linalg._precision import (
+    cast_into,
+    effective_precision,
+    resolve_precision,
+    to_device,
+    to_numpy,
+)
 from gradspec.linalg._sources import ColRanges, RowSelection, make_source
 
 logger = logging.getLogger(__name__)
@@ -51,8 +60,15 @@ class GradientOperator(OperatorBase):
             ``"float32"`` | ``"tf32"`` (see ``_precision``).
         memory: host-memory budget in bytes for blocks in flight (None: 2 GiB).
         block_cols: columns per read block (default: the store's chunk width).
-        prefetch: blocks read ahead on a background thread.
+        prefetch: blocks read ahead on a background thread (the next block is read while
+            the current one multiplies).
+        kernel: the Gram kernel: ``"auto"`` (measured once per machine, see
+            ``_kernel_choice``) or a name of ``_kernels.GRAM_KERNELS``.
+        kernel_cache: directory of the kernel-choice cache (default: the user's cache).
         progress: show a progress bar on stderr for each pass.
+
+    Each pass appends what it did to ``pass_log``: its consumers, seconds, the time spent
+    waiting for reads, bytes read, GB/s and symmetric-counted GFLOP/s.
 
     Example:
         >>> H = np.random.default_rng(0).standard_normal((50, 300))
@@ -74,6 +90,8 @@ class GradientOperator(OperatorBase):
         memory: int | None = None,
         block_cols: int | None = None,
         prefetch: int = 2,
+        kernel: str = "auto",
+        kernel_cache: str | None = None,
         progress: bool = False,
     ) -> None:
         self.source = make_source(source, rows=rows, params=params, col_ranges=col_ranges)
@@ -84,9 +102,15 @@ class GradientOperator(OperatorBase):
         self.dtype, tf32 = resolve_precision(self.precision, self.device)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = tf32
+        if kernel != "auto":
+            gram_kernel(kernel, self.device)  # an unknown name or a CPU kernel on CUDA: now
+        self.kernel, self.kernel_cache = str(kernel), kernel_cache
+        self.kernel_choice: tuple[str, str] | None = None
         self.progress = progress
         self.passes = 0
+        self.pass_log: list[dict[str, Any]] = []
         self.row_sq_norms: np.ndarray | None = None
+        self._buf: torch.Tensor | None = None
         r = self.shape[0]
         self.memory = int(memory) if memory is not None else 2 * 2**30
         self.panel_cols = int(np.clip((128 * 2**20) // (8 * r), 256, 8192))
@@ -111,13 +135,41 @@ class GradientOperator(OperatorBase):
                 )
         return prefetch, bc
 
+    def gram_kernel(self) -> type[GramKernel]:
+        """The Gram kernel of this operator, chosen on first use (see ``_kernel_choice``)."""
+        if self.kernel_choice is None:
+            r, p = self.shape
+            self.kernel_choice = choose_gram_kernel(
+                self.kernel, dtype=self.dtype, device=self.device, flops=float(r) * r * p,
+                cache=self.kernel_cache,
+            )
+            logger.info("Gram kernel %s (%s)", *self.kernel_choice)
+        return gram_kernel(self.kernel_choice[0], self.device)
+
+    def _compute_panel(self, raw: torch.Tensor) -> torch.Tensor:
+        """The panel in the compute dtype; narrower panels are widened into a reused buffer."""
+        if raw.dtype == self.dtype:
+            return raw
+        if self._buf is None or self._buf.numel() < raw.numel():
+            self._buf = torch.empty(self.shape[0] * self.panel_cols, dtype=self.dtype, device=self.device)
+        return cast_into(self._buf, raw)
+
+    def _nbytes(self, block: Any) -> int:
+        """Bytes a block took to read (a store's on-disk dtype, else the block's own)."""
+        size = getattr(self.source, "read_itemsize", None)
+        if size is None:
+            size = block.itemsize if isinstance(block, np.ndarray) else block.element_size()
+        return int(size) * int(np.prod(block.shape))
+
     # ------------------------------------------------------------------ the pass
     def fused(self, consumers: Sequence[Any]) -> list[Any]:
         """One pass over H feeding every panel to each consumer; returns their results.
 
         The first pass also records the squared row norms of H (``row_sq_norms``;
         from the Gram's diagonal when a Gram is accumulated), which locate
-        NaN/inf rows and give ‖H‖_F² for free.
+        NaN/inf rows and give ‖H‖_F² for free. Blocks are read ahead by the source
+        (``prefetch``), so reading overlaps the products; ``pass_log`` records the time
+        the products waited for a read.
         """
         r, p = self.shape
         first = self.row_sq_norms is None
@@ -137,10 +189,20 @@ class GradientOperator(OperatorBase):
                 leave=False,
                 desc=f"pass {self.passes + 1}",
             )
-        for off, block in self.source.iter_col_blocks(self.block_cols, self.prefetch):
+        t0 = time.perf_counter()
+        waited, nbytes = 0.0, 0
+        blocks = iter(self.source.iter_col_blocks(self.block_cols, self.prefetch))
+        while True:
+            tw = time.perf_counter()
+            item = next(blocks, None)
+            waited += time.perf_counter() - tw
+            if item is None:
+                break
+            off, block = item
+            nbytes += self._nbytes(block)
             for j in range(0, block.shape[1], self.panel_cols):
                 raw = to_device(block[:, j : j + self.panel_cols], self.device)
-                panel = raw.to(self.dtype)
+                panel = self._compute_panel(raw)
                 if self.center:
                     panel = panel - panel.mean(dim=0, keepdim=True)
                     raw = None
@@ -152,9 +214,9 @@ class GradientOperator(OperatorBase):
                 bar.update(block.shape[1])
         if bar is not None:
             bar.close()
-        self.passes += 1
+        self._log_pass(consumers, time.perf_counter() - t0, waited, nbytes)
         if first:
-            self.row_sq_norms = to_numpy(gram.g.diagonal().clone() if gram is not None else norms)
+            self.row_sq_norms = gram.diagonal() if gram is not None else to_numpy(norms)
             bad = np.flatnonzero(~np.isfinite(self.row_sq_norms))
             if bad.size:
                 self.row_sq_norms = None
@@ -163,6 +225,19 @@ class GradientOperator(OperatorBase):
                     "selection; exclude them with --rows or recollect"
                 )
         return [c.result() for c in consumers]
+
+    def _log_pass(self, consumers: Sequence[Any], seconds: float, waited: float, nbytes: int) -> None:
+        r, p = self.shape
+        flops = sum(c.flops(r, p) for c in consumers)
+        self.passes += 1
+        self.pass_log.append({
+            "pass": "+".join(c.name for c in consumers) or "norms",
+            "seconds": seconds,
+            "read_wait": waited,
+            "bytes_read": nbytes,
+            "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None,
+            "gflops": flops / seconds / 1e9 if seconds > 0 and flops else None,
+        })
 
     # ------------------------------------------------------------------ products
     def _norms_pass(self) -> None:

@@ -4,6 +4,8 @@ Each consumer gets every panel P (r×w, in the compute dtype, on the device)
 with its column offset, through ``update(offset, panel, raw)`` (``raw``: the
 panel as read, before any cast or centering, or None), and returns its product
 from ``result()``; one read of H serves every consumer of a fused pass.
+``name`` and ``flops(r, p)`` (symmetric-counted: r²p for the Gram, 2rpb for a
+product with b columns) say what the pass did, for the rates it records.
 """
 
 from __future__ import annotations
@@ -19,26 +21,37 @@ from gradspec.linalg._precision import to_device, to_numpy
 
 
 class _Gram:
-    """G = Σ P·Pᵀ over panels in float64, upper block triangle only (see ``_kernels``)."""
+    """G = Σ P·Pᵀ over panels, accumulated in float64 by the operator's Gram kernel."""
+
+    name = "gram"
 
     def __init__(self, op: Any) -> None:
-        r = op.shape[0]
-        self.g = torch.zeros((r, r), dtype=torch.float64, device=op.device)
-        self.edges = block_edges(r, op.device, dtype=op.dtype)
+        self.kernel = op.gram_kernel()(op.shape[0], op.device)
+
+    def flops(self, r: int, p: int) -> float:
+        return float(r) * r * p
 
     def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
-        sym_update(self.g, p, self.edges)
+        self.kernel.update(p)
+
+    def diagonal(self) -> np.ndarray:
+        return self.kernel.diagonal()
 
     def result(self) -> np.ndarray:
-        return sym_finish(self.g, self.edges)
+        return self.kernel.result()
 
 
 class _HHt:
     """Z = H·Hᵀ·Q in one pass."""
 
+    name = "hht"
+
     def __init__(self, op: Any, q: np.ndarray) -> None:
         self.q = torch.as_tensor(q, device=op.device).to(op.dtype)
         self.z = torch.zeros(q.shape, dtype=torch.float64, device=op.device)
+
+    def flops(self, r: int, p: int) -> float:
+        return 4.0 * r * p * self.q.shape[1]
 
     def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
         self.z += (p @ (p.T @ self.q)).double()
@@ -48,9 +61,14 @@ class _HHt:
 
 
 class _Matmat:
+    name = "matmat"
+
     def __init__(self, op: Any, x: np.ndarray) -> None:
         self.x, self.op = x, op
         self.z = torch.zeros((op.shape[0], x.shape[1]), dtype=torch.float64, device=op.device)
+
+    def flops(self, r: int, p: int) -> float:
+        return 2.0 * r * p * self.x.shape[1]
 
     def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
         xs = to_device(self.x[off : off + p.shape[1]], self.op.device, self.op.dtype)
@@ -61,9 +79,14 @@ class _Matmat:
 
 
 class _Rmatmat:
+    name = "rmatmat"
+
     def __init__(self, op: Any, y: np.ndarray, sink: Sink) -> None:
         self.yt = torch.as_tensor(y.T.copy(), device=op.device).to(op.dtype)
         self.sink = sink
+
+    def flops(self, r: int, p: int) -> float:
+        return 2.0 * r * p * self.yt.shape[0]
 
     def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
         self.sink(off, to_numpy((self.yt @ p).T.double().contiguous()))
@@ -89,6 +112,8 @@ class _Project:
     of float32 numbers are exact in float64). ‖v_i‖² is returned even without
     ``verify``: it is the Rayleigh quotient that refines σ (``_result.finalize``).
     """
+
+    name = "project"
 
     def __init__(
         self,
@@ -123,6 +148,9 @@ class _Project:
         # float32 products: ‖v_i‖² exactly (float64 sums of float32 squares), for the refinement.
         self.f32 = op.dtype == torch.float32
         self.n2 = torch.zeros(k, dtype=torch.float64, device=dev)
+
+    def flops(self, r: int, p: int) -> float:
+        return 2.0 * r * p * int(self.yt.shape[0])
 
     def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
         vpt = self.yt @ p  # Vᵀ of this panel (k×w), in the compute dtype

@@ -20,6 +20,8 @@ import numpy as np
 
 RowSelection = slice | Sequence[int] | np.ndarray | None
 ColRanges = Sequence[tuple[int, int]] | None
+#: Element types kept narrow in memory and widened panel by panel.
+NARROW = ("float16", "bfloat16", "torch.float16", "torch.bfloat16")
 
 
 class BlockSource(Protocol):
@@ -92,24 +94,33 @@ def _check_ranges(col_ranges: ColRanges, p: int) -> list[tuple[int, int]]:
 
 
 class ArraySource:
-    """An in-memory numpy array or torch tensor (r, p); blocks are views."""
+    """An in-memory numpy array or torch tensor (r, p); blocks are views.
+
+    float16 arrays and float16/bfloat16 tensors stay as they are (no float32 copy of H):
+    the operator widens each panel as it multiplies it (``_precision.cast_into``);
+    ``dtype`` is then float32, the dtype that holds their numbers exactly.
+    """
 
     def __init__(
         self, array: Any, *, rows: RowSelection = None, col_ranges: ColRanges = None
     ) -> None:
         if hasattr(array, "detach"):  # torch tensor
-            array = array.detach().cpu().numpy()
-        array = np.asarray(array)
+            array = array.detach().cpu()
+            if str(array.dtype) not in NARROW:
+                array = array.numpy()
+        else:
+            array = np.asarray(array)
         if array.ndim != 2:
-            raise ValueError(f"H must be a 2-D (rows, parameters) array, got shape {array.shape}")
-        if array.dtype not in (np.float32, np.float64):
+            raise ValueError(f"H must be a 2-D (rows, parameters) array, got shape {tuple(array.shape)}")
+        narrow = str(array.dtype).removeprefix("torch.") in NARROW
+        if not narrow and array.dtype not in (np.float32, np.float64):
             array = array.astype(np.float32)
         idx = row_index(rows, array.shape[0])
         self._rows = rows
         self._a = array[idx]
         self._ranges = _check_ranges(col_ranges, array.shape[1])
         self.shape = (self._a.shape[0], sum(b - a for a, b in self._ranges))
-        self.dtype = self._a.dtype
+        self.dtype = np.dtype(np.float32) if narrow else self._a.dtype
 
     def iter_col_blocks(
         self, block_cols: int, prefetch: int = 0
@@ -160,6 +171,11 @@ class StoreSource:
     @property
     def chunk_cols(self) -> int:
         return int(self._store.chunks[1])
+
+    @property
+    def read_itemsize(self) -> int:
+        """Bytes per entry on disk (bfloat16 and float16 stores: 2)."""
+        return 2 if str(getattr(self._store, "dtype", "float32")) in NARROW else 4
 
     def row_indices(self) -> np.ndarray:
         """Absolute indices of the selected rows in the store."""

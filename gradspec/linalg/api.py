@@ -13,6 +13,7 @@ import numpy as np
 
 from gradspec._enums import PcaMethod, parse_choice
 from gradspec.linalg._auto import check_memory, choose_method, parse_memory
+from gradspec.linalg._kernels import KERNEL_CHOICES
 from gradspec.linalg._output import (
     _give_up,
     _open_output,
@@ -87,6 +88,7 @@ def pca(
     scheduler: Any = None,
     verify: bool = True,
     v_dtype: str = "float32",
+    kernel: str = "auto",
     progress: bool = False,
 ) -> PcaResult:
     """Top-k singular values and vectors of the r×p gradient matrix H, out of core.
@@ -116,10 +118,13 @@ def pca(
         scheduler: dask.distributed scheduler address or Client: run every pass as a dask graph.
         verify: measure residuals and the reconstruction error in the final pass (one extra product).
         v_dtype: dtype V is stored in (float32 | float64).
+        kernel: the Gram kernel: ``auto`` (measured once per machine and cached) or one of
+            ``numpy-syrk``, ``scipy-syrk``, ``torch-blocked``, ``torch-gemm``.
         progress: progress bars on stderr.
 
     Returns:
-        PcaResult (σ, U, V or None, residuals, explained variance, reconstruction error, timings).
+        PcaResult (σ, U, V or None, residuals, explained variance, reconstruction error, timings;
+        ``params["rates"]``: each pass's seconds, GFLOP/s (symmetric-counted) and GB/s read).
 
     Raises:
         ValueError: k out of range, empty selection, NaN/inf in H, too little memory, bad choices.
@@ -127,6 +132,8 @@ def pca(
     t_start = time.perf_counter()
     meth = parse_choice(PcaMethod, method, "PCA method")
     _check_settings(iters=iters, tol=tol, oversample=oversample, seed=seed, v_dtype=v_dtype)
+    if kernel not in KERNEL_CHOICES:
+        raise ValueError(f"unknown Gram kernel {kernel!r}; choose one of: {', '.join(KERNEL_CHOICES)}")
     budget = default_memory() if memory is None else parse_memory(memory)
     if budget is None or budget <= 0:
         raise ValueError(f"--memory must be a positive size such as 4G, got {memory!r}")
@@ -145,6 +152,8 @@ def pca(
             raise ValueError(
                 f"the Dask backend computes in float64; drop --precision {precision} or --scheduler"
             )
+        if kernel != "auto":
+            raise ValueError(f"the Dask backend forms the Gram on its workers; drop --kernel {kernel} or --scheduler")
         op: Any = DaskGradientOperator(
             source,
             scheduler=scheduler,
@@ -166,6 +175,7 @@ def pca(
             device=device,
             precision=precision,
             memory=budget // 2,
+            kernel=kernel,
             progress=progress,
         )
     desc = op.describe()
@@ -233,7 +243,7 @@ def pca(
         )
         if sink is not None:
             sink.close()
-        result.params = {**run_params, **result.params}
+        result.params = {**run_params, **result.params, **_rates(op)}
         result.timings["total"] = time.perf_counter() - t_start
         if store is not None:
             store.finish(result)
@@ -257,6 +267,18 @@ def pca(
         acc["reconstruction_error"],
     )
     return result
+
+
+def _rates(op: Any) -> dict[str, Any]:
+    """What each pass achieved (``GradientOperator.pass_log``) and the Gram kernel that ran."""
+    out: dict[str, Any] = {}
+    log = getattr(op, "pass_log", None)
+    if log:
+        out["rates"] = [dict(entry) for entry in log]
+    choice = getattr(op, "kernel_choice", None)
+    if choice is not None:
+        out["kernel"], out["kernel_reason"] = choice
+    return out
 
 
 #: The options each method uses (the others would be silently ignored).

@@ -1,7 +1,8 @@
 """Exact top-k SVD through the r×r Gram matrix: the floor of the problem.
 
-Pass 1 accumulates G = H·Hᵀ in float64 (2·r²·p flops; for float32 data by
-default from float32 panel products, see ``_precision``); ``eigh`` gives
+Pass 1 accumulates G = H·Hᵀ in float64 (r²·p flops counted symmetric, by the
+Gram kernel measured fastest on the machine, see ``_kernels``; for float32 data
+by default from float32 panel products, see ``_precision``); ``eigh`` gives
 G = U·Λ·Uᵀ, σ_i = √λ_i; pass 2 streams V = Hᵀ·U_k·Σ_k⁻¹ (2·r·p·k flops)
 column block by column block to the output and, with float32 products,
 refines σ_i to the Rayleigh quotient ‖Hᵀu_i‖ (``_result.finalize``). Two reads

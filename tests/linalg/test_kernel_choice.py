@@ -1,0 +1,181 @@
+"""The Gram kernel is chosen by measurement once per machine, cached, and can be overridden.
+
+No test depends on which kernel wins: the measurement is replaced by fixed rates wherever a
+choice is checked, and the real measurement is only checked to time every candidate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cli.main import app
+from gradspec.linalg import GRAM_KERNELS, machine_kernels, pca
+from gradspec.linalg import _kernel_choice as kc
+
+CPU = torch.device("cpu")
+RATES = {
+    "float32": {"numpy-syrk": 20.0, "scipy-syrk": 30.0, "torch-blocked": 5.0, "torch-gemm": 10.0},
+    "float64": {"numpy-syrk": 9.0, "scipy-syrk": 3.0, "torch-blocked": 4.0, "torch-gemm": 8.0},
+}
+
+
+@pytest.fixture
+def fake_measure(monkeypatch):
+    """The measurement, replaced by fixed rates; counts its calls."""
+    calls = []
+
+    def fake(*args, **kwargs):
+        calls.append(1)
+        return json.loads(json.dumps(RATES))
+
+    monkeypatch.setattr(kc, "measure", fake)
+    monkeypatch.setattr(kc, "_memo", {})
+    return calls
+
+
+def test_measured_choice_is_cached_and_read_back(tmp_path, fake_measure):
+    first = machine_kernels(cache=tmp_path)
+    assert first["source"] == "measured" and len(fake_measure) == 1
+    assert first["choice"] == {"float32": "scipy-syrk", "float64": "numpy-syrk"}
+    data = json.loads((tmp_path / kc.CACHE_FILE).read_text())
+    assert data["version"] == kc.CACHE_VERSION
+    (entry,) = data["entries"].values()
+    assert entry["choice"] == first["choice"] and entry["rates"] == RATES
+    assert json.loads(next(iter(data["entries"]))) == kc.machine_key()  # keyed by the machine
+    kc._memo.clear()  # a new process
+    again = machine_kernels(cache=tmp_path)
+    assert again["source"] == "cache" and len(fake_measure) == 1
+    assert again["choice"] == first["choice"] and again["rates"] == RATES
+    assert machine_kernels(cache=tmp_path, remeasure=True)["source"] == "measured"
+    assert len(fake_measure) == 2
+
+
+def test_another_machine_key_measures_again(tmp_path, fake_measure, monkeypatch):
+    machine_kernels(cache=tmp_path)
+    kc._memo.clear()
+    monkeypatch.setattr(kc, "machine_key", lambda: {"cpu": "another", "torch": "x"})
+    assert machine_kernels(cache=tmp_path)["source"] == "measured"
+    assert len(json.loads((tmp_path / kc.CACHE_FILE).read_text())["entries"]) == 2
+
+
+def _valid_file(path) -> dict:
+    return {"version": kc.CACHE_VERSION, "entries": {json.dumps(kc.machine_key(), sort_keys=True): {
+        "choice": {"float32": "torch-gemm", "float64": "torch-gemm"}, "rates": json.loads(json.dumps(RATES)),
+        "panel": [8, 8], "measured_at": "then"}}}
+
+
+def _entry(data: dict) -> dict:
+    return next(iter(data["entries"].values()))
+
+
+DAMAGE = {
+    "not-json": lambda d: "{not json",
+    "binary": lambda d: b"\xff\xfe\x00garbage",
+    "wrong-version": lambda d: {**d, "version": 99},
+    "entries-a-list": lambda d: {**d, "entries": []},
+    "unknown-kernel": lambda d: (_entry(d)["choice"].update(float32="mkl-magic"), d)[1],
+    "negative-rate": lambda d: (_entry(d)["rates"]["float64"].update({"torch-gemm": -1.0}), d)[1],
+    "nan-rate": lambda d: (_entry(d)["rates"]["float64"].update({"torch-gemm": float("nan")}), d)[1],
+    "bool-rate": lambda d: (_entry(d)["rates"]["float32"].update({"torch-gemm": True}), d)[1],
+    "no-rates": lambda d: (_entry(d).pop("rates"), d)[1],
+    "entry-a-string": lambda d: {**d, "entries": dict.fromkeys(d["entries"], "fast")},
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_cache_is_ignored_with_a_warning_and_measured_again(tmp_path, fake_measure, caplog, damage):
+    path = tmp_path / kc.CACHE_FILE
+    bad = DAMAGE[damage](_valid_file(path))
+    if isinstance(bad, bytes):
+        path.write_bytes(bad)
+    else:
+        path.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+    with caplog.at_level(logging.WARNING, logger="gradspec.linalg._kernel_choice"):
+        info = machine_kernels(cache=tmp_path)
+    assert info["source"] == "measured" and len(fake_measure) == 1
+    assert info["choice"] == {"float32": "scipy-syrk", "float64": "numpy-syrk"}  # not the cached one
+    assert any("ignoring" in r.message and "measuring again" in r.message for r in caplog.records)
+    kc._memo.clear()
+    assert machine_kernels(cache=tmp_path)["source"] == "cache"  # rewritten whole and valid
+
+
+def test_an_intact_cache_is_trusted(tmp_path, fake_measure):
+    (tmp_path / kc.CACHE_FILE).write_text(json.dumps(_valid_file(tmp_path)))
+    info = machine_kernels(cache=tmp_path)
+    assert info["source"] == "cache" and not fake_measure
+    assert info["choice"] == {"float32": "torch-gemm", "float64": "torch-gemm"}
+
+
+def test_an_unwritable_cache_still_chooses(tmp_path, fake_measure, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with caplog.at_level(logging.WARNING, logger="gradspec.linalg._kernel_choice"):
+        info = machine_kernels(cache=blocker / "sub")
+    assert info["choice"]["float32"] == "scipy-syrk"
+    assert any("could not write" in r.message for r in caplog.records)
+
+
+def test_cache_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("GRADSPEC_CACHE_DIR", str(tmp_path / "a"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert kc.cache_dir() == tmp_path / "a"
+    assert kc.cache_dir(tmp_path / "o") == tmp_path / "o"
+    monkeypatch.delenv("GRADSPEC_CACHE_DIR")
+    assert kc.cache_dir() == tmp_path / "x" / "gradspec"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert kc.cache_dir() == tmp_path / "home" / ".cache" / "gradspec"
+
+
+def test_auto_measures_only_a_pass_worth_it(tmp_path, fake_measure):
+    small = kc.choose_gram_kernel("auto", dtype=torch.float32, device=CPU, flops=1e6, cache=tmp_path)
+    assert small[0] == "torch-gemm" and "not worth measuring" in small[1]
+    assert not fake_measure and not (tmp_path / kc.CACHE_FILE).exists()
+    big = kc.choose_gram_kernel("auto", dtype=torch.float32, device=CPU, flops=1e13, cache=tmp_path)
+    assert big[0] == "scipy-syrk" and "30 GFLOP/s" in big[1]
+    big64 = kc.choose_gram_kernel("auto", dtype=torch.float64, device=CPU, flops=1e13, cache=tmp_path)
+    assert big64[0] == "numpy-syrk" and len(fake_measure) == 1
+    gpu = kc.choose_gram_kernel("auto", dtype=torch.float32, device=torch.device("cuda"), flops=1e13)
+    assert gpu[0] == "torch-gemm"
+
+
+def test_an_override_is_used_as_is(tmp_path, fake_measure, monkeypatch):
+    monkeypatch.setenv("GRADSPEC_CACHE_DIR", str(tmp_path))
+    assert kc.choose_gram_kernel("torch-blocked", dtype=torch.float32, device=CPU, flops=1e13) == (
+        "torch-blocked", "as requested")
+    h = np.random.default_rng(0).standard_normal((30, 200))
+    for name in GRAM_KERNELS:
+        res = pca(source=h, k=3, kernel=name)
+        assert res.params["kernel"] == name and res.params["kernel_reason"] == "as requested"
+        np.testing.assert_allclose(res.sigma, np.linalg.svd(h, compute_uv=False)[:3], rtol=1e-12)
+    with pytest.raises(ValueError, match="unknown Gram kernel 'fast'; choose one of: auto, "):
+        pca(source=h, k=3, kernel="fast")
+    assert not fake_measure
+
+
+def test_the_measurement_times_every_candidate():
+    rates = kc.measure(panel=(96, 64), budget_s=5.0)
+    assert set(rates) == {"float32", "float64"}
+    for per_kernel in rates.values():
+        assert set(per_kernel) == set(GRAM_KERNELS)
+        assert all(np.isfinite(v) and v > 0 for v in per_kernel.values())
+
+
+def test_info_machine_prints_the_choice_and_rates(tmp_path, fake_measure, monkeypatch):
+    monkeypatch.setenv("GRADSPEC_CACHE_DIR", str(tmp_path))
+    runner = CliRunner()
+    r = runner.invoke(app, ["info", "--machine"])
+    assert r.exit_code == 0, r.output
+    assert "float32  chosen scipy-syrk: scipy-syrk 30.0  numpy-syrk 20.0" in r.output
+    assert "float64  chosen numpy-syrk" in r.output and str(tmp_path) in r.output
+    r = runner.invoke(app, ["info", "--machine", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["choice"]["float64"] == "numpy-syrk"
+    assert len(fake_measure) == 1  # the second run read it back
+    r = runner.invoke(app, ["info"])
+    assert r.exit_code != 0 and "give a STORE to describe, or --machine" in r.output
