@@ -52,8 +52,14 @@ def pca_command(
         False, "--resume", help="Continue an interrupted orthogonal/krylov run in --out."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out."),
+    verify: str = typer.Option(
+        "cheap", "--verify",
+        help="Accuracy check of the V pass: cheap (Gaussian probes of H·V with a stated "
+        "confidence, the Gram's eigen-residual, rounding terms; far less than a product) | "
+        "full (the products H·V and VᵀV: a second GEMM the size of V's) | none.",
+    ),
     no_verify: bool = typer.Option(
-        False, "--no-verify", help="Skip the residual/reconstruction check."
+        False, "--no-verify", help="Skip the accuracy check (the same as --verify none)."
     ),
     kernel: str = typer.Option(
         "auto", "--kernel",
@@ -65,6 +71,8 @@ def pca_command(
     """Top-k SVD of the gradient matrix, out of core; writes σ, U, V and an accuracy report."""
     from gradspec.linalg import parse_rows, pca
 
+    if no_verify and verify not in ("cheap", "none"):
+        raise ValueError(f"--no-verify and --verify {verify} contradict each other; give one of them")
     result = pca(
         source=str(store),
         k=k,
@@ -83,7 +91,7 @@ def pca_command(
         oversample=oversample,
         seed=seed,
         scheduler=scheduler,
-        verify=not no_verify,
+        verify="none" if no_verify else verify,
         kernel=kernel,
         progress=not no_progress,
     )
@@ -103,6 +111,7 @@ def pca_command(
         f"accuracy: max residual {acc['max_residual']:.2e}, reconstruction error "
         f"{acc['reconstruction_error']:.4f}, explained variance {acc['explained_variance']:.4f}"
     )
+    _check(acc)
     _rates(result.params)
     typer.echo(f"{result.passes} passes in {result.timings.get('total', 0):.1f}s -> {out}")
     if acc["max_residual"] > UNCONVERGED:
@@ -111,6 +120,24 @@ def pca_command(
             "triplets have not converged, so sigma and V are off; raise --iters (or --oversample), "
             "or use --method gram",
             err=True,
+        )
+
+
+def _check(acc: dict) -> None:
+    """Which accuracy check ran and what it found (its findings are also logged as warnings)."""
+    if not acc.get("check"):
+        return
+    found = acc.get("flags") or {}
+    verdict = "" if acc["check"] == "none" else (
+        f": {len(found)} finding(s): {', '.join(found)}" if found else ": ok"
+    )
+    typer.echo(f"check: {acc['check']}, {acc.get('check_text', '')}{verdict}")
+    if acc["check"] != "none":
+        typer.echo(
+            f"  U orthogonality {acc.get('orthogonality_u', float('nan')):.1e}"
+            + (f", Gram eigen-residual {acc['gram_residual']:.1e}" if "gram_residual" in acc else "")
+            + f", rounding can add ~{acc.get('rounding', 0.0):.1e}"
+            + (f", underflow up to {acc['underflow']:.1e}" if acc.get("underflow", 0.0) >= 1e-3 else "")
         )
 
 

@@ -124,11 +124,11 @@ class DaskGradientOperator(OperatorBase):
         return None
 
     def _project(
-        self, u: np.ndarray, sigma: np.ndarray, sink: Sink, *, out_dtype: Any, verify: bool,
-        gram: np.ndarray | None,
+        self, u: np.ndarray, sigma: np.ndarray, sink: Sink, *, out_dtype: Any, verify: str,
+        gram: np.ndarray | None, omega: np.ndarray | None,
     ) -> dict[str, np.ndarray] | None:
-        """V persisted on the cluster, fetched block by block (``gram`` is not needed: H·V is
-        one more graph)."""
+        """V persisted on the cluster, fetched block by block; the checks are one more graph
+        (``gram`` is not needed)."""
         from distributed import wait
 
         safe = np.where(sigma > 0, sigma, np.inf)
@@ -139,12 +139,18 @@ class DaskGradientOperator(OperatorBase):
         offsets = np.cumsum((0,) + v.chunks[0])
         for i, block in enumerate(v.blocks):
             sink(int(offsets[i]), np.asarray(self.client.compute(block, sync=True)))
-        if not verify:
-            self.passes += 1
-            return None
         vs = v.astype(np.float64)
+        sigma2 = np.asarray(sigma, dtype=np.float64) ** 2
+        if verify == "none":
+            (n2,) = self._compute((vs**2).sum(axis=0))
+            return {"n2": n2}
+        if verify == "cheap":
+            probe, n2, rt = self._compute(
+                (omega.T @ self.h) @ vs, (vs**2).sum(axis=0), ((w - vs) ** 2).sum(axis=0)
+            )
+            return {"probe": probe, "n2": n2, "rt2": rt * sigma2}
         hv, vtv, rt = self._compute(self.h @ vs, vs.T @ vs, ((w - vs) ** 2).sum(axis=0))
-        return {"hv": hv, "vtv": vtv, "rt2": rt * np.asarray(sigma, dtype=np.float64) ** 2}
+        return {"hv": hv, "vtv": vtv, "rt2": rt * sigma2, "n2": np.diag(vtv).copy()}
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -259,10 +259,10 @@ class GradientOperator(OperatorBase):
         return None if out is None else out.array
 
     def _project(
-        self, u: np.ndarray, sigma: np.ndarray, sink: Sink, *, out_dtype: Any, verify: bool,
-        gram: np.ndarray | None,
+        self, u: np.ndarray, sigma: np.ndarray, sink: Sink, *, out_dtype: Any, verify: str,
+        gram: np.ndarray | None, omega: np.ndarray | None,
     ) -> dict[str, np.ndarray] | None:
-        return self.fused([_Project(self, u, sigma, sink, out_dtype, verify, gram)])[0]
+        return self.fused([_Project(self, u, sigma, sink, out_dtype, verify, gram, omega)])[0]
 
     def describe(self) -> dict[str, Any]:
         return {**self.source.describe(), "shape": list(self.shape), "center": self.center}

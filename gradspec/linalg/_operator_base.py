@@ -18,6 +18,26 @@ import numpy as np
 #: ``sink(offset, rows)``: receives the rows of a streamed p×b result, in order.
 Sink = Callable[[int, np.ndarray], None]
 
+#: What the final pass measures: Gaussian probes of H·V, the full products, or nothing.
+VERIFY_MODES = ("cheap", "full", "none")
+#: Gaussian probes of the cheap check (s): 2ps(r + k) flops against V's 2prk.
+PROBES = 16
+
+
+def verify_mode(verify: bool | str, default: str = "full") -> str:
+    """``True`` -> ``default``, ``False`` -> ``"none"``, or one of ``VERIFY_MODES``.
+
+    Raises:
+        ValueError: another value (naming the valid ones).
+    """
+    if verify is True:
+        return default
+    if verify is False:
+        return "none"
+    if isinstance(verify, str) and verify in VERIFY_MODES:
+        return verify
+    raise ValueError(f"unknown verify mode {verify!r}; choose one of: {', '.join(VERIFY_MODES)}")
+
 
 class ArraySink:
     """Collects streamed rows of a p×k result (V, or Hᵀ·Y) in memory."""
@@ -93,30 +113,44 @@ class OperatorBase:
         sink: Sink,
         *,
         out_dtype: Any = np.float32,
-        verify: bool = True,
+        verify: bool | str = True,
         gram: np.ndarray | None = None,
+        probes: int = PROBES,
+        seed: int = 0,
     ) -> dict[str, np.ndarray] | None:
-        """Stream V = Hᵀ·U·Σ⁻¹ to ``sink``; with ``verify`` also return H·V, VᵀV and ‖Hᵀu−σv‖².
+        """Stream V = Hᵀ·U·Σ⁻¹ to ``sink`` and measure what the accuracy report needs.
 
         Args:
             u: r×k orthonormal left vectors.
             sigma: their k singular values (a σ ≤ 0 gives a zero column).
             sink: receives V's rows as they are formed, rounded to ``out_dtype``.
             out_dtype: the dtype V is stored in.
-            verify: also measure, with the V actually stored, the products the accuracy
-                report needs (see ``_result``).
+            verify: what to measure with the V actually stored (see ``_passes._Project``):
+                ``"full"`` (or True) H·V, VᵀV and ‖Hᵀu − σv‖²; ``"cheap"`` Ωᵀ·H·V for
+                ``probes`` Gaussian probes Ω; ``"none"`` (or False) only ‖v_i‖².
             gram: H·Hᵀ from an earlier pass, which a backend may use to save a float64
-                product (see ``_passes._Project``).
+                product in the full check.
+            probes: the number s of Gaussian probes of the cheap check.
+            seed: seed of the probes.
 
         Returns:
-            The measured products (``hv``, ``vtv``, ``rt2``; ``n2`` = ‖v_i‖² where a
-            backend refines σ from it), or None when there is nothing to report.
+            ``n2`` (‖v_i‖² in float64) and, by ``verify``: ``hv``, ``vtv``, ``rt2`` (full);
+            ``probe`` (Ωᵀ·H·V_s, s×k), ``omega_u`` (Ωᵀ·U), ``rt2`` (cheap).
         """
+        mode = verify_mode(verify)
         u2, _ = _matrix(u, self.r, "project needs U")
         sigma = np.asarray(sigma, dtype=np.float64).reshape(-1)
         if sigma.size != u2.shape[1]:
             raise ValueError(f"project needs one sigma per column of U ({u2.shape[1]}), got {sigma.size}")
-        return self._project(u2, sigma, sink, out_dtype=out_dtype, verify=verify, gram=gram)
+        omega = None
+        if mode == "cheap":
+            if isinstance(probes, bool) or not isinstance(probes, (int, np.integer)) or probes < 1:
+                raise ValueError(f"probes must be a positive integer, got {probes!r}")
+            omega = np.random.default_rng(seed).standard_normal((self.r, int(probes)))
+        stats = self._project(u2, sigma, sink, out_dtype=out_dtype, verify=mode, gram=gram, omega=omega)
+        if omega is not None and stats is not None:
+            stats["omega_u"] = omega.T @ u2
+        return stats
 
     def to_scipy(self):
         """A ``scipy.sparse.linalg.LinearOperator`` (float64); each product is one pass."""
@@ -136,8 +170,8 @@ class OperatorBase:
         raise NotImplementedError
 
     def _project(
-        self, u: np.ndarray, sigma: np.ndarray, sink: Sink, *, out_dtype: Any, verify: bool,
-        gram: np.ndarray | None,
+        self, u: np.ndarray, sigma: np.ndarray, sink: Sink, *, out_dtype: Any, verify: str,
+        gram: np.ndarray | None, omega: np.ndarray | None,
     ) -> dict[str, np.ndarray] | None:
         raise NotImplementedError
 

@@ -19,6 +19,19 @@ from gradspec.linalg._kernels import block_edges, sym_finish, sym_update
 from gradspec.linalg._operator_base import Sink
 from gradspec.linalg._precision import to_device, to_numpy
 
+#: Rows of V per chunk when its squared column norms are summed in float64 (the float64 copy
+#: of a chunk stays in cache; a float64 copy of a whole panel of V would not).
+NORM_CHUNK = 1024
+
+
+def sq_norms(v: torch.Tensor) -> torch.Tensor:
+    """Σ_j v[j, i]² for each column i of V's rows v (w×k), in float64 (exact products of
+    float32 numbers)."""
+    out = torch.zeros(v.shape[1], dtype=torch.float64, device=v.device)
+    for j in range(0, v.shape[0], NORM_CHUNK):
+        out += torch.linalg.vector_norm(v[j : j + NORM_CHUNK], dim=0, dtype=torch.float64) ** 2
+    return out
+
 
 class _Gram:
     """G = Σ P·Pᵀ over panels, accumulated in float64 by the operator's Gram kernel."""
@@ -95,22 +108,38 @@ class _Rmatmat:
         return None
 
 
+def form_v(
+    y: torch.Tensor, p: torch.Tensor, v_dtype: torch.dtype, k: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (Pᵀ·Y (w×n) in the compute dtype; its first k columns — V's rows — as stored, rounded
+    to ``v_dtype``). Both are fresh a sink may keep. Pᵀ·Y straight into V's row layout measured
+    faster than Yᵀ·P and a transposed copy (MKL and OpenBLAS, 2-core EPYC); columns of Y past
+    the k of V ride along in the same read of P."""
+    out = p.T @ y
+    v = out[:, :k]
+    return out, (v if v.dtype == v_dtype else v.to(v_dtype))
+
+
 class _Project:
-    """The final pass: V = Hᵀ·U·Σ⁻¹ streamed to ``sink``; with ``verify``, H·V, VᵀV, ‖Hᵀu − σv‖².
+    """The final pass: V = Hᵀ·U·Σ⁻¹ streamed to ``sink``, and the products its check needs.
 
-    V is formed in the compute precision and rounded to its stored dtype; the
-    checks use the V actually stored, V_s = V + Δ (Δ: the rounding).
+    V is formed in the compute precision and rounded to its stored dtype; every
+    check uses the V actually stored, V_s = V + Δ (Δ: the rounding). ‖v_i‖² is
+    always accumulated in float64 (squares of float32 numbers are exact in
+    float64): it is the Rayleigh quotient that refines σ for float32 products
+    (``_result.finalize``) and says whether each stored column is a unit vector.
+    ``verify`` says what else is measured:
 
-    float64 products, given the Gram G of the same H (the exact method has it):
-    H·V_s = G·Y + H·Δ with Y = U·Σ⁻¹: G·Y is an r×r×k product, and H·Δ (Δ is
-    ~1e-7·V) is accurate enough in float32, so no float64 p-long product is needed.
-
-    float32 products (``precision="float32"``, the default for float32 data): V is
-    formed by one float32 GEMM per panel; in the same pass, with the panel still
-    at hand, H·V_s is accumulated (float32 products, float64 sums across panels),
-    VᵀV's off-diagonal likewise, and ‖v_i‖² in float64 from the float32 V (squares
-    of float32 numbers are exact in float64). ‖v_i‖² is returned even without
-    ``verify``: it is the Rayleigh quotient that refines σ (``_result.finalize``).
+    - ``"cheap"`` (pca's default): Ωᵀ·H·V_s for s Gaussian probes Ω (r×s): PᵀΩ comes
+      from the GEMM that forms V (Y and Ω side by side, one read of P), then one s×k
+      product per panel (2ps(r + k) flops against the 2prk of V itself); compared in
+      ``_verify`` with Ωᵀ·U·Σ; and ‖Δ‖² per column.
+    - ``"full"``: H·V_s (r×k), V_sᵀV_s and ‖Hᵀu − σv‖², a second product the size of V's.
+      With float64 products and the Gram G of the same H (the exact method has it),
+      H·V_s = G·Y + H·Δ with Y = U·Σ⁻¹: G·Y is an r×r×k product, and H·Δ (Δ is ~1e-7·V)
+      is accurate enough in float32. With float32 products, H·V_s and VᵀV's off-diagonal
+      are float32 products summed across panels in float64.
+    - ``"none"``: nothing more.
     """
 
     name = "project"
@@ -122,18 +151,32 @@ class _Project:
         sigma: np.ndarray,
         sink: Sink,
         out_dtype: Any,
-        verify: bool,
+        verify: str,
         gram: np.ndarray | None = None,
+        omega: np.ndarray | None = None,
     ) -> None:
         safe = np.where(sigma > 0, sigma, np.inf)
         y = u / safe
         dev = op.device
-        # Yᵀ (k×r) contiguous: Yᵀ·P then a transposed view runs faster in MKL than Pᵀ·Y.
-        self.yt = torch.as_tensor(y.T.copy(), device=dev).to(op.dtype)
+        self.y = torch.as_tensor(y, device=dev).to(op.dtype)  # Y = U·Σ⁻¹ (r×k)
         self.v_dtype = torch.float64 if np.dtype(out_dtype) == np.float64 else torch.float32
         self.sigma = torch.as_tensor(sigma, device=dev, dtype=torch.float64)
         self.sink, self.verify = sink, verify
         k = u.shape[1]
+        self.k = k
+        self.f32 = op.dtype == torch.float32
+        self.n2 = torch.zeros(k, dtype=torch.float64, device=dev)
+        self.rt2 = torch.zeros(k, dtype=torch.float64, device=dev)
+        if verify == "cheap":
+            if omega is None:
+                raise ValueError("the cheap check needs its Gaussian probes (omega)")
+            # [Y, Ω]: one GEMM per panel gives V's rows and PᵀΩ, so P is read once.
+            om = torch.as_tensor(omega, device=dev).to(op.dtype)
+            self.y = torch.cat([self.y, om], dim=1)
+            self.probe = torch.zeros((omega.shape[1], k), dtype=torch.float64, device=dev)
+            return
+        if verify != "full":
+            return
         # The shortcut needs V formed in float64: then Δ is all that differs from HᵀY.
         self.use_gram = gram is not None and op.dtype == torch.float64
         self.vtv = torch.zeros((k, k), dtype=torch.float64, device=dev)
@@ -144,23 +187,27 @@ class _Project:
             self.ytgy = y.T @ gy  # VᵀV = YᵀGY; the Δ terms are added per panel
         else:
             self.hv = torch.zeros((op.shape[0], k), dtype=torch.float64, device=dev)
-        self.rt2 = torch.zeros(k, dtype=torch.float64, device=dev)
-        # float32 products: ‖v_i‖² exactly (float64 sums of float32 squares), for the refinement.
-        self.f32 = op.dtype == torch.float32
-        self.n2 = torch.zeros(k, dtype=torch.float64, device=dev)
 
     def flops(self, r: int, p: int) -> float:
-        return 2.0 * r * p * int(self.yt.shape[0])
+        return 2.0 * r * p * self.k
 
     def update(self, off: int, p: torch.Tensor, raw: torch.Tensor | None) -> None:
-        vpt = self.yt @ p  # Vᵀ of this panel (k×w), in the compute dtype
-        # V's rows as stored (rounded to V's dtype): a fresh w×k tensor the sink may keep.
-        vs = torch.empty(vpt.shape[::-1], dtype=self.v_dtype, device=vpt.device).copy_(vpt.T)
+        out, vs = form_v(self.y, p, self.v_dtype, self.k)
+        v = out[:, : self.k]
         self.sink(off, to_numpy(vs))
-        if self.f32:
-            self.n2 += torch.linalg.vector_norm(vpt, dim=1, dtype=torch.float64) ** 2
-        if not self.verify:
+        rounded = vs.dtype != v.dtype and vs.dtype == torch.float32  # V stored narrower
+        self.n2 += sq_norms(vs)  # of V as stored
+        if self.verify == "none":
             return
+        if self.verify == "cheap":
+            if rounded:
+                self.rt2 += sq_norms(vs.to(v.dtype) - v) * self.sigma**2
+            vprobe = vs if vs.dtype == p.dtype else vs.to(p.dtype)  # exact: the stored values
+            self.probe += (out[:, self.k :].T @ vprobe).double()  # (PᵀΩ)ᵀ·V_s = Ωᵀ·P·V_s
+            return
+        self._full(p, raw, v.T, vs)
+
+    def _full(self, p: torch.Tensor, raw: torch.Tensor | None, vpt: torch.Tensor, vs: torch.Tensor) -> None:
         if self.use_gram:
             if self.v_dtype == torch.float64:
                 return  # V stored as computed: H·V = G·Y and VᵀV = YᵀGY exactly
@@ -188,15 +235,19 @@ class _Project:
             self.hv += (p @ vs.to(p.dtype)).double()
         sym_update(self.vtv, vs64.T, self.k_edges)
 
-    def result(self) -> dict[str, np.ndarray] | None:
-        n2 = {"n2": to_numpy(self.n2)} if self.f32 else {}
-        if not self.verify:
-            return n2 or None
+    def result(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"n2": to_numpy(self.n2)}
+        if self.verify == "none":
+            return out
+        out["rt2"] = to_numpy(self.rt2)
+        if self.verify == "cheap":
+            out["probe"] = to_numpy(self.probe)
+            return out
         if self.use_gram:
             c = to_numpy(self.vtv)
             vtv = self.ytgy + c + c.T
         else:
             vtv = sym_finish(self.vtv, self.k_edges)
             if self.f32:
-                np.fill_diagonal(vtv, n2["n2"])  # the exact squared norms
-        return {"hv": to_numpy(self.hv), "vtv": vtv, "rt2": to_numpy(self.rt2), **n2}
+                np.fill_diagonal(vtv, out["n2"])  # the exact squared norms
+        return {**out, "hv": to_numpy(self.hv), "vtv": vtv}

@@ -1,16 +1,22 @@
 """The result of a spectral run and the accuracy report shared by every method.
 
 Every method produces orthonormal left vectors U (r×k) and σ; the final pass
-streams V = Hᵀ·U·Σ⁻¹ (p×k) to a sink and, with ``verify`` (on by default),
-measures in the same pass, with the V actually stored:
+streams V = Hᵀ·U·Σ⁻¹ (p×k) to a sink and measures in the same pass, with the
+V actually stored, what the chosen check needs (``verify``, see ``_verify``):
 
-- ``residual_h``  ‖H·v_i − σ_i·u_i‖/σ_i  (= ‖HHᵀu_i − σ_i²u_i‖/σ_i²; bounds
-  |σ_i² − σ²_true|/σ_i² by Bauer–Fike for the symmetric HHᵀ),
+- ``residual_h``  ‖H·v_i − σ_i·u_i‖/σ_i (= ‖HHᵀu_i − σ_i²u_i‖/σ_i²; bounds
+  |σ_i² − σ²_true|/σ_i² by Bauer–Fike for the symmetric HHᵀ): with the default
+  ``"cheap"`` check an upper bound from Gaussian probes of H·V that holds for all
+  k jointly with probability ``_verify.CONFIDENCE``; with ``"full"`` measured from
+  the product H·V; with ``"none"`` the method's own estimate (or NaN),
 - ``residual_ht`` ‖Hᵀ·u_i − σ_i·v_i‖/σ_i (≈ the rounding of stored V, since V is
   formed from U),
 - ``residuals``   the triplet residual √(residual_h² + residual_ht²),
-- the reconstruction error ‖H − H·V·Vᵀ‖_F/‖H‖_F from H·V, VᵀV and ‖H‖_F²
-  (= √(1 − Σσ²/‖H‖_F²) for exact singular vectors), without materialising H.
+- the reconstruction error ‖H − H·V·Vᵀ‖_F/‖H‖_F: from H·V, VᵀV and ‖H‖_F² with the
+  full check, else √(1 − Σσ²/‖H‖_F²) (exact for exact triplets, which the residuals
+  vouch for),
+- ``check``: which check ran, its confidence, U's orthogonality, the Gram's
+  eigen-residual (exact method), the rounding terms, and ``flags`` (``ok``).
 
 Which directions are kept. A direction whose σ is below what the block-product
 precision resolves is not a singular direction but rounding: its u is noise and
@@ -20,9 +26,11 @@ null directions of a rank-5 H in float32). ``finalize`` keeps only σ_i above
 Gram/Ritz, or where the precision's σ error (``_precision``: ~1e-6·(σ_1/σ_i)² for
 float32, ~1e-3·(σ_1/σ_i)² for tf32) reaches 10% — and then, with ``verify``,
 drops any trailing directions whose stored V column is not a unit vector to
-within ``V_UNIT_ATOL`` (the tolerance `gradspec decay` checks). The result holds
-the k directions kept; ``params`` records ``k_requested``, ``k``, ``rank_rtol``
-and the reason.
+within ``V_UNIT_ATOL`` (the tolerance `gradspec decay` checks) — as long as the
+precision (and float32 underflow) can explain the deviation; one far beyond it
+is a wrong answer, kept and flagged (``unit``). The result holds the k
+directions kept; ``params`` records ``k_requested``, ``k``, ``rank_rtol`` and
+the reason.
 """
 
 from __future__ import annotations
@@ -33,7 +41,17 @@ from typing import Any
 
 import numpy as np
 
-from gradspec.linalg._operator_base import ArraySink
+from gradspec.linalg._operator_base import ArraySink, verify_mode
+from gradspec.linalg._verify import (
+    CONFIDENCE,
+    UNDERFLOW_ERROR,
+    describe_check,
+    flags,
+    gram_residual,
+    orthogonality,
+    probe_bounds,
+    rounding,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +113,9 @@ class PcaResult:
     gram: np.ndarray | None = field(default=None, repr=False)
     """H·Hᵀ (r×r, float64) of the selected rows: the exact method computes it anyway, and
     it answers questions about row subsets without another pass (``gradspec.spectrum``)."""
+    check: dict[str, Any] = field(default_factory=dict)
+    """Which accuracy check ran, its confidence, its other measurements and its flags
+    (``_verify``); part of :meth:`accuracy`."""
 
     @property
     def k(self) -> int:
@@ -115,6 +136,8 @@ class PcaResult:
         return np.cumsum(self.explained_variance_ratio)
 
     def accuracy(self) -> dict[str, Any]:
+        """The accuracy report: residuals, reconstruction error, explained variance, and which
+        check measured them (``check``, ``confidence``, ``ok``, ``flags``, see ``_verify``)."""
         res = self.residuals
         return {
             "max_residual": float(res.max()) if res.size else 0.0,
@@ -123,6 +146,7 @@ class PcaResult:
             "explained_variance": float(self.cumulative_explained_variance[-1])
             if res.size
             else 0.0,
+            **self.check,
         }
 
     def summary(self) -> dict[str, Any]:
@@ -146,16 +170,22 @@ def finalize(
     method: str,
     sink: Any = None,
     out_dtype: Any = np.float32,
-    verify: bool = True,
+    verify: bool | str = True,
     params: dict | None = None,
     history: list | None = None,
     est_residual: np.ndarray | None = None,
     timings: dict | None = None,
     gram: np.ndarray | None = None,
+    seed: int = 0,
 ) -> PcaResult:
-    """Sign-fix U, stream V = Hᵀ·U·Σ⁻¹ to ``sink`` (kept in memory if None), build the report."""
+    """Sign-fix U, stream V = Hᵀ·U·Σ⁻¹ to ``sink`` (kept in memory if None), build the report.
+
+    ``verify``: ``"cheap"`` (or True, the default), ``"full"`` or ``"none"`` (or False),
+    see ``_verify``; ``seed`` seeds the probes of the cheap check.
+    """
     import time
 
+    mode = verify_mode(verify, default="cheap")
     r = op.shape[0]
     sigma = np.asarray(sigma, dtype=np.float64)
     u = sign_fix(np.asarray(u, dtype=np.float64))
@@ -180,24 +210,29 @@ def finalize(
     if keep:
         sink = ArraySink(op.shape[1], sigma.size, out_dtype)
     t0 = time.perf_counter()
-    stats = op.project(u, sigma, sink, out_dtype=out_dtype, verify=verify, gram=gram)
+    stats = op.project(u, sigma, sink, out_dtype=out_dtype, verify=mode, gram=gram, seed=seed) or {}
     if hasattr(sink, "flush"):
         sink.flush()  # every row of V has landed before the report is made
     timings = dict(timings or {})
     timings["project"] = time.perf_counter() - t0
-    refined = None
-    if stats is not None and "n2" in stats:
-        # One refinement step for float32 products: σ_i ← ‖Hᵀu_i‖ = σ_i·‖v_i‖ (u_i unit), the
-        # Rayleigh quotient of HHᵀ at u_i. Its error is second order in u_i's (|ρ − λ| ≤
-        # ‖HHᵀu − ρu‖²/gap), where the float32 Gram's eigenvalue is first order.
-        n2 = np.asarray(stats.pop("n2"), dtype=np.float64)
-        refined = sigma * np.sqrt(np.maximum(n2, 0.0))
-        if not stats:
-            stats = None
-    if stats is not None:
-        dev = np.abs(np.sqrt(np.maximum(np.diag(stats["vtv"]), 0.0)) - 1.0)
+    n2 = np.asarray(stats["n2"], dtype=np.float64) if "n2" in stats else None
+    if mode == "full":
+        n2 = np.diag(stats["vtv"]).copy()
+    report: dict[str, Any] = {"check": mode}
+    if mode != "none" and n2 is not None:
+        dev = np.abs(np.sqrt(np.maximum(n2, 0.0)) - 1.0)
         bad = np.flatnonzero(dev > V_UNIT_ATOL)
-        if bad.size:
+        # What the products' precision (and underflow) can do to ‖v_i‖; far beyond it, a column
+        # that is not a unit vector is a wrong answer, not a limit of the precision: flag it and
+        # keep every direction (dropping them would hide it behind a plausible reason).
+        expected = SIGMA_ERROR.get(precision, SIGMA_ERROR["float32"]) * (sigma[0] / sigma) ** 2
+        if precision in ("float32", "tf32"):
+            expected = expected + r * op.shape[1] * UNDERFLOW_ERROR / sigma**2
+        wrong = np.flatnonzero((dev > V_UNIT_ATOL) & (dev > 10 * expected))
+        if wrong.size:
+            report["v_not_unit"] = {"index": int(wrong[0]), "deviation": float(dev[wrong[0]]),
+                                    "expected": float(expected[wrong[0]])}
+        elif bad.size:
             j = int(bad[0])
             if j == 0:
                 raise ValueError(
@@ -211,38 +246,60 @@ def finalize(
             logger.info("keeping %d of %d directions: %s", j, k_requested, reason)
             kept = j
             sigma, u = sigma[:j], u[:, :j]
-            stats = {"hv": stats["hv"][:, :j], "vtv": stats["vtv"][:j, :j], "rt2": stats["rt2"][:j]}
+            stats = _cut(stats, j)
             if est_residual is not None:
                 est_residual = np.asarray(est_residual)[:j]
             if keep:
                 sink.array = np.ascontiguousarray(sink.array[:, :j])
-    if refined is not None:
-        refined = refined[: sigma.size]
+    n2 = None if n2 is None else n2[: sigma.size]
+    sigma_gram = sigma
+    if precision in ("float32", "tf32") and n2 is not None:
+        # One refinement step for float32 products: σ_i ← ‖Hᵀu_i‖ = σ_i·‖v_i‖ (u_i unit), the
+        # Rayleigh quotient of HHᵀ at u_i. Its error is second order in u_i's (|ρ − λ| ≤
+        # ‖HHᵀu − ρu‖²/gap), where the float32 Gram's eigenvalue is first order.
+        refined = sigma * np.sqrt(np.maximum(n2, 0.0))
         # Keep σ descending: a swap would come from equal σ (a cluster), within the error.
         refined = np.minimum.accumulate(refined)
-        if stats is not None:
+        if "rt2" in stats:
             # Hᵀu_i = σ_old·v_i exactly as stored (V formed in float32): the stored V's residual
             # against the refined σ is |σ_old − σ_new|·‖v_i‖.
-            stats["rt2"] = stats["rt2"] + (sigma - refined) ** 2 * np.diag(stats["vtv"])
+            stats["rt2"] = stats["rt2"] + (sigma - refined) ** 2 * n2
         params = {**(params or {}), "sigma_refined": "rayleigh quotient ‖Hᵀu‖ (float64 sums)",
                   "sigma_refinement_max_rel": float(np.max(np.abs(refined - sigma) / sigma))
                   if sigma.size else 0.0}
         sigma = refined
     frob2 = op.frob2
     safe = np.where(sigma > 0, sigma, 1.0)
-    if stats is not None:
+    res_ht = np.sqrt(np.maximum(stats["rt2"], 0.0)) / safe if "rt2" in stats else np.zeros(sigma.size)
+    rec2 = frob2 - float((sigma**2).sum())  # exact for exact triplets (the residuals say how far)
+    if mode == "full":
         res_h = np.linalg.norm(stats["hv"] - u * sigma, axis=0) / safe
-        res_ht = np.sqrt(np.maximum(stats["rt2"], 0.0)) / safe
         a = stats["hv"].T @ stats["hv"]
         rec2 = frob2 - 2 * np.trace(a) + np.trace(a @ stats["vtv"])
+        report["confidence"] = 1.0
+    elif mode == "cheap":
+        res_h, factor = probe_bounds(stats["probe"], stats["omega_u"], sigma)
+        report.update(confidence=CONFIDENCE, probes=int(stats["probe"].shape[0]), probe_factor=factor)
     else:
         res_h = (
             np.asarray(est_residual, dtype=np.float64)
             if est_residual is not None
             else np.full(sigma.size, np.nan)
         )
-        res_ht = np.zeros(sigma.size)
-        rec2 = frob2 - float((sigma**2).sum())
+        report["confidence"] = None
+    if mode != "none":
+        report["orthogonality_u"] = orthogonality(u)
+        if gram is not None:
+            report["gram_residual"] = float(gram_residual(gram, u, sigma_gram**2).max()) if sigma.size else 0.0
+        stored32 = np.dtype(out_dtype) == np.float32 and precision == "float64"
+        report.update(rounding(
+            sigma=sigma, frob2=frob2, r=r, p=op.shape[1], panel_cols=int(getattr(op, "panel_cols", 8192)),
+            precision=precision, gram_products=gram is not None, v_rounded_to="float32" if stored32 else None,
+        ))
+    report["check_text"] = describe_check(mode, probes=report.get("probes"), factor=report.get("probe_factor"))
+    if mode != "none":
+        found = flags(report, res_h)
+        report.update(ok=not found, flags=found)
     rec = float(np.sqrt(max(rec2, 0.0) / frob2)) if frob2 > 0 else 0.0
     params = {
         **(params or {}),
@@ -266,4 +323,18 @@ def finalize(
         source=op.describe(),
         passes=op.passes,
         rank=kept,
+        check=report,
     )
+
+
+def _cut(stats: dict[str, Any], j: int) -> dict[str, Any]:
+    """The measured products of the first j directions."""
+    out = dict(stats)
+    for name in ("n2", "rt2"):
+        if name in out:
+            out[name] = np.asarray(out[name])[:j]
+    if "hv" in out:
+        out["hv"], out["vtv"] = out["hv"][:, :j], out["vtv"][:j, :j]
+    if "probe" in out:
+        out["probe"], out["omega_u"] = out["probe"][:, :j], out["omega_u"][:, :j]
+    return out

@@ -14,6 +14,7 @@ import numpy as np
 from gradspec._enums import PcaMethod, parse_choice
 from gradspec.linalg._auto import check_memory, choose_method, parse_memory
 from gradspec.linalg._kernels import KERNEL_CHOICES
+from gradspec.linalg._operator_base import verify_mode
 from gradspec.linalg._output import (
     _give_up,
     _open_output,
@@ -86,7 +87,7 @@ def pca(
     oversample: int = 10,
     seed: int = 0,
     scheduler: Any = None,
-    verify: bool = True,
+    verify: bool | str = True,
     v_dtype: str = "float32",
     kernel: str = "auto",
     progress: bool = False,
@@ -116,7 +117,10 @@ def pca(
         oversample: extra columns of the iterate / Krylov block.
         seed: seed of the random start of iterative methods.
         scheduler: dask.distributed scheduler address or Client: run every pass as a dask graph.
-        verify: measure residuals and the reconstruction error in the final pass (one extra product).
+        verify: the accuracy check of the final pass: ``"cheap"`` (or True, the default:
+            Gaussian probes of H·V with a stated confidence, the Gram's eigen-residual, rounding
+            terms; far less than a product), ``"full"`` (the products H·V and VᵀV: a second
+            GEMM the size of V's) or ``"none"`` (or False). See ``gradspec.linalg._verify``.
         v_dtype: dtype V is stored in (float32 | float64).
         kernel: the Gram kernel: ``auto`` (measured once per machine and cached) or one of
             ``numpy-syrk``, ``scipy-syrk``, ``torch-blocked``, ``torch-gemm``.
@@ -132,6 +136,7 @@ def pca(
     t_start = time.perf_counter()
     meth = parse_choice(PcaMethod, method, "PCA method")
     _check_settings(iters=iters, tol=tol, oversample=oversample, seed=seed, v_dtype=v_dtype)
+    mode = verify_mode(verify, default="cheap")
     if kernel not in KERNEL_CHOICES:
         raise ValueError(f"unknown Gram kernel {kernel!r}; choose one of: {', '.join(KERNEL_CHOICES)}")
     budget = default_memory() if memory is None else parse_memory(memory)
@@ -218,7 +223,7 @@ def pca(
         "device": str(getattr(op, "device", None) or "dask"),
         "memory": budget,
         "v_dtype": str(np.dtype(v_dtype)),
-        "verify": bool(verify),
+        "verify": mode,
     }
     store = None
     final = None
@@ -235,7 +240,7 @@ def pca(
             v_dtype=v_dtype,
         )
         sink = _VSink(store)
-    common = {"k": k, "sink": sink, "verify": verify, "out_dtype": np.dtype(v_dtype)}
+    common = {"k": k, "sink": sink, "verify": mode, "out_dtype": np.dtype(v_dtype)}
     try:
         result = _run_method(
             meth, op, store=store, resume=resume, iters=it, tol=tol,
@@ -266,6 +271,8 @@ def pca(
         acc["max_residual"],
         acc["reconstruction_error"],
     )
+    for line in (acc.get("flags") or {}).values():
+        logger.warning("pca check: %s", line)
     return result
 
 

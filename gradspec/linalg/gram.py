@@ -39,7 +39,7 @@ def gram_svd(
 
 
 def gram_pca(
-    op: Any, *, k: int, sink: Any = None, verify: bool = True, out_dtype: Any = np.float32
+    op: Any, *, k: int, sink: Any = None, verify: bool | str = True, out_dtype: Any = np.float32
 ) -> PcaResult:
     """Exact top-k singular triplets of H (two passes).
 
@@ -47,7 +47,9 @@ def gram_pca(
         op: a ``GradientOperator`` (or the Dask operator).
         k: number of singular triplets.
         sink: ``sink(offset, rows)`` receiving V's rows as they stream (None: keep V in memory).
-        verify: measure residuals and the reconstruction error in the V pass.
+        verify: the accuracy check of the V pass: ``"cheap"`` (or True: Gaussian probes of
+            H·V, the Gram's eigen-residual, rounding terms), ``"full"`` (the products H·V and
+            VᵀV, a second GEMM the size of V's) or ``"none"`` (or False); see ``_verify``.
         out_dtype: dtype V is written in.
 
     Returns:

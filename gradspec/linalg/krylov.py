@@ -97,7 +97,7 @@ def krylov_pca(
     state: KrylovState | None = None,
     on_iteration: Callable[[KrylovState], None] | None = None,
     sink: Any = None,
-    verify: bool = True,
+    verify: bool | str = True,
     out_dtype: Any = np.float32,
 ) -> PcaResult:
     """Top-k singular triplets of H by randomized block Krylov iteration.
@@ -168,6 +168,7 @@ def krylov_pca(
         sink=sink,
         out_dtype=out_dtype,
         verify=verify,
+        seed=seed,
         params=params,
         history=history,
         est_residual=resid,

@@ -22,7 +22,7 @@ def lanczos_pca(
     tol: float | None = None,
     seed: int = 0,
     sink: Any = None,
-    verify: bool = True,
+    verify: bool | str = True,
     out_dtype: Any = np.float32,
 ) -> PcaResult:
     """Top-k singular triplets of H with ``scipy.sparse.linalg.svds`` (needs k < min(r, p))."""
@@ -46,6 +46,7 @@ def lanczos_pca(
         sink=sink,
         out_dtype=out_dtype,
         verify=verify,
+        seed=seed,
         params=params,
         timings={"svds": time.perf_counter() - t0},
     )

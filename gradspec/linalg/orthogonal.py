@@ -154,7 +154,7 @@ def orthogonal_pca(
     state: OrthogonalState | None = None,
     on_iteration: Callable[[OrthogonalState], None] | None = None,
     sink: Any = None,
-    verify: bool = True,
+    verify: bool | str = True,
     out_dtype: Any = np.float32,
 ) -> PcaResult:
     """Top-k singular triplets of H by orthogonal iteration (``iters`` passes + one for V).
@@ -205,6 +205,7 @@ def orthogonal_pca(
         sink=sink,
         out_dtype=out_dtype,
         verify=verify,
+        seed=seed,
         params=params,
         history=st.history,
         est_residual=st.resid[:k] if st.resid is not None else None,

@@ -155,6 +155,8 @@ def test_auto_says_what_it_chose(caplog):
         ({"k": 3, "method": "orthogonal", "iters": 0}, "iters must be >= 1"),
         ({"k": 3, "memory": 10}, "too little memory"),
         ({"k": 3, "memory": 30_000, "method": "gram"}, "too little memory for --method gram: .* use --method krylov"),
+        ({"k": 3, "kernel": "blas"}, "unknown Gram kernel 'blas'; choose one of: auto, numpy-syrk"),
+        ({"k": 3, "verify": "quick"}, "unknown verify mode 'quick'; choose one of: cheap, full, none"),
     ],
     ids=[
         "k>min",
@@ -172,6 +174,8 @@ def test_auto_says_what_it_chose(caplog):
         "iters",
         "memory",
         "memory-gram",
+        "kernel",
+        "verify",
     ],
 )
 def test_bad_input_is_one_line(kw, match):

@@ -83,3 +83,4 @@ def test_pca_records_rates_and_kernel_in_the_spectrum_store(tmp_path):
     assert rates[1]["gflops"] == pytest.approx(2 * 24 * 600 * 4 / rates[1]["seconds"] / 1e9)
     saved = SpectrumStore.open(tmp_path / "s.zarr")
     assert saved.params["rates"] == pytest.approx(rates) and saved.params["kernel"] == "numpy-syrk"
+    assert saved.accuracy["check"] == "cheap" and saved.accuracy["ok"] is True
