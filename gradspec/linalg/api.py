@@ -300,10 +300,10 @@ _USES = {
 def _applicable(
     meth: PcaMethod, *, explicit: bool, iters: int | None, tol: float | None
 ) -> tuple[int | None, float | None]:
-    """Refuse --iters/--tol that the method would ignore; the exact method needs neither."""
+    """Refuse --iters/--tol that the method would ignore, requested or chosen by auto."""
     given = {"iters": iters, "tol": tol}
     unused = [f"--{name}" for name, v in given.items() if v is not None and name not in _USES[meth]]
-    if unused and (explicit or meth is not PcaMethod.GRAM):
+    if unused:
         users = {
             name: [m.value for m, uses in _USES.items() if name in uses] for name in ("iters", "tol")
         }
@@ -313,9 +313,7 @@ def _applicable(
             f"method {meth.value} ({how}) does not use {' and '.join(unused)} ({detail}); "
             "drop it or choose a method that uses it"
         )
-    if unused:
-        logger.info("the exact method was chosen: %s not needed", " and ".join(unused))
-    return (iters if "iters" in _USES[meth] else None), (tol if "tol" in _USES[meth] else None)
+    return iters, tol
 
 
 def _run_method(

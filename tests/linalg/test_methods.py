@@ -147,6 +147,9 @@ def test_auto_says_what_it_chose(caplog):
         ({"k": 3, "rows": slice(20, 60)}, "--rows 20:60 lies outside the 40 committed rows"),
         ({"k": 3, "rows": slice(10, 10)}, "selects no rows of the 40"),
         ({"k": 3, "method": "gram", "iters": 5}, "gram .* does not use --iters"),
+        ({"k": 3, "iters": 40}, r"method gram \(chosen by --method auto\) does not use --iters \(--iters is "
+         r"used by orthogonal, krylov\); drop it or choose a method that uses it"),
+        ({"k": 3, "tol": 1e-6}, r"method gram \(chosen by --method auto\) does not use --tol"),
         ({"k": 3, "method": "krylov", "tol": 1e-6}, "krylov .* does not use --tol"),
         ({"k": 3, "scheduler": "tcp://nowhere:1", "precision": "float32"},
          "Dask backend computes in float64; drop --precision float32"),
@@ -167,6 +170,8 @@ def test_auto_says_what_it_chose(caplog):
         "rows-clipped",
         "empty-rows",
         "gram-iters",
+        "auto-gram-iters",
+        "auto-gram-tol",
         "krylov-tol",
         "dask-precision",
         "resume-no-out",

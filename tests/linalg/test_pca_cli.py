@@ -50,11 +50,12 @@ def test_verify_full_and_none(grads, tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
+        (["--iters", "40"], "error: method gram (chosen by --method auto) does not use --iters"),
         (["--kernel", "mkl"], "error: unknown Gram kernel 'mkl'; choose one of: auto, numpy-syrk"),
         (["--verify", "some"], "error: unknown verify mode 'some'; choose one of: cheap, full, none"),
         (["--verify", "full", "--no-verify"], "error: --no-verify and --verify full contradict each other"),
     ],
-    ids=["kernel", "verify", "verify-twice"],
+    ids=["auto-gram-iters", "kernel", "verify", "verify-twice"],
 )
 def test_bad_options_are_one_line(grads, tmp_path, args, message):
     r = _pca(grads, tmp_path / "x.zarr", *args)
