@@ -21,6 +21,7 @@ as the fill value.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -94,7 +95,9 @@ class ChunkFileReader:
         view = memoryview(into).cast("B")
         got = 0
         try:
-            with open(self._path(i, j), "rb", buffering=0) as f:
+            # O_NOFOLLOW: a chunk linked out of the store (to any file the user can read) is
+            # damage, never read through
+            with open(os.open(self._path(i, j), os.O_RDONLY | os.O_NOFOLLOW), "rb", buffering=0) as f:
                 while got < self._chunk_bytes:
                     n = f.readinto(view[got:])
                     if not n:
@@ -106,6 +109,13 @@ class ChunkFileReader:
                 self._on_damage(i, j, "missing")
             into.fill(self._fill)
             return
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            if self._on_damage is not None:
+                self._on_damage(i, j, "a symbolic link (gradspec reads no chunk through a link)")
+            raise ValueError(f"chunk {self._path(i, j)!r} is a symbolic link: gradspec reads no chunk "
+                             "through a link; the store is damaged or not its own") from None
         if got != self._chunk_bytes or longer:
             problem = (f"truncated ({got} of {self._chunk_bytes} bytes)" if got < self._chunk_bytes
                        else f"longer than the {self._chunk_bytes} bytes of a chunk")

@@ -79,6 +79,9 @@ from gradspec.store._zarr import (
 
 logger = logging.getLogger(__name__)
 
+#: The largest chunk a store may declare (gradspec writes 8 MiB ones; a read allocates a chunk).
+MAX_CHUNK_BYTES = 2**30
+
 class GradientStore(GradientReads, GradientWrites):
     """A gradient matrix on disk: rows = gradient samples, columns = parameters.
 
@@ -110,8 +113,14 @@ class GradientStore(GradientReads, GradientWrites):
         self._dtype = str(attrs.get("gradspec.dtype"))
         if self._dtype not in DTYPES:
             raise ValueError(f"{self.path!r} has gradient dtype {self._dtype!r}, not one of {', '.join(DTYPES)}: {damaged}")
-        self._config = dict(attrs.get("gradspec.config", {}))
-        self._per_example = bool(attrs.get("gradspec.per_example", False))
+        self._config = attrs.get("gradspec.config", {})
+        if not isinstance(self._config, dict):
+            raise ValueError(f"{self.path!r} has gradspec.config of type {type(self._config).__name__}, "
+                             f"not an object: {damaged}")
+        self._per_example = attrs.get("gradspec.per_example", False)
+        if not isinstance(self._per_example, bool):
+            raise ValueError(f"{self.path!r} has gradspec.per_example = {self._per_example!r}, not true "
+                             f"or false: {damaged}")
         self._rows = attrs.get(ROWS_KEY, 0)
         if not isinstance(self._rows, int) or isinstance(self._rows, bool) or self._rows < 0:
             raise ValueError(f"{self.path!r} has committed row count {self._rows!r}, not an integer >= 0: {damaged}")
@@ -124,6 +133,14 @@ class GradientStore(GradientReads, GradientWrites):
                 arr = group[name]
             except KeyError:
                 raise ValueError(f"{self.path!r} has no array {name!r}: {damaged}") from None
+            except (ValueError, TypeError, RecursionError, zarr.errors.MetadataValidationError) as exc:
+                raise ValueError(f"{self.path!r}: the zarr.json of {name!r} cannot be read "
+                                 f"({type(exc).__name__}): {damaged}") from None
+            chunk_bytes = int(np.prod(arr.chunks, dtype=np.float64)) * np.dtype(arr.dtype).itemsize
+            if chunk_bytes > MAX_CHUNK_BYTES:  # refused before a read allocates it
+                raise ValueError(f"{self.path!r}: {name} declares chunks of {tuple(arr.chunks)} "
+                                 f"({chunk_bytes / 2**30:.3g} GiB each, the most gradspec reads is "
+                                 f"{MAX_CHUNK_BYTES / 2**30:g} GiB): {damaged}")
             # zarr skips writing all-zero chunks by default; a gradient store writes every chunk,
             # so that a missing one is known to be lost (not zero).
             return arr.with_config({"write_empty_chunks": True}) if writing else arr

@@ -113,7 +113,7 @@ class RunLock:
             return {}
         try:
             data = json.loads(text) if text.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return {}
         return data if isinstance(data, dict) else {}
 
@@ -136,7 +136,14 @@ class RunLock:
                 entry[2] += 1
                 self._key = key
                 return self
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:  # O_NOFOLLOW: a lock file linked elsewhere is never written through (nor emptied)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise OSError(errno.ELOOP, f"{str(self.path)!r} is a symbolic link: gradspec takes "
+                              f"no lock through a link; remove it (the {self.what} is not "
+                              "written)") from None
+            raise
         try:
             deadline = time.monotonic() + self.timeout
             while True:

@@ -75,6 +75,7 @@ from gradspec.store._spectrum_schema import (
     _create_arrays,
     _owner,
     _owner_alive,
+    check_attr_types,
 )
 from gradspec.store._spectrum_write import SpectrumWrites
 from gradspec.store._zarr import create_group, is_url, missing_attribute, open_checked, size_on_disk
@@ -221,6 +222,7 @@ class SpectrumStore(SpectrumWrites):
         for key in REQUIRED_ATTRS:
             if key not in attrs:
                 raise missing_attribute(path, KIND, KeyError(key))
+        check_attr_types(str(path), attrs)
         store = cls(group, str(path), mode)
         if store.status == COMPLETE:
             store._check_arrays()

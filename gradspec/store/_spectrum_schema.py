@@ -95,3 +95,36 @@ def _create_arrays(
                        config=ALL_CHUNKS)
 
 
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _number_or_none(v: Any) -> bool:
+    return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+
+
+#: The JSON type of each attribute a reader uses, checked when a store is opened (a store
+#: from someone else is data: a wrong type is a one-line error naming it, never a traceback).
+ATTR_TYPES: dict[str, tuple[Any, str]] = {
+    "gradspec.shape": (lambda v: isinstance(v, list) and len(v) == 2 and all(_count(x) for x in v),
+                       "a list of two counts [r, p]"),
+    "gradspec.k": (_count, "a count"),
+    "gradspec.k_requested": (_count, "a count"),
+    "gradspec.method": (lambda v: isinstance(v, str), "a string"),
+    "gradspec.params": (lambda v: isinstance(v, dict), "an object"),
+    "gradspec.source": (lambda v: isinstance(v, dict), "an object"),
+    "gradspec.status": (lambda v: isinstance(v, str), "a string"),
+    "gradspec.frob2": (_number_or_none, "a number"),
+    "gradspec.accuracy": (lambda v: v is None or isinstance(v, dict), "an object"),
+    "gradspec.state": (lambda v: v is None or isinstance(v, dict), "an object"),
+    "gradspec.timings": (lambda v: v is None or isinstance(v, dict), "an object"),
+    "gradspec.passes": (lambda v: v is None or _count(v), "a count"),
+}
+
+
+def check_attr_types(path: str, attrs: dict[str, Any]) -> None:
+    """Refuse, in one line naming the store and the attribute, an attribute of the wrong type."""
+    for key, (ok, what) in ATTR_TYPES.items():
+        if key in attrs and not ok(attrs[key]):
+            raise ValueError(f"{path!r} has {key} = {str(attrs[key])[:60]!r}, not {what}: the store is "
+                             "damaged; restore it from a copy or rerun `gradspec pca`")

@@ -55,7 +55,7 @@ def open_checked(path: str | os.PathLike, kind: str | None, mode: str = "r") -> 
             f"{str(path)!r} is a Zarr array, not a gradspec store; pass the store's directory "
             f"(the one holding grads/ and meta/, or sigma/ and V/)"
         ) from exc
-    except (ValueError, TypeError, zarr.errors.MetadataValidationError) as exc:  # bad zarr.json
+    except (ValueError, TypeError, RecursionError, zarr.errors.MetadataValidationError) as exc:  # bad zarr.json
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(
             f"{str(path)!r} is not a readable gradspec store: its zarr.json is damaged ({first}); "
