@@ -170,6 +170,8 @@ def _spectrum(summary: dict) -> None:
     src = summary.get("source") or {}
     params = summary.get("params") or {}
     acc = summary.get("accuracy") or {}
+    if summary.get("writer"):
+        typer.echo(f"writer   {summary['writer']}")
     typer.echo(f"shape    H is {r} x {p:,}   k = {summary['k']}   size {_size(summary.get('size_on_disk'))} on disk")
     typer.echo(f"method   {summary['method']}  ({params.get('reason', '')})")
     typer.echo(f"source   {src.get('path')}  rows {src.get('rows') or 'all'}  params {src.get('params') or 'all'}"

@@ -17,6 +17,7 @@ from gradspec.linalg._kernels import KERNEL_CHOICES
 from gradspec.linalg._operator_base import verify_mode
 from gradspec.linalg._output import (
     _give_up,
+    _lock_output,
     _open_output,
     _VSink,
 )
@@ -225,6 +226,18 @@ def pca(
         "v_dtype": str(np.dtype(v_dtype)),
         "verify": mode,
     }
+    lock = _lock_output(out) if out is not None else None
+    try:
+        return _pca_into(out, op, meth, run_params, resume, overwrite, v_dtype, mode, it, tol,
+                         oversample, seed, k, t_start)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _pca_into(out, op, meth, run_params, resume, overwrite, v_dtype, mode, it, tol, oversample, seed, k,
+              t_start):
+    """The rest of :func:`pca`, holding the output's lock: open (or resume) it, run, finish."""
     store = None
     final = None
     sink = None
@@ -242,12 +255,15 @@ def pca(
         sink = _VSink(store)
     common = {"k": k, "sink": sink, "verify": mode, "out_dtype": np.dtype(v_dtype)}
     try:
+        # the passes of earlier calls that a resume keeps (their state is what it resumes from)
+        before = store.passes_done if (store is not None and resume) else 0
         result = _run_method(
             meth, op, store=store, resume=resume, iters=it, tol=tol,
-            oversample=oversample, seed=seed, **common,
+            oversample=oversample, seed=seed, before=before, **common,
         )
         if sink is not None:
             sink.close()
+        result.passes += before  # every pass the result rests on, earlier calls' included
         result.params = {**run_params, **result.params, **_rates(op)}
         result.timings["total"] = time.perf_counter() - t_start
         if store is not None:
@@ -326,6 +342,7 @@ def _run_method(
     tol: float | None,
     oversample: int,
     seed: int,
+    before: int = 0,
     **common: Any,
 ) -> PcaResult:
     """Run one method; iterative ones checkpoint to ``store`` and, with ``resume``, start from its state."""
@@ -339,8 +356,12 @@ def _run_method(
         from gradspec.linalg.lanczos import lanczos_pca
 
         return lanczos_pca(op, tol=tol, seed=seed, **common)
-    checkpoint = (lambda st: store.save_state(st.state_dict())) if store is not None else None
     saved = store.load_state() if store is not None and resume else None
+
+    def checkpoint(st: Any) -> None:  # the state, and how many passes it rests on (one write)
+        store.save_state({**st.state_dict(), "passes_done": before + op.passes})
+
+    checkpoint = checkpoint if store is not None else None
     iterative = dict(iters=iters, oversample=oversample, seed=seed, on_iteration=checkpoint)
     if meth is PcaMethod.ORTHOGONAL:
         from gradspec.linalg.orthogonal import OrthogonalState, block_size, orthogonal_pca

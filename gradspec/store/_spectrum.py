@@ -50,9 +50,7 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,7 +58,6 @@ import zarr
 
 from gradspec._layout import ParamLayout
 from gradspec.store._integrity import ALL_CHUNKS_KEY, ArrayChecker, StoreDamagedError
-from gradspec.store._source import jsonable as _jsonable
 from gradspec.store._spectrum_schema import (
     ALL_CHUNKS,
     COMPLETE,
@@ -72,13 +69,11 @@ from gradspec.store._spectrum_schema import (
     STATUS_KEY,
     UNFINISHED,
     VECTOR_ARRAYS,
-    _create_arrays,
-    _owner,
     _owner_alive,
     check_attr_types,
 )
 from gradspec.store._spectrum_write import SpectrumWrites
-from gradspec.store._zarr import create_group, is_url, missing_attribute, open_checked, size_on_disk
+from gradspec.store._zarr import missing_attribute, open_checked, size_on_disk
 
 logger = logging.getLogger(__name__)
 
@@ -97,103 +92,6 @@ class SpectrumStore(SpectrumWrites):
         )
 
     # ------------------------------------------------------------------ create / open
-    @classmethod
-    def create(
-        cls,
-        path: str | os.PathLike,
-        *,
-        r: int,
-        p: int,
-        k: int,
-        method: str,
-        params: dict[str, Any] | None = None,
-        source: dict[str, Any] | None = None,
-        source_rows: np.ndarray | None = None,
-        v_dtype: str = "float32",
-        v_chunk_rows: int | None = None,
-        overwrite: bool = False,
-    ) -> SpectrumStore:
-        """Create an empty spectrum store for k triplets of an r×p matrix (status ``running``).
-
-        ``overwrite`` replaces an existing *spectrum store* (or an empty directory)
-        only; anything else at ``path`` is refused, never deleted. Without it, an
-        unfinished store that no live process owns (see :meth:`replaceable`) is
-        replaced and anything else at ``path`` is refused.
-        """
-        if not 1 <= k <= min(r, p):
-            raise ValueError(f"k must lie in [1, min(r, p)] = [1, {min(r, p)}], got {k}")
-        if v_dtype not in ("float32", "float64"):
-            raise ValueError(f"V dtype must be float32 or float64, got {v_dtype!r}")
-        if source_rows is not None and np.asarray(source_rows).shape != (r,):
-            raise ValueError(f"source_rows must hold the {r} row indices, got shape "
-                             f"{np.asarray(source_rows).shape}")
-        replace = cls.check_target(path, overwrite=overwrite)
-        attrs = {
-            STATUS_KEY: RUNNING,
-            "gradspec.shape": [int(r), int(p)],
-            "gradspec.k": int(k),
-            "gradspec.k_requested": int(k),
-            "gradspec.method": str(method),
-            "gradspec.params": _jsonable(params or {}),
-            "gradspec.source": _jsonable(source or {}),
-            "gradspec.created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "gradspec.owner": _owner(),
-            ALL_CHUNKS_KEY: True,
-        }
-        g = create_group(path, KIND, attrs, overwrite or replace)
-        _create_arrays(g, r=r, p=p, k=k, v_dtype=v_dtype, v_chunk_rows=v_chunk_rows)
-        if source_rows is not None:
-            g.create_array(
-                "source_rows", shape=(r,), chunks=(r,), dtype="int64", fill_value=0,
-                compressors=None, config=ALL_CHUNKS,
-            )[:] = np.asarray(source_rows, dtype=np.int64)
-        return cls(g, str(path), "r+")
-
-    @classmethod
-    def check_target(cls, path: str | os.PathLike, *, overwrite: bool) -> bool:
-        """Whether creating a store at ``path`` replaces one; raise if it must not be touched.
-
-        Returns True when ``path`` holds a spectrum store that may be replaced: any
-        spectrum store with ``overwrite``, else an unfinished one no live process owns.
-
-        Raises:
-            FileExistsError: ``path`` holds something that is not a spectrum store, a
-                complete store (without ``overwrite``), or a run that may still be going.
-        """
-        if is_url(path) or not Path(path).exists():
-            return False
-        p = Path(path)
-        if p.is_dir() and not any(p.iterdir()):
-            return False
-        try:
-            existing = cls.open(path)
-        except StoreDamagedError as exc:
-            if overwrite:
-                return True  # a damaged spectrum store is still a spectrum store
-            raise FileExistsError(f"{exc}; or pass --overwrite to replace it") from None
-        except (ValueError, FileNotFoundError, OSError):
-            raise FileExistsError(
-                f"{str(path)!r} exists and is not a spectrum store; refusing to replace it "
-                "(--overwrite replaces spectrum stores only): choose another --out"
-            ) from None
-        if overwrite:
-            return True
-        why = existing.replaceable()
-        if why is not None:
-            logger.warning("replacing the unfinished spectrum store %r (%s)", str(path), why)
-            return True
-        if existing.status == COMPLETE:
-            raise FileExistsError(
-                f"{str(path)!r} already exists and holds a complete spectrum; choose another --out, "
-                "or pass --overwrite to replace it"
-            )
-        owner = existing.attrs.get("gradspec.owner") or {}
-        raise FileExistsError(
-            f"{str(path)!r} already exists: a pca run (pid {owner.get('pid', '?')} on "
-            f"{owner.get('host', '?')}) is writing it or was killed; --resume continues it, "
-            "--overwrite replaces it"
-        )
-
     def replaceable(self) -> str | None:
         """Why a plain rerun may replace this store (None: it may not).
 
@@ -478,6 +376,10 @@ class SpectrumStore(SpectrumWrites):
             "damaged_chunks": damaged,
             "all_chunks_written": self._checks.strict,
         }
+        owner = a.get("gradspec.owner")
+        if self.status == RUNNING and not _owner_alive(owner):
+            out["writer"] = (f"gone: the pca that wrote it (pid {owner.get('pid')} on {owner.get('host')}) "
+                             "is not running; `gradspec pca ... --resume` continues it")
         if self.status == COMPLETE:
             try:
                 sigma = self.sigma

@@ -119,6 +119,7 @@ ATTR_TYPES: dict[str, tuple[Any, str]] = {
     "gradspec.state": (lambda v: v is None or isinstance(v, dict), "an object"),
     "gradspec.timings": (lambda v: v is None or isinstance(v, dict), "an object"),
     "gradspec.passes": (lambda v: v is None or _count(v), "a count"),
+    "gradspec.owner": (lambda v: v is None or isinstance(v, dict), "an object"),
 }
 
 

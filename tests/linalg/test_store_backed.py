@@ -115,7 +115,8 @@ def test_iterative_run_resumes_at_last_completed_pass(tmp_path, monkeypatch, met
     monkeypatch.setattr(SpectrumStore, "save_state", orig)
     assert SpectrumStore.open(out).summary()["iterations_done"] == 3
     res = pca(source=h, k=5, method=method, out=out, resume=True, **kw)
-    assert res.passes == 3 + 1  # three more passes and the V pass
+    # every pass the result rests on (issue 25: a resume recorded only its own call's)
+    assert res.passes == full.passes and SpectrumStore.open(out).summary()["passes"] == full.passes
     assert [e["iteration"] for e in res.history] == [1, 2, 3, 4, 5, 6]
     np.testing.assert_allclose(res.sigma, full.sigma, rtol=1e-12)
     np.testing.assert_allclose(SpectrumStore.open(out).read_v(), full.V, atol=1e-6)

@@ -1,0 +1,56 @@
+"""One writer per spectrum store (issue 25: two `pca --overwrite` on one --out both exited 0 and
+printed their results, but the store held only the second's)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import gradspec
+from gradspec.store import DirectoryBusyError, RunLock, SpectrumStore
+
+
+def test_a_second_pca_on_the_same_out_is_refused_while_the_first_writes(tmp_path):
+    h = np.random.default_rng(0).standard_normal((20, 300))
+    out = tmp_path / "s.zarr"
+    held, done = threading.Event(), threading.Event()
+
+    def first_writer():  # what a pca in progress holds: the lock beside its store
+        with RunLock(tmp_path, name=".s.zarr.lock"):
+            held.set()
+            done.wait(30)
+
+    t = threading.Thread(target=first_writer)
+    t.start()
+    try:
+        assert held.wait(30)
+        with pytest.raises(DirectoryBusyError, match="spectrum store 's.zarr'"):
+            gradspec.pca(source=h, k=3, out=out, overwrite=True)
+        assert not out.exists()  # nothing written
+    finally:
+        done.set()
+        t.join()
+    gradspec.pca(source=h, k=3, out=out)  # the lock is released with the first writer
+    again = gradspec.pca(source=h, k=3, out=out, overwrite=True, seed=1)  # and by each pca
+    assert SpectrumStore.open(out).status == "complete" and again.sigma.shape == (3,)
+
+
+def test_info_says_when_a_running_stores_writer_is_gone(tmp_path):
+    """Issue 25: a store whose pca was killed showed `[running]` with no hint."""
+    import socket
+
+    import zarr
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    out = tmp_path / "s.zarr"
+    SpectrumStore.create(out, r=10, p=30, k=2, method="orthogonal")
+    res = CliRunner().invoke(app, ["info", str(out)])
+    assert "[running]" in res.output and "gone" not in res.output  # its writer (this process) lives
+    pid = 4_194_000  # above Linux's default pid_max: no such process
+    zarr.open_group(str(out), mode="r+").attrs["gradspec.owner"] = {"host": socket.gethostname(), "pid": pid}
+    res = CliRunner().invoke(app, ["info", str(out)])
+    assert f"writer   gone: the pca that wrote it (pid {pid}" in res.output and "--resume" in res.output
