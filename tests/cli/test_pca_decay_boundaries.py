@@ -340,11 +340,11 @@ def test_a_failed_overwrite_keeps_the_complete_store(tmp_path):
     spec = SpectrumStore.open(tmp_path / "s.zarr")
     assert spec.status == "complete"
     np.testing.assert_array_equal(spec.sigma, before)
-    assert sorted(os.listdir(tmp_path)) == ["bad.zarr", "g.zarr", "s.zarr"]
+    assert sorted(os.listdir(tmp_path)) == [".s.zarr.lock", "bad.zarr", "g.zarr", "s.zarr"]  # + its writers' lock
     ok("pca", tmp_path / "g.zarr", "--k", 3, "--out", tmp_path / "s.zarr", "--overwrite",
        "--no-progress")
     assert SpectrumStore.open(tmp_path / "s.zarr").k == 3
-    assert sorted(os.listdir(tmp_path)) == ["bad.zarr", "g.zarr", "s.zarr"]
+    assert sorted(os.listdir(tmp_path)) == [".s.zarr.lock", "bad.zarr", "g.zarr", "s.zarr"]  # + its writers' lock
 
 
 def test_a_failure_after_a_saved_pass_keeps_a_resumable_store(tmp_path, monkeypatch):
@@ -366,7 +366,9 @@ def test_a_failure_after_a_saved_pass_keeps_a_resumable_store(tmp_path, monkeypa
     assert spec.status == "failed" and "disk I/O error" in spec.attrs["gradspec.error"]
     res = ok(*args, "--resume")
     assert SpectrumStore.open(tmp_path / "s.zarr").status == "complete"
-    assert "3 passes" in res.output  # passes 3 and 4 of the Krylov space, and the V pass
+    # every pass the result rests on: the 4 passes of the Krylov space (2 of them before the
+    # failure) and the V pass (issue 25: a resume used to record only its own call's 3)
+    assert "5 passes" in res.output and SpectrumStore.open(tmp_path / "s.zarr").summary()["passes"] == 5
 
 
 def test_a_killed_run_is_replaced_but_a_live_one_is_not(tmp_path):
