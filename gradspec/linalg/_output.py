@@ -54,16 +54,11 @@ def _check_not_source(out: Any, desc: dict) -> None:
 
 
 def _lock_output(out: Any) -> Any:
-    """One writer per spectrum store, as for runs: the lock file sits beside the store
-    (``.NAME.lock``), so it outlives an ``--overwrite`` that replaces the store, and a second
-    pca writing the same ``--out`` is refused (``DirectoryBusyError`` naming the first) instead
-    of both printing results when only one of them is stored. None for a URL."""
-    from gradspec.store import RunLock, is_url
+    """One writer per spectrum store, as for runs: the store's own lock (taken by the store
+    layer, ``SpectrumStore.lock_for_writing``), held for the whole run; None for a URL."""
+    from gradspec.store import SpectrumStore
 
-    if is_url(out):
-        return None
-    out = Path(out)
-    return RunLock(out.parent, name=f".{out.name}.lock", what=f"spectrum store {out.name!r}").acquire()
+    return SpectrumStore.lock_for_writing(out)
 
 
 def _open_output(

@@ -29,6 +29,7 @@ import errno
 import json
 import os
 import socket
+import stat
 import threading
 import time
 from pathlib import Path
@@ -37,6 +38,8 @@ from typing import Any
 __all__ = ["LOCK_NAME", "DirectoryBusyError", "RunLock"]
 
 LOCK_NAME = ".gradspec.lock"
+#: The most of a lock file :meth:`RunLock.owner` reads (an owner record is ~200 bytes).
+_MAX_OWNER_BYTES = 2**16
 
 # Locks this process holds: path -> [fd, owning thread id, depth]. Guarded by _GUARD.
 _HELD: dict[str, list[int]] = {}
@@ -106,11 +109,21 @@ class RunLock:
         return self._key is not None
 
     def owner(self) -> dict[str, Any]:
-        """What the current holder wrote into the lock file ({} if none or unreadable)."""
+        """What the current (or a killed) holder wrote into the lock file ({} if none or
+        unreadable). Read as data from a folder that may come from someone else: never
+        through a link, never from anything but a regular file, at most 64 KiB."""
         try:
-            text = self.path.read_text()
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return {}
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return {}
+            text = os.read(fd, _MAX_OWNER_BYTES).decode("utf-8", errors="replace")
+        except OSError:
+            return {}
+        finally:
+            os.close(fd)
         try:
             data = json.loads(text) if text.strip() else {}
         except (json.JSONDecodeError, RecursionError):
@@ -188,7 +201,7 @@ class RunLock:
         os.close(fd)
 
     def __enter__(self) -> RunLock:
-        return self.acquire()
+        return self if self.held else self.acquire()  # ``with RunLock(...).acquire():`` too
 
     def __exit__(self, *exc: object) -> None:
         self.release()

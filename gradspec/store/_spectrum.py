@@ -39,8 +39,9 @@ every chunk (`gradspec info --verify`). In an unfinished store only
 written). Stores written before this have no ``gradspec.all_chunks``: a missing
 chunk there may be an all-zero one, and is warned about.
 
-Lifecycle. ``running`` while `gradspec pca` writes it (owner pid and host
-recorded), ``complete`` when finished, ``failed``/``interrupted`` when the run
+Lifecycle. ``running`` while `gradspec pca` writes it, holding the store's
+one-writer lock (``_spectrum_owner``: who writes it, and whether that writer is
+gone), ``complete`` when finished, ``failed``/``interrupted`` when the run
 stopped with an error and left a resumable state (a run with nothing to resume
 removes its partial store). An unfinished store that no live process owns is
 replaced by a plain rerun; a complete one never is without ``overwrite``.
@@ -58,6 +59,7 @@ import zarr
 
 from gradspec._layout import ParamLayout
 from gradspec.store._integrity import ALL_CHUNKS_KEY, ArrayChecker, StoreDamagedError
+from gradspec.store._spectrum_owner import OWNER_KEY, gone_writer
 from gradspec.store._spectrum_schema import (
     ALL_CHUNKS,
     COMPLETE,
@@ -69,7 +71,6 @@ from gradspec.store._spectrum_schema import (
     STATUS_KEY,
     UNFINISHED,
     VECTOR_ARRAYS,
-    _owner_alive,
     check_attr_types,
 )
 from gradspec.store._spectrum_write import SpectrumWrites
@@ -95,15 +96,15 @@ class SpectrumStore(SpectrumWrites):
     def replaceable(self) -> str | None:
         """Why a plain rerun may replace this store (None: it may not).
 
-        A ``failed`` or ``interrupted`` run, or a ``running`` one whose owner process
-        is gone from this host. Never a complete store.
+        A ``failed`` or ``interrupted`` run, or a ``running`` one whose writer is gone
+        from this host (``_spectrum_owner.gone_writer``). Never a complete store.
         """
         status = self.status
         if status in UNFINISHED:
             state = self.attrs.get("gradspec.state") or {}
             saved = f"; iteration {state.get('iteration')} was saved, --resume would continue it"
             return f"{status}: {self.attrs.get('gradspec.error', '')}" + (saved if state else "")
-        if status == RUNNING and not _owner_alive(self.attrs.get("gradspec.owner")):
+        if status == RUNNING and gone_writer(self.path, self.attrs.get(OWNER_KEY)) is not None:
             return "its pca process is gone"
         return None
 
@@ -376,8 +377,8 @@ class SpectrumStore(SpectrumWrites):
             "damaged_chunks": damaged,
             "all_chunks_written": self._checks.strict,
         }
-        owner = a.get("gradspec.owner")
-        if self.status == RUNNING and not _owner_alive(owner):
+        owner = gone_writer(self.path, a.get(OWNER_KEY)) if self.status == RUNNING else None
+        if owner is not None:
             out["writer"] = (f"gone: the pca that wrote it (pid {owner.get('pid')} on {owner.get('host')}) "
                              "is not running; `gradspec pca ... --resume` continues it")
         if self.status == COMPLETE:

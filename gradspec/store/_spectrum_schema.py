@@ -1,11 +1,9 @@
-"""The spectrum store's schema: its kind, status words, array names and chunking, and
-who owns a running store (pid and host), shared by its core and its writer."""
+"""The spectrum store's schema: its kind, status words, array names, chunking and attribute
+types, shared by its core and its writer (who writes a store: ``_spectrum_owner``)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from enum import StrEnum
 from typing import Any
 
@@ -52,27 +50,6 @@ RESULT_ARRAYS = ("V", "U", "sigma", *VECTOR_ARRAYS)
 NAN_ALLOWED = ("residuals", "residual_h", "residual_ht")
 #: zarr skips all-zero chunks by default; a spectrum store writes every chunk (see the module note).
 ALL_CHUNKS = {"write_empty_chunks": True}
-
-
-# ---------------------------------------------------------------------- owners
-def _owner() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid()}
-
-
-def _owner_alive(owner: dict[str, Any] | None) -> bool:
-    """Whether the process that created a ``running`` store may still be writing it.
-
-    True unless it ran on this host and its pid is gone (another host: unknown, assume alive).
-    """
-    if not owner or owner.get("host") != socket.gethostname():
-        return True
-    try:
-        os.kill(int(owner["pid"]), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError, ValueError, KeyError):
-        return True
-    return True
 
 
 def _create_arrays(

@@ -16,8 +16,10 @@ from typing import Any, Self
 import numpy as np
 
 from gradspec.store._integrity import ALL_CHUNKS_KEY, StoreDamagedError
+from gradspec.store._lock import RunLock
 from gradspec.store._rowsink import RowBlockWriter
 from gradspec.store._source import jsonable as _jsonable
+from gradspec.store._spectrum_owner import OWNER_KEY, this_process, writer_lock
 from gradspec.store._spectrum_schema import (
     ALL_CHUNKS,
     COMPLETE,
@@ -28,7 +30,6 @@ from gradspec.store._spectrum_schema import (
     UNFINISHED,
     VECTOR_ARRAYS,
     _create_arrays,
-    _owner,
 )
 from gradspec.store._zarr import create_group, is_url, open_checked
 
@@ -193,6 +194,23 @@ class SpectrumWrites:
             }
         )
 
+    @staticmethod
+    def lock_for_writing(path: str | os.PathLike) -> RunLock | None:
+        """Take the one-writer lock of the spectrum store at ``path`` (None for a URL).
+
+        A writer takes it before it creates, resumes or replaces the store and releases it
+        (``.release()``, or ``with``) once the store is finished or given up; the lock file
+        sits beside the store (``.NAME.lock``), so it outlives an overwrite. `gradspec pca`
+        holds it for its whole run, so that two runs writing one ``--out`` cannot both print
+        results when only one of them is stored.
+
+        Raises:
+            DirectoryBusyError: another process (or thread) writes the store; the message
+                names its pid, host and start time.
+        """
+        lock = writer_lock(path)
+        return lock.acquire() if lock is not None else None
+
     @classmethod
     def create(
         cls,
@@ -233,7 +251,7 @@ class SpectrumWrites:
             "gradspec.params": _jsonable(params or {}),
             "gradspec.source": _jsonable(source or {}),
             "gradspec.created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "gradspec.owner": _owner(),
+            OWNER_KEY: this_process(),
             ALL_CHUNKS_KEY: True,
         }
         g = create_group(path, KIND, attrs, overwrite or replace)
@@ -283,7 +301,7 @@ class SpectrumWrites:
                 f"{str(path)!r} already exists and holds a complete spectrum; choose another --out, "
                 "or pass --overwrite to replace it"
             )
-        owner = existing.attrs.get("gradspec.owner") or {}
+        owner = existing.attrs.get(OWNER_KEY) or {}
         raise FileExistsError(
             f"{str(path)!r} already exists: a pca run (pid {owner.get('pid', '?')} on "
             f"{owner.get('host', '?')}) is writing it or was killed; --resume continues it, "
