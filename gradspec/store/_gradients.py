@@ -104,6 +104,8 @@ class GradientStore(GradientReads, GradientWrites):
         self._group = group
         attrs = group.attrs.asdict()
         damaged = f"the store is damaged; restore {self.path!r} from a copy or collect it again"
+        if "gradspec.layout" not in attrs:  # every gradient store has one: another kind relabelled?
+            raise missing_attribute(self.path, KIND, KeyError("gradspec.layout"))
         try:
             self._layout = ParamLayout.from_list(attrs["gradspec.layout"])
             if not self._layout.params:

@@ -26,7 +26,7 @@ def stores(tmp_path):
 
 @pytest.mark.parametrize("which, claim, opener, says", [
     (0, "spectrum", SpectrumStore.open, "says it is a spectrum store .* has no 'gradspec.shape'"),
-    (1, "gradients", GradientStore.open, "has no valid parameter layout .'gradspec.layout'."),
+    (1, "gradients", GradientStore.open, "says it is a gradients store .* has no 'gradspec.layout'"),
 ], ids=["gradients-says-spectrum", "spectrum-says-gradients"])
 def test_a_relabelled_store_is_one_line_naming_the_claim(stores, which, claim, opener, says):
     path = stores[which]
@@ -37,3 +37,17 @@ def test_a_relabelled_store_is_one_line_naming_the_claim(stores, which, claim, o
     res = CliRunner().invoke(app, ["info", str(path)])
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert res.exit_code != 0 and len(lines) == 1 and "gradspec." in lines[0], res.output
+
+
+@pytest.mark.parametrize("which, command, says", [
+    (1, ["pca", "{store}", "--k", "2", "--out", "{new}"], "is a spectrum store, not a gradients store"),
+    (0, ["decay", "{store}", "--out", "{new}"], "is a gradients store, not a spectrum store"),
+    (0, ["retrain", "--projector", "{store}", "--rank", "1", "--out", "{new}", "--steps", "1"],
+     "is a gradients store, not a spectrum store"),
+], ids=["pca-of-a-spectrum", "decay-of-gradients", "retrain-projector-of-gradients"])
+def test_a_store_of_the_other_kind_is_one_line_naming_both_kinds(stores, tmp_path, which, command, says):
+    args = [a.format(store=stores[which], new=tmp_path / "new") for a in command]
+    res = CliRunner().invoke(app, args)
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code != 0 and len(lines) == 1 and says in lines[0], res.output
+    assert not (tmp_path / "new").exists()
