@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,7 @@ import zarr
 import gradspec.store._precision as _precision
 from gradspec._layout import ParamLayout
 from gradspec.store._fastread import ChunkFileReader
+from gradspec.store._gradients_checks import GradientChecks
 from gradspec.store._gradients_read import GradientReads
 from gradspec.store._gradients_schema import (
     CHUNK_BYTES,
@@ -57,17 +57,7 @@ from gradspec.store._gradients_schema import (
     _codecs,
 )
 from gradspec.store._gradients_write import GradientWrites
-from gradspec.store._integrity import (
-    ALL_CHUNKS_KEY,
-    ChunkPresence,
-    StoreDamagedError,
-    chunk_span,
-    col_chunks,
-    committed_chunks,
-    damage_error,
-    row_chunks,
-    verify_arrays,
-)
+from gradspec.store._integrity import ALL_CHUNKS_KEY, ChunkPresence, StoreDamagedError
 from gradspec.store._rowkind import RowKind, row_kind
 from gradspec.store._zarr import (
     create_group,
@@ -82,7 +72,7 @@ logger = logging.getLogger(__name__)
 #: The largest chunk a store may declare (gradspec writes 8 MiB ones; a read allocates a chunk).
 MAX_CHUNK_BYTES = 2**30
 
-class GradientStore(GradientReads, GradientWrites):
+class GradientStore(GradientReads, GradientWrites, GradientChecks):
     """A gradient matrix on disk: rows = gradient samples, columns = parameters.
 
     Create with :meth:`create`, open with :meth:`open`. Writing is done by
@@ -312,79 +302,6 @@ class GradientStore(GradientReads, GradientWrites):
         """Re-read the committed row count and the arrays (for a store another process is writing)."""
         self._load(open_checked(self.path, KIND, self.mode))
 
-    # ------------------------------------------------------------------ damage
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(message)
-
-    def _missing(self, name: str, missing: list[tuple[int, ...]]) -> None:
-        """Raise for missing chunks of committed rows (warn for a store that predates full chunks)."""
-        if not missing:
-            return
-        rc = int(self._arrays()[name].chunks[0])
-        first = missing[0]
-        if not self._strict:
-            if name == "grads":
-                self._warn_once(
-                    "absent",
-                    f"{self.path}: chunk {name}/{self._presence[name].key(first)} of committed rows is absent and "
-                    "reads as zeros; this store predates gradspec writing every chunk, so it may be an all-zero "
-                    "chunk or a lost file: `gradspec info --verify` lists them",
-                )
-            return
-        raise damage_error(self.path, name, self._presence[name].key(first),
-                           chunk_span(first[0], rc, self._rows), self._rows, "missing", len(missing) - 1)
-
-    def _chunk_damaged(self, i: int, j: int, problem: str) -> None:
-        """The fast reader's report of a missing or wrong-sized chunk file."""
-        if problem == "missing":
-            self._missing("grads", [(i, j)])
-            return
-        raise damage_error(self.path, "grads", self._presence["grads"].key((i, j)),
-                           chunk_span(i, self.chunks[0], self._rows), self._rows, problem)
-
-    def _require(self, idx: slice | np.ndarray, ranges: Sequence[tuple[int, int]]) -> None:
-        """Check that every grads chunk a read of rows ``idx`` × ``ranges`` touches is stored."""
-        rc, cc = self.chunks
-        cols = dict.fromkeys(j for a, b in ranges for j in col_chunks(a, b, cc))
-        coords = [(i, j) for i in row_chunks(idx, rc) for j in cols]
-        self._missing("grads", self._presence["grads"].missing(coords))
-
-    def find_missing_chunks(self) -> list[dict[str, Any]]:
-        """The chunks of committed rows that are not stored (a listing or a stat each; nothing is read).
-
-        Returns:
-            ``[{"array", "chunk", "rows": [first, last]}]``; in a store that predates gradspec
-            writing every chunk, missing metadata chunks are left out (they may be all zero).
-        """
-        out = []
-        for name, arr in self._arrays().items():
-            if not self._strict and name != "grads":
-                continue
-            pres = self._presence[name]
-            pres.forget()
-            rc = int(arr.chunks[0])
-            for c in pres.missing(committed_chunks(arr, self._rows)):
-                a, b = chunk_span(c[0], rc, self._rows)
-                out.append({"array": name, "chunk": pres.key(c), "rows": [a, b - 1]})
-        return out
-
-    def verify(self, *, progress: bool = False) -> dict[str, Any]:
-        """Read every chunk of every committed row (gradients and metadata) and report damage.
-
-        Returns:
-            ``{"path", "ok", "chunks", "bytes", "damaged": [{array, chunk, rows, problem}],
-            "non_finite": {array: {"count", "rows"}}, "absent_zero_chunks"}``; ``ok`` is False
-            when a chunk is missing, truncated, the wrong size or undecodable, or a value is
-            NaN or infinite.
-        """
-        report = verify_arrays(self._arrays(), self._rows, strict=self._strict,
-                               dtypes={"grads": self._dtype}, progress=progress)
-        return {"path": self.path, **report}
-
-    # ------------------------------------------------------------------ writing
-    # ------------------------------------------------------------------ reading
     # ------------------------------------------------------------------ summary
     def nbytes_on_disk(self) -> int | None:
         return size_on_disk(self.path)

@@ -1,0 +1,100 @@
+"""A committed row never reads as fill: the gradient store's chunk checks.
+
+A mixin of :class:`gradspec.store.GradientStore` (its core, ``_gradients``, holds the
+arrays and the chunk listings this checks; ``_integrity`` has the rule for any array).
+Every read and every commit asks it whether the chunks of committed rows it touches are
+stored; :meth:`GradientChecks.verify` reads them all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from gradspec.store._integrity import (
+    chunk_span,
+    col_chunks,
+    committed_chunks,
+    damage_error,
+    row_chunks,
+    verify_arrays,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class GradientChecks:
+    """The damage checks of a :class:`~gradspec.store.GradientStore`."""
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message)
+
+    def _missing(self, name: str, missing: list[tuple[int, ...]]) -> None:
+        """Raise for missing chunks of committed rows (warn for a store that predates full chunks)."""
+        if not missing:
+            return
+        rc = int(self._arrays()[name].chunks[0])
+        first = missing[0]
+        if not self._strict:
+            if name == "grads":
+                self._warn_once(
+                    "absent",
+                    f"{self.path}: chunk {name}/{self._presence[name].key(first)} of committed rows is absent and "
+                    "reads as zeros; this store predates gradspec writing every chunk, so it may be an all-zero "
+                    "chunk or a lost file: `gradspec info --verify` lists them",
+                )
+            return
+        raise damage_error(self.path, name, self._presence[name].key(first),
+                           chunk_span(first[0], rc, self._rows), self._rows, "missing", len(missing) - 1)
+
+    def _chunk_damaged(self, i: int, j: int, problem: str) -> None:
+        """The fast reader's report of a missing or wrong-sized chunk file."""
+        if problem == "missing":
+            self._missing("grads", [(i, j)])
+            return
+        raise damage_error(self.path, "grads", self._presence["grads"].key((i, j)),
+                           chunk_span(i, self.chunks[0], self._rows), self._rows, problem)
+
+    def _require(self, idx: slice | np.ndarray, ranges: Sequence[tuple[int, int]]) -> None:
+        """Check that every grads chunk a read of rows ``idx`` × ``ranges`` touches is stored."""
+        rc, cc = self.chunks
+        cols = dict.fromkeys(j for a, b in ranges for j in col_chunks(a, b, cc))
+        coords = [(i, j) for i in row_chunks(idx, rc) for j in cols]
+        self._missing("grads", self._presence["grads"].missing(coords))
+
+    def find_missing_chunks(self) -> list[dict[str, Any]]:
+        """The chunks of committed rows that are not stored (a listing or a stat each; nothing is read).
+
+        Returns:
+            ``[{"array", "chunk", "rows": [first, last]}]``; in a store that predates gradspec
+            writing every chunk, missing metadata chunks are left out (they may be all zero).
+        """
+        out = []
+        for name, arr in self._arrays().items():
+            if not self._strict and name != "grads":
+                continue
+            pres = self._presence[name]
+            pres.forget()
+            rc = int(arr.chunks[0])
+            for c in pres.missing(committed_chunks(arr, self._rows)):
+                a, b = chunk_span(c[0], rc, self._rows)
+                out.append({"array": name, "chunk": pres.key(c), "rows": [a, b - 1]})
+        return out
+
+    def verify(self, *, progress: bool = False) -> dict[str, Any]:
+        """Read every chunk of every committed row (gradients and metadata) and report damage.
+
+        Returns:
+            ``{"path", "ok", "chunks", "bytes", "damaged": [{array, chunk, rows, problem}],
+            "non_finite": {array: {"count", "rows"}}, "absent_zero_chunks"}``; ``ok`` is False
+            when a chunk is missing, truncated, the wrong size or undecodable, or a value is
+            NaN or infinite.
+        """
+        report = verify_arrays(self._arrays(), self._rows, strict=self._strict,
+                               dtypes={"grads": self._dtype}, progress=progress)
+        return {"path": self.path, **report}
