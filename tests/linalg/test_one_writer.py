@@ -50,7 +50,12 @@ def test_info_says_when_a_running_stores_writer_is_gone(tmp_path):
     SpectrumStore.create(out, r=10, p=30, k=2, method="orthogonal")
     res = CliRunner().invoke(app, ["info", str(out)])
     assert "[running]" in res.output and "gone" not in res.output  # its writer (this process) lives
-    pid = 4_194_000  # above Linux's default pid_max: no such process
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    pid = child.pid  # a process that has exited: no such process now
     zarr.open_group(str(out), mode="r+").attrs["gradspec.owner"] = {"host": socket.gethostname(), "pid": pid}
     res = CliRunner().invoke(app, ["info", str(out)])
     assert f"writer   gone: the pca that wrote it (pid {pid}" in res.output and "--resume" in res.output
