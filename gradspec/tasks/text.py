@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from gradspec.tasks._base import Batch, Task, TensorData, carve, permutation
 from gradspec.tasks._registry import register_task
+from gradspec.tasks._reviews import MOVIE_REVIEWS, review_splits
 from gradspec.tasks._textdata import VOCABULARY_SIZE, generate_splits
 from gradspec.tasks._texthead import _freeze_except, _reseed_head, fit_head_on
 from gradspec.tasks._textmodel import (
@@ -246,8 +247,10 @@ def text_task(
     Args:
         seed: initialises the head (all of ``tiny-bert``), generates or subsamples data.
         model: ``"minilm"`` (default), ``"tiny-bert"``, a local directory or hub name.
-        dataset: ``None`` for the offline synthetic reviews; ``"glue/sst2"`` (or
-            ``"sst2"``), or any Hugging Face datasets name.
+        dataset: ``None`` for the offline synthetic reviews; ``"movie-reviews"`` for the
+            real Rotten Tomatoes snippets, offline once installed (``_reviews``: 10,566
+            labelled, eval 1,000 by default); ``"glue/sst2"`` (or ``"sst2"``), or any
+            Hugging Face datasets name.
         dataset_config: the datasets configuration name, if any.
         text_column: the text column (default: "sentence", "text", ... whichever exists).
         label_column: the integer label column.
@@ -299,17 +302,22 @@ def text_task(
     if max_length < 2:
         raise ValueError(f"max_length must be >= 2, got {max_length}")
     extra: dict[str, Any] = {}
-    if dataset is None:
-        n_train, n_eval = n_train or 2000, n_eval or 500
-        # disjoint by content: no review is in two splits (the templates repeat)
-        (train_texts, train_labels), (eval_texts, eval_labels), (public_texts, public_labels) = (
-            generate_splits((n_train, n_eval, n_public), seed=seed)
-        )
+    local = dataset is None or dataset == MOVIE_REVIEWS  # text lists, no `datasets` package
+    if local:
+        if dataset is None:
+            n_train, n_eval = n_train or 2000, n_eval or 500
+            # disjoint by content: no review is in two splits (the templates repeat)
+            splits = generate_splits((n_train, n_eval, n_public), seed=seed)
+            extra["vocabulary_size"] = VOCABULARY_SIZE
+            extra["ids"] = "train 0..n_train-1 (stream 0), eval next (stream 1), public last (stream 2)"
+        else:  # the real Rotten Tomatoes snippets, disjoint by content (_reviews)
+            n_eval = n_eval or 1000
+            splits = review_splits((n_train, n_eval, n_public), seed=seed)
+            extra["ids"] = "train 0..n_train-1, eval next, public last (of the seed's shuffle)"
+        (train_texts, train_labels), (eval_texts, eval_labels), (public_texts, public_labels) = splits
         sizes = (len(train_texts), len(eval_texts), len(public_texts))
         train_ids, eval_ids, public_ids = torch.arange(sum(sizes)).split(sizes)
         num_labels = 2
-        extra["vocabulary_size"] = VOCABULARY_SIZE
-        extra["ids"] = "train 0..n_train-1 (stream 0), eval next (stream 1), public last (stream 2)"
     else:
         train_ds, eval_ds = _load_hf_splits(dataset, dataset_config, train_split, eval_split)
         train_ids, public_ids = carve(torch.arange(len(train_ds)), n_train=n_train,
@@ -330,7 +338,7 @@ def text_task(
         head_std = 3.0 / float(getattr(net.config, "hidden_size", 768)) ** 0.5
     if head_std is not None:
         _reseed_head(net, seed if head_seed is None else head_seed, head_std)
-    if dataset is None:
+    if local:
         train = tokenize_texts(
             tokenizer, train_texts, train_labels, max_length=max_length, padding=padding
         )
