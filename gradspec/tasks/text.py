@@ -20,15 +20,20 @@ Data (``dataset=``):
   2,000 train / 500 eval / 100 public by default (streams 0, 1, 2 of the generator, disjoint
   by content: eval redraws any review train holds, public any review train or eval holds),
   115-word vocabulary;
+- ``"movie-reviews"`` (:mod:`gradspec.tasks._reviews`, 10,566 Rotten Tomatoes snippets) and
+  ``"tweets"`` (:mod:`gradspec.tasks._tweets`, 22,805 crowd-labelled tweets): real text,
+  offline once ``scripts/install.sh`` has fetched it into the user's cache (else a one-line
+  refusal naming that command); neutral texts dropped, each text once, held-out / public /
+  train cut from a shuffle by the seed, disjoint by content; 1,000 held out by default;
 - ``"glue/sst2"`` (alias ``"sst2"``) or any Hugging Face datasets name with a text and a
   label column, through ``datasets.load_dataset`` (needs ``pip install datasets`` and
   network access or a local cache). The public examples are carved from the training
   split, disjoint from the private ones (AdaDPS, Li et al. 2022 §6.1, takes 1% of the
   training data); the held-out split is another split of the dataset.
 
-Example ids: synthetic, training ``0..n_train-1``, held-out next, public last; Hugging
-Face, row ``i`` of the training split is ``i`` and row ``j`` of the held-out split is
-``len(training split) + j``.
+Example ids: synthetic and real text, training ``0..n_train-1``, held-out next, public
+last; Hugging Face, row ``i`` of the training split is ``i`` and row ``j`` of the held-out
+split is ``len(training split) + j``.
 
 Models are loaded with ``attn_implementation="eager"`` and called with a 4-D additive
 attention mask, so ``torch.func.vmap`` over ``functional_call`` works (the SDPA path and
@@ -46,8 +51,8 @@ import torch
 from torch import Tensor, nn
 
 from gradspec.tasks._base import Batch, Task, TensorData, carve, permutation
+from gradspec.tasks._realtext import REAL_TEXT
 from gradspec.tasks._registry import register_task
-from gradspec.tasks._reviews import MOVIE_REVIEWS, review_splits
 from gradspec.tasks._textdata import VOCABULARY_SIZE, generate_splits
 from gradspec.tasks._texthead import _freeze_except, _reseed_head, fit_head_on
 from gradspec.tasks._textmodel import (
@@ -248,8 +253,9 @@ def text_task(
         seed: initialises the head (all of ``tiny-bert``), generates or subsamples data.
         model: ``"minilm"`` (default), ``"tiny-bert"``, a local directory or hub name.
         dataset: ``None`` for the offline synthetic reviews; ``"movie-reviews"`` for the
-            real Rotten Tomatoes snippets, offline once installed (``_reviews``: 10,566
-            labelled, eval 1,000 by default); ``"glue/sst2"`` (or ``"sst2"``), or any
+            real Rotten Tomatoes snippets (``_reviews``: 10,566 labelled) or ``"tweets"``
+            for crowd-labelled tweets (``_tweets``: 22,805 labelled, 30% positive), offline
+            once installed, eval 1,000 by default; ``"glue/sst2"`` (or ``"sst2"``), or any
             Hugging Face datasets name.
         dataset_config: the datasets configuration name, if any.
         text_column: the text column (default: "sentence", "text", ... whichever exists).
@@ -302,7 +308,7 @@ def text_task(
     if max_length < 2:
         raise ValueError(f"max_length must be >= 2, got {max_length}")
     extra: dict[str, Any] = {}
-    local = dataset is None or dataset == MOVIE_REVIEWS  # text lists, no `datasets` package
+    local = dataset is None or dataset in REAL_TEXT  # text lists, no `datasets` package
     if local:
         if dataset is None:
             n_train, n_eval = n_train or 2000, n_eval or 500
@@ -310,9 +316,9 @@ def text_task(
             splits = generate_splits((n_train, n_eval, n_public), seed=seed)
             extra["vocabulary_size"] = VOCABULARY_SIZE
             extra["ids"] = "train 0..n_train-1 (stream 0), eval next (stream 1), public last (stream 2)"
-        else:  # the real Rotten Tomatoes snippets, disjoint by content (_reviews)
+        else:  # real text from the install step's cache, disjoint by content (_realtext)
             n_eval = n_eval or 1000
-            splits = review_splits((n_train, n_eval, n_public), seed=seed)
+            splits = REAL_TEXT[dataset][1]((n_train, n_eval, n_public), seed=seed)
             extra["ids"] = "train 0..n_train-1, eval next, public last (of the seed's shuffle)"
         (train_texts, train_labels), (eval_texts, eval_labels), (public_texts, public_labels) = splits
         sizes = (len(train_texts), len(eval_texts), len(public_texts))

