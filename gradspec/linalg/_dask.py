@@ -1,22 +1,29 @@
-"""The Dask backend: the operator's products as dask graphs, run on a dask.distributed cluster.
+"""The Dask backend: the operator's passes as dask graphs, run on a dask.distributed cluster.
 
-H is a dask array over the gradient store (``GradientStore.to_dask``), rechunked
-so that each block spans all selected rows (then centering and every product
-are block-local). The Gram is ``H @ H.T`` reduced over column blocks in
-float64, ``hht`` is ``H @ (H.T @ Q)``, and the final pass persists
-V = Hᵀ·U·Σ⁻¹ on the cluster and fetches it block by block into the sink. The
+H is a dask array over the gradient store (``GradientStore.to_dask``: the
+workers open the store by its path and read their chunks themselves),
+rechunked so that each block spans all selected rows (then centering and every
+product are block-local). Each pass is one task per column block running the
+local engine on that block (``_dask_blocks``: same precisions, same measured
+Gram kernels) and a tree of float64 sums; the rows of V = Hᵀ·U·Σ⁻¹ stay on the
+workers until the driver fetches them block by block into the sink. The
 methods in ``gram``/``orthogonal``/``krylov`` run unchanged on this operator.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
-from gradspec.linalg._operator_base import OperatorBase, Sink
+from gradspec.linalg._dask_blocks import add_parts, pick, run_block
+from gradspec.linalg._kernels import KERNEL_CHOICES, gram_kernel
+from gradspec.linalg._operator_base import ArraySink, OperatorBase, Sink
+from gradspec.linalg._precision import effective_precision, resolve_precision
 from gradspec.linalg._sources import ArraySource, ColRanges, RowSelection, make_source
 
 logger = logging.getLogger(__name__)
@@ -45,14 +52,20 @@ def connect(scheduler: Any, timeout: str = "10s"):
 class DaskGradientOperator(OperatorBase):
     """``GradientOperator``'s interface with every pass a dask graph on a cluster.
 
+    Each column block (all selected rows) is one task that runs the local engine on it
+    (``_dask_blocks.run_block``): the precision policy and the measured Gram kernel are the
+    local path's, decided on each worker's machine. Partial sums are float64 and reduced on
+    the cluster in a tree; the driver holds O(r² + r·k) plus one block of a p×k result.
+
     Args:
         source, rows, params, col_ranges, center: as in ``GradientOperator``.
         scheduler: a scheduler address or a ``distributed.Client``.
+        precision: as in ``GradientOperator`` (``"auto"``: float32 products for float32 data).
+        kernel: the Gram kernel, or ``"auto"``: each worker's measured choice.
         block_cols: columns per dask block (default: the store's chunks).
     """
 
     device = None
-    precision = "float64"
 
     def __init__(
         self,
@@ -63,11 +76,17 @@ class DaskGradientOperator(OperatorBase):
         params: str | Sequence[str] | None = None,
         col_ranges: ColRanges = None,
         center: bool = False,
+        precision: str = "auto",
+        kernel: str = "auto",
         block_cols: int | None = None,
         progress: bool = False,
     ) -> None:
         import dask.array as da
 
+        if kernel not in KERNEL_CHOICES:
+            raise ValueError(f"unknown Gram kernel {kernel!r}; choose one of: {', '.join(KERNEL_CHOICES)}")
+        if kernel != "auto":
+            gram_kernel(kernel, torch.device("cpu"))  # the workers compute on their CPUs
         self.source = make_source(source, rows=rows, params=params, col_ranges=col_ranges)
         if isinstance(self.source, ArraySource):
             a = self.source._a
@@ -78,79 +97,100 @@ class DaskGradientOperator(OperatorBase):
         else:
             arr = self.source.to_dask()
         arr = arr.rechunk({0: -1, 1: block_cols or "auto"} if block_cols else {0: -1})
-        h = arr.astype(np.float64)
-        if center:
-            h = h - h.mean(axis=0, keepdims=True)
-        self.h = h
-        self.shape: tuple[int, int] = tuple(int(s) for s in h.shape)  # type: ignore[assignment]
+        if arr.dtype not in (np.float32, np.float64):
+            arr = arr.astype(np.float32)
+        self.h = arr
+        self.precision = effective_precision(precision, arr.dtype)
+        resolve_precision(self.precision, torch.device("cpu"))  # tf32: refused here, as locally
+        self.kernel = kernel
+        self.kernel_choice: tuple[str, str] | None = None
+        self.shape: tuple[int, int] = tuple(int(s) for s in arr.shape)  # type: ignore[assignment]
         self.center = center
         self.client = connect(scheduler)
         self.passes = 0
+        self.pass_log: list[dict[str, Any]] = []
         self.row_sq_norms: np.ndarray | None = None
-        self._norms = (h**2).sum(axis=1)
 
-    def _compute(self, *xs: Any) -> list[Any]:
-        out = self.client.compute([*xs, self._norms], sync=True)
+    def _run(self, kind: str, args: dict[str, Any], sink: Sink | None = None) -> Any:
+        """One pass of ``kind`` on the cluster -> the summed result; a p×b result goes to ``sink``."""
+        from dask import delayed
+
+        r, p = self.shape
+        t0 = time.perf_counter()
+        need_norms = self.row_sq_norms is None
+        shared = {key: delayed(val, pure=True) for key, val in args.items() if key != "x"}
+        offsets = np.cumsum((0,) + self.h.chunks[1])
+        parts = []
+        for i, blk in enumerate(self.h.to_delayed().ravel()):
+            a = dict(shared)
+            if "x" in args:
+                a["x"] = args["x"][offsets[i] : offsets[i + 1]]
+            parts.append(delayed(run_block, pure=False)(
+                blk, kind, a, precision=self.precision, kernel=self.kernel, center=self.center,
+                flops=float(r) * r * p, need_norms=need_norms,
+            ))
+        if sink is not None:
+            parts = self.client.persist(parts)  # the rows stay on the workers until fetched
+        total = _tree([delayed(pick)(part, "sum") for part in parts])
+        norms = _tree([delayed(pick)(part, "norms") for part in parts])
+        kernels = [delayed(pick)(part, "kernel") for part in parts]
+        total, norms, kernels = self.client.compute([total, norms, kernels], sync=True)
+        if sink is not None:
+            for i, part in enumerate(parts):
+                sink(int(offsets[i]), np.asarray(self.client.compute(delayed(pick)(part, "rows"), sync=True)))
+            del parts
+        if kind == "gram":
+            self.kernel_choice = _kernels_used(kernels)
+        self._log(kind, time.perf_counter() - t0, args)
+        if need_norms:
+            bad = np.flatnonzero(~np.isfinite(norms))
+            if bad.size:
+                raise ValueError(
+                    f"H has NaN or inf in {bad.size} selected row(s), e.g. row {int(bad[0])} of the selection; "
+                    "exclude them with --rows or recollect"
+                )
+            self.row_sq_norms = np.asarray(norms)
+        return total
+
+    def _log(self, kind: str, seconds: float, args: dict[str, Any]) -> None:
+        r, p = self.shape
+        b = next((a.shape[1] for key, a in args.items() if key in ("q", "x", "y", "u")), 0)
+        flops = {"gram": float(r) * r * p, "hht": 4.0 * r * p * b}.get(kind, 2.0 * r * p * b)
+        nbytes = r * p * self.h.dtype.itemsize
         self.passes += 1
-        self.row_sq_norms = np.asarray(out[-1])
-        bad = np.flatnonzero(~np.isfinite(self.row_sq_norms))
-        if bad.size:
-            raise ValueError(
-                f"H has NaN or inf in {bad.size} selected row(s), e.g. row {int(bad[0])} of the selection; "
-                "exclude them with --rows or recollect"
-            )
-        return [np.asarray(x) for x in out[:-1]]
+        self.pass_log.append({
+            "pass": kind, "seconds": seconds, "read_wait": None, "bytes_read": nbytes,
+            "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None,
+            "gflops": flops / seconds / 1e9 if seconds > 0 and flops else None,
+        })
 
     def _norms_pass(self) -> None:
-        self._compute()
+        self._run("norms", {})
 
     def gram(self) -> np.ndarray:
-        return self._compute(self.h @ self.h.T)[0]
+        return self._run("gram", {})
 
     def _hht(self, q: np.ndarray) -> np.ndarray:
-        return self._compute(self.h @ (self.h.T @ q))[0]
+        return self._run("hht", {"q": q})
 
     def _matmat(self, x: np.ndarray) -> np.ndarray:
-        import dask.array as da
-
-        xd = da.from_array(x, chunks=(self.h.chunks[1], x.shape[1]))
-        return self._compute(self.h @ xd)[0]
+        return self._run("matmat", {"x": x})
 
     def _rmatmat(self, y: np.ndarray, sink: Sink | None) -> np.ndarray | None:
-        w = self._compute(self.h.T @ y)[0]
-        if sink is None:
-            return w
-        sink(0, w)
-        return None
+        out = ArraySink(self.p, y.shape[1], np.float64) if sink is None else None
+        self._run("rmatmat", {"y": y}, sink if out is None else out)
+        return None if out is None else out.array
 
     def _project(
         self, u: np.ndarray, sigma: np.ndarray, sink: Sink, *, out_dtype: Any, verify: str,
         gram: np.ndarray | None, omega: np.ndarray | None,
     ) -> dict[str, np.ndarray] | None:
-        """V persisted on the cluster, fetched block by block; the checks are one more graph
-        (``gram`` is not needed)."""
-        from distributed import wait
-
-        safe = np.where(sigma > 0, sigma, np.inf)
-        w = self.h.T @ (u / safe)
-        v = w.astype(out_dtype)
-        v = self.client.persist(v)
-        wait(v)
-        offsets = np.cumsum((0,) + v.chunks[0])
-        for i, block in enumerate(v.blocks):
-            sink(int(offsets[i]), np.asarray(self.client.compute(block, sync=True)))
-        vs = v.astype(np.float64)
-        sigma2 = np.asarray(sigma, dtype=np.float64) ** 2
-        if verify == "none":
-            (n2,) = self._compute((vs**2).sum(axis=0))
-            return {"n2": n2}
-        if verify == "cheap":
-            probe, n2, rt = self._compute(
-                (omega.T @ self.h) @ vs, (vs**2).sum(axis=0), ((w - vs) ** 2).sum(axis=0)
-            )
-            return {"probe": probe, "n2": n2, "rt2": rt * sigma2}
-        hv, vtv, rt = self._compute(self.h @ vs, vs.T @ vs, ((w - vs) ** 2).sum(axis=0))
-        return {"hv": hv, "vtv": vtv, "rt2": rt * sigma2, "n2": np.diag(vtv).copy()}
+        """V formed block by block on the workers and fetched into ``sink``; the checks' sums
+        come back with it (``gram`` is not needed)."""
+        args = {"u": u, "sigma": sigma, "out_dtype": np.dtype(out_dtype), "verify": verify}
+        if omega is not None:
+            args["omega"] = omega
+        return self._run("project", args, sink)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -159,6 +199,26 @@ class DaskGradientOperator(OperatorBase):
             "center": self.center,
             "backend": "dask",
         }
+
+
+def _tree(parts: list[Any]) -> Any:
+    """The sum of delayed partial results, reduced pairwise on the cluster (depth log₂ n)."""
+    from dask import delayed
+
+    while len(parts) > 1:
+        pairs = [parts[i : i + 2] for i in range(0, len(parts), 2)]
+        parts = [delayed(add_parts)(*pair) if len(pair) == 2 else pair[0] for pair in pairs]
+    return parts[0] if parts else None
+
+
+def _kernels_used(kernels: list[Any]) -> tuple[str, str] | None:
+    """(kernel, why) the workers used: one name when they agree, else every name."""
+    names = sorted({k[0] for k in kernels if k})
+    if not names:
+        return None
+    if len(names) == 1:
+        return names[0], next(k[1] for k in kernels if k and k[0] == names[0])
+    return "+".join(names), "measured per worker machine: the workers chose differently"
 
 
 __all__ = ["DaskGradientOperator", "connect"]

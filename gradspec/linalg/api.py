@@ -154,12 +154,6 @@ def pca(
             raise ValueError(
                 "the Dask backend computes on its workers; drop --device or --scheduler"
             )
-        if precision not in ("auto", "float64"):
-            raise ValueError(
-                f"the Dask backend computes in float64; drop --precision {precision} or --scheduler"
-            )
-        if kernel != "auto":
-            raise ValueError(f"the Dask backend forms the Gram on its workers; drop --kernel {kernel} or --scheduler")
         op: Any = DaskGradientOperator(
             source,
             scheduler=scheduler,
@@ -167,6 +161,8 @@ def pca(
             params=params,
             col_ranges=col_ranges,
             center=center,
+            precision=precision,
+            kernel=kernel,
             progress=progress,
         )
     else:

@@ -63,21 +63,50 @@ def test_dask_equals_local(client, h, method):
     assert remote.reconstruction_error == pytest.approx(local.reconstruction_error, abs=1e-9)
 
 
-def test_dask_over_gradient_store(client, h, tmp_path):
+@pytest.mark.parametrize("precision", ["auto", "float64"])
+def test_dask_over_gradient_store(client, h, tmp_path, precision):
+    """The workers run the local engine on each block: the same precision (auto: float32
+    products for a float32 store, σ refined) gives the local result — to float64 rounding in
+    float64; in float32 up to the rounding order of float32 GEMMs (thread counts may differ)."""
     write_store(tmp_path / "g", h)
-    local = pca(source=tmp_path / "g", k=5, method="gram", params="enc.*", precision="float64")
-    remote = pca(
-        source=tmp_path / "g",
-        k=5,
-        method="gram",
-        params="enc.*",
-        scheduler=client,
-        out=tmp_path / "spec",
-    )
-    np.testing.assert_allclose(remote.sigma, local.sigma, rtol=1e-10)
+    kw = {"k": 5, "method": "gram", "params": "enc.*", "precision": precision}
+    local = pca(source=tmp_path / "g", **kw)
+    remote = pca(source=tmp_path / "g", scheduler=client, out=tmp_path / "spec", **kw)
+    assert remote.params["precision"] == local.params["precision"] == (
+        "float32" if precision == "auto" else "float64")
+    np.testing.assert_allclose(remote.sigma, local.sigma, rtol=1e-12 if precision == "float64" else 1e-7)
     from gradspec.store._spectrum import SpectrumStore
 
-    np.testing.assert_allclose(SpectrumStore.open(tmp_path / "spec").read_v(), local.V, atol=1e-6)
+    v = SpectrumStore.open(tmp_path / "spec").read_v()
+    np.testing.assert_allclose(np.abs(np.sum(v * local.V, axis=0)), 1.0, atol=1e-6)
+    assert remote.accuracy()["ok"]
+
+
+def test_float32_blocks_against_a_float64_reference(client):
+    """float32 products on the workers (float64 sums across blocks) against a dense float64 SVD."""
+    h = Case("power", r=60, p=5000, k=8, spectrum="power").matrix().astype(np.float32)
+    ref = np.linalg.svd(h.astype(np.float64), compute_uv=False)[:8]
+    res = pca(source=da.from_array(h, chunks=(60, 700)), k=8, method="gram", scheduler=client)
+    assert res.params["precision"] == "float32"
+    np.testing.assert_allclose(res.sigma, ref, rtol=1e-7)
+    assert res.accuracy()["ok"]
+
+
+@pytest.mark.parametrize("kernel", ["numpy-syrk", "scipy-syrk", "torch-blocked", "torch-gemm"])
+def test_a_named_kernel_runs_on_the_workers(client, kernel):
+    h = Case("power", r=30, p=900, k=4, spectrum="power").matrix()
+    op = DaskGradientOperator(da.from_array(h, chunks=(30, 200)), scheduler=client, kernel=kernel)
+    np.testing.assert_allclose(op.gram(), h @ h.T, rtol=1e-12, atol=1e-12)
+    assert op.kernel_choice == (kernel, "as requested")
+    assert op.pass_log[-1]["pass"] == "gram" and op.pass_log[-1]["gflops"] > 0
+
+
+def test_nan_rows_are_named_by_the_workers(client):
+    h = Case("power", r=20, p=400, k=4, spectrum="power").matrix()
+    h[7, 333] = np.nan
+    op = DaskGradientOperator(da.from_array(h, chunks=(20, 100)), scheduler=client)
+    with pytest.raises(ValueError, match="NaN or inf in 1 selected row"):
+        op.gram()
 
 
 def test_bad_scheduler():

@@ -33,13 +33,23 @@ def test_a_process_cluster_equals_the_local_exact_result_and_the_driver_never_lo
          + 1e-3 * rng.standard_normal((r, p))).astype(np.float32)  # a decaying spectrum
     write_store(tmp_path / "g", h, rows_per_chunk=16, cols_per_chunk=16_384)
     local = pca(source=tmp_path / "g", k=k, method="gram", precision="float64")
+    local32 = pca(source=tmp_path / "g", k=k, method="gram")  # float32 products, as on the workers
     # the workers open the store by its path: nothing of H is sent from the driver
     assert client.run(lambda: __import__("os").getpid()).keys().__len__() == 2
     tracemalloc.start()
-    remote = pca(source=tmp_path / "g", k=k, method="gram", scheduler=client, out=tmp_path / "spec")
+    remote = pca(source=tmp_path / "g", k=k, method="gram", scheduler=client, out=tmp_path / "spec",
+                 precision="float64")
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     np.testing.assert_allclose(remote.sigma, local.sigma, rtol=1e-12)
+    # the default (float32 products on the workers, the local path's choice for a float32 store):
+    # equal to the local float32 run up to the rounding order of float32 GEMMs, which depends on
+    # each process's thread count (~1e-8 here), and within the precision's stated error of exact
+    remote32 = pca(source=tmp_path / "g", k=k, method="gram", scheduler=client)
+    assert remote32.params["precision"] == local32.params["precision"] == "float32"
+    np.testing.assert_allclose(remote32.sigma, local32.sigma, rtol=1e-7)
+    np.testing.assert_allclose(remote32.sigma, local.sigma, rtol=1e-7)
+    assert remote32.accuracy()["ok"]
     v = SpectrumStore.open(tmp_path / "spec").read_v().astype(np.float64)
     np.testing.assert_allclose(np.abs(np.sum(v * local.V.astype(np.float64), axis=0)), 1.0, atol=1e-6)
     # the driver's peak is O(r^2 + a chunk of V (8 MiB) and its copies), whatever p: under 48 MiB while
