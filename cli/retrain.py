@@ -43,7 +43,7 @@ def _check_applicable(names: list[str], given: dict[str, object]) -> None:
 @user_errors
 def retrain_command(
     out: Path = typer.Option(Path("runs/retrain"), "--out", "-o", help="Run (or sweep) directory."),
-    algorithm: list[str] = typer.Option(["subspace"], "--algorithm", "-a", help="dp-sgd, subspace, pdp-sgd, rpdp-sgd, noisy-adagrad, adadps, dp-adam (repeatable with --sweep)."),
+    algorithm: list[str] = typer.Option(["subspace"], "--algorithm", "-a", help="dp-sgd, subspace, complement, pdp-sgd, rpdp-sgd, noisy-adagrad, adadps, dp-adam (repeatable with --sweep). subspace projects the clipped gradient sum onto the top-k subspace of --projector, before noise; complement projects that subspace out, g - V(V^T g), at the same place, noise in all p dims (Song, Ahn & Yun 2025's control)."),
     projector: str = typer.Option(None, "--projector", metavar="SPECTRUM|public|random", help="A spectrum store (gradspec pca output), or 'public' / 'random'. Default per algorithm."),
     no_layout_check: bool = typer.Option(False, "--no-layout-check", help="Use a spectrum store that does not record its parameters, comparing p only."),
     rank: int = typer.Option(None, "--rank", "-k", help="Subspace rank k (one run; a sweep takes --ranks)."),
@@ -89,7 +89,7 @@ def retrain_command(
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Write figures of a sweep."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
-    """Retrain in a subspace, or run PDP-SGD, noisy AdaGrad, AdaDPS, DP-Adam, DP-SGD."""
+    """Retrain in a subspace or its complement, or run PDP-SGD, noisy AdaGrad, AdaDPS, DP-Adam, DP-SGD."""
     from gradspec import parse_choice
     from gradspec.optim import PROJECTED, Algorithm, ProjectorKind
     from gradspec.optim import retrain as run_retrain

@@ -65,8 +65,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "gradspec.plot": ("overlay_figures", "report_figures"),
     # private optimizers and retraining
     "gradspec.optim": (
-        "AdaDPS", "DPAdam", "FixedProjector", "NoisyAdaGrad", "PDPSGD", "PublicProjector",
-        "RandomProjector", "SubspaceRetrain", "make_algorithm", "make_projector", "retrain", "sweep",
+        "AdaDPS", "ComplementRetrain", "DPAdam", "FixedProjector", "NoisyAdaGrad", "PDPSGD",
+        "PublicProjector", "RandomProjector", "SubspaceRetrain", "make_algorithm", "make_projector",
+        "retrain", "sweep",
     ),
 }
 

@@ -4,7 +4,8 @@ Each optimizer is a :class:`~gradspec.train.StepHooks` subclass run by
 :func:`gradspec.train.train` (one trainer, one accountant):
 
 * DP-SGD (the identity hooks) and DP-Adam (:class:`DPAdam`);
-* retraining in a fixed subspace (:class:`SubspaceRetrain`, Li et al. 2022 §4.2);
+* retraining in a fixed subspace (:class:`SubspaceRetrain`, Li et al. 2022 §4.2), and in
+  its orthogonal complement (:class:`ComplementRetrain`, the control of Song, Ahn & Yun 2025);
 * PDP-SGD / RPDP-SGD (:class:`PDPSGD`, Zhou et al. 2021, Alg. 1);
 * noisy AdaGrad with a gradient-subspace oracle (:class:`NoisyAdaGrad`, Kairouz et al. 2021);
 * AdaDPS (:class:`AdaDPS`, Li et al. 2022, Alg. 1);
@@ -45,7 +46,7 @@ from gradspec.optim._registry import (
     spectrum_layout,
 )
 from gradspec.optim._retrain import RetrainResult, retrain, sweep
-from gradspec.optim._subspace import NoiseSpace, SubspaceRetrain
+from gradspec.optim._subspace import ComplementRetrain, NoiseSpace, SubspaceRetrain
 
 __all__ = [
     # optimizers
@@ -53,6 +54,7 @@ __all__ = [
     "AdaDPSRule",
     "AveragedSGDResult",
     "BallConstraint",
+    "ComplementRetrain",
     "dp_sgd_averaged",
     "DPAdam",
     "NoiseSpace",

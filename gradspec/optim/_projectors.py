@@ -1,7 +1,8 @@
 """Projectors onto a k-dimensional gradient subspace, never forming a p x p matrix.
 
 A projector holds an orthonormal basis ``V`` (p x k, rows in the parameter layout
-order) and applies ``P x = V (V^T x)`` in O(pk). Three kinds:
+order) and applies ``P x = V (V^T x)``, or its complement ``x - V (V^T x)``, in O(pk).
+Three kinds:
 
 * :class:`FixedProjector` — a given basis, e.g. the top-k right singular vectors
   of a spectrum store (Li et al. 2022, §4.2 "retrain in fixed subspace").
@@ -91,6 +92,13 @@ class Projector:
     def project(self, x: Tensor) -> Tensor:
         """``V V^T x`` (rows of a 2-D x projected each), in x's dtype."""
         return self.lift(self.coords(x)).to(x.dtype)
+
+    def project_out(self, x: Tensor) -> Tensor:
+        """``x - V V^T x``, the part orthogonal to the subspace (rows each), in x's dtype.
+
+        The projector onto the orthogonal complement, ``I - V V^T``, in O(pk) as well.
+        """
+        return (x.to(self.basis.dtype) - self.lift(self.coords(x))).to(x.dtype)
 
     # ------------------------------------------------------------------ state
     def describe(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from gradspec.optim._orthonormal import LARGE_BASIS
 from gradspec.optim._pdp import PDPSGD
 from gradspec.optim._projectors import FixedProjector, Projector, RandomProjector
 from gradspec.optim._public import PublicProjector
-from gradspec.optim._subspace import SubspaceRetrain
+from gradspec.optim._subspace import ComplementRetrain, SubspaceRetrain
 from gradspec.train import StepHooks
 
 __all__ = [
@@ -47,6 +47,7 @@ class Algorithm(StrEnum):
 
     DP_SGD = "dp-sgd"  # Abadi et al. 2016
     SUBSPACE = "subspace"  # retrain in a fixed subspace, Li et al. 2022 §4.2
+    COMPLEMENT = "complement"  # ... in its orthogonal complement, Song, Ahn & Yun 2025
     PDP_SGD = "pdp-sgd"  # Zhou et al. 2021, Alg. 1
     RPDP_SGD = "rpdp-sgd"  # Zhou et al. 2021, random projector
     NOISY_ADAGRAD = "noisy-adagrad"  # Kairouz et al. 2021, Alg. 1
@@ -65,6 +66,7 @@ class ProjectorKind(StrEnum):
 #: Projected algorithms and their default projector.
 PROJECTED = {
     Algorithm.SUBSPACE: ProjectorKind.SPECTRUM,
+    Algorithm.COMPLEMENT: ProjectorKind.SPECTRUM,
     Algorithm.PDP_SGD: ProjectorKind.PUBLIC,
     Algorithm.RPDP_SGD: ProjectorKind.RANDOM,
     Algorithm.NOISY_ADAGRAD: ProjectorKind.PUBLIC,
@@ -75,6 +77,7 @@ _PROJECTOR_OPTIONS = ("projector", "rank", "spectrum", "basis", "public_size", "
 _OPTIONS: dict[Algorithm, tuple[str, ...]] = {
     Algorithm.DP_SGD: (),
     Algorithm.SUBSPACE: ("noise",),
+    Algorithm.COMPLEMENT: (),
     Algorithm.PDP_SGD: ("start_epoch",),
     Algorithm.RPDP_SGD: ("start_epoch",),
     Algorithm.NOISY_ADAGRAD: ("precond_noise_multiplier", "diagonal", "lipschitz", "rcond",
@@ -298,13 +301,15 @@ def make_projector(
 def make_algorithm(name: Algorithm | str, **options: Any) -> StepHooks:
     """The step hooks of a bundled private optimizer.
 
-    Projected algorithms (``subspace``, ``pdp-sgd``, ``rpdp-sgd``, ``noisy-adagrad``)
+    Projected algorithms (``subspace``, ``complement``, ``pdp-sgd``, ``rpdp-sgd``,
+    ``noisy-adagrad``)
     take ``projector`` (a :class:`Projector`, or a kind: ``spectrum``, ``public``,
     ``random``; default per algorithm) and the options of :func:`make_projector`
     (``rank``, ``spectrum``, ``basis``, ``public_size``, ``period``, ``seed``,
     ``check_layout``).
-    Algorithm options: ``subspace``: ``noise``; ``pdp-sgd``/``rpdp-sgd``: ``start_epoch``;
-    ``noisy-adagrad``: ``precond_noise_multiplier``, ``diagonal``, ``lipschitz``, ``rcond``,
+    Algorithm options: ``subspace``: ``noise``; ``complement``: none (the subspace of
+    ``projector`` is projected out of the clipped sum, noise in all p dimensions);
+    ``pdp-sgd``/``rpdp-sgd``: ``start_epoch``; ``noisy-adagrad``: ``precond_noise_multiplier``, ``diagonal``, ``lipschitz``, ``rcond``,
     ``noise_seed``; ``adadps``: ``rule``, ``side_information``, ``public_size``,
     ``public_batch``, ``beta1``, ``beta2``, ``eps``, ``seed``; ``dp-adam``: ``betas``, ``eps``.
 
@@ -335,6 +340,8 @@ def make_algorithm(name: Algorithm | str, **options: Any) -> StepHooks:
                          "object was given")
     if algorithm == Algorithm.SUBSPACE:
         return SubspaceRetrain(projector, **options)
+    if algorithm == Algorithm.COMPLEMENT:
+        return ComplementRetrain(projector)
     if algorithm == Algorithm.NOISY_ADAGRAD:
         if "noise_seed" in options:
             options["seed"] = options.pop("noise_seed")

@@ -20,6 +20,21 @@ store's recorded source (``spectrum_provenance``) and reports ``dp_guarantee: fa
 with the reason unless the source gradients are of data disjoint from the run's
 private training split (another pool of examples, or recorded disjoint ids — e.g. a
 collect run on the public split).
+
+**The complement control** (:class:`ComplementRetrain`, algorithm ``complement``): the
+clipped sum with the subspace *projected out*, at the same place, before noise::
+
+    s <- (I - V V^T) sum_i clip(g_i)      (before noise)
+    g <- (s + b) / B,  b ~ N(0, sigma^2 C^2 I_p)
+
+Song, Ahn & Yun (ICLR 2025, "Does SGD really happen in tiny subspaces?") found that SGD
+restricted to the dominant (Hessian) subspace stalls while SGD with that subspace projected
+out trains as well as SGD; here V is the top-k *gradient* subspace of Li et al., so the
+complement run asks whether the directions the top-k subspace leaves out carry the learning
+too. ``I - V V^T`` is an orthogonal projector, a contraction, so the clipped sum keeps
+sensitivity C and the accounting (and the caveat above on where V came from) is the
+subspace run's. Its noise is isotropic in all p dimensions (as Li et al.'s subspace runs,
+``noise="full"`` above); confined to the complement it would lose only k of p coordinates.
 """
 
 from __future__ import annotations
@@ -35,7 +50,7 @@ from gradspec.optim._base import OptimHooks
 from gradspec.optim._projectors import Projector
 from gradspec.train import StepContext
 
-__all__ = ["NoiseSpace", "SubspaceRetrain"]
+__all__ = ["ComplementRetrain", "NoiseSpace", "SubspaceRetrain"]
 
 
 class NoiseSpace(StrEnum):
@@ -59,6 +74,7 @@ class SubspaceRetrain(OptimHooks):
     """
 
     name = "subspace"
+    complement = False  # the release keeps the subspace (True: projects it out)
 
     def __init__(self, projector: Projector, *, noise: NoiseSpace | str = NoiseSpace.FULL) -> None:
         self.projector = projector
@@ -84,10 +100,43 @@ class SubspaceRetrain(OptimHooks):
         return self.projector.lift(z)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"projector": self.projector.state_dict(), "noise": str(self.noise_space)}
+        return {"projector": self.projector.state_dict(), "noise": str(self.noise_space),
+                "complement": self.complement}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if bool(state.get("complement", False)) != self.complement:
+            where = {True: "the subspace's orthogonal complement", False: "the subspace"}
+            raise ValueError(f"the checkpoint trained in {where[bool(state.get('complement'))]}, "
+                             f"this run in {where[self.complement]}")
         if state.get("noise") != str(self.noise_space):
             raise ValueError(f"the checkpoint drew noise in {state.get('noise')!r}, "
                              f"this run in {str(self.noise_space)!r}")
         self.projector.load_state_dict(state["projector"])
+
+
+class ComplementRetrain(SubspaceRetrain):
+    """DP-SGD with the subspace projected *out* of the clipped gradient sum, before noise.
+
+    ``s <- (I - V V^T) sum_i clip(g_i)``, then isotropic noise in all p dimensions: the
+    control of Song, Ahn & Yun (ICLR 2025) for retraining in the top-k subspace (see the
+    module docstring). ``k`` is the rank of the subspace removed; the run trains in the
+    other ``p - k`` dimensions.
+
+    Args:
+        projector: the subspace to remove (usually a :class:`FixedProjector` of a spectrum
+            store's top-k).
+
+    Example:
+        >>> import torch
+        >>> from gradspec.optim import ComplementRetrain, FixedProjector
+        >>> hooks = ComplementRetrain(FixedProjector(torch.eye(5)[:, :2]))
+    """
+
+    name = "complement"
+    complement = True
+
+    def __init__(self, projector: Projector) -> None:
+        super().__init__(projector, noise=NoiseSpace.FULL)
+
+    def before_noise(self, total: Tensor) -> Tensor:
+        return self.projector.project_out(total)

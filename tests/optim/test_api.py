@@ -21,7 +21,7 @@ def test_every_name_in_all_imports():
 
 
 def test_registry_names_valid_choices():
-    with pytest.raises(ValueError, match="dp-sgd, subspace, pdp-sgd"):
+    with pytest.raises(ValueError, match="dp-sgd, subspace, complement, pdp-sgd"):
         make_algorithm("sgd")
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['k'\].*valid options"):
         make_algorithm("pdp-sgd", k=3)

@@ -114,8 +114,9 @@ class Case:
         mechanisms: the noisy releases of one step, as (kind, noise multiplier), the
             gradient's first: ``poisson`` (the Poisson-subsampled gradient) or ``gaussian``
             (not subsampled); each must be one noise draw and one accounted mechanism.
-        pre_noise: how the clipped sum becomes the pre-noise release: ``sum`` (as is)
-            or ``project`` (``V V^T`` of the hooks' projector, fixed-subspace retraining).
+        pre_noise: how the clipped sum becomes the pre-noise release: ``sum`` (as is),
+            ``project`` (``V V^T`` of the hooks' projector, fixed-subspace retraining) or
+            ``complement`` (``I - V V^T``, retraining in the complement).
         noise_space: where the gradient noise lives: ``full`` (all p coordinates) or
             ``subspace`` (the projector's k coordinates).
         preconditioner: noisy AdaGrad's second release: ``matrix`` (G_t = S_t^{1/2}) or
@@ -154,6 +155,7 @@ CASES: dict[Algorithm, list[Case]] = {
         Case(Algorithm.SUBSPACE, "subspace-noise", {**_BASIS, "noise": "subspace"},
              pre_noise="project", noise_space="subspace"),
     ],
+    Algorithm.COMPLEMENT: [Case(Algorithm.COMPLEMENT, "", _BASIS, pre_noise="complement")],
     Algorithm.PDP_SGD: [Case(Algorithm.PDP_SGD, "", {"rank": 6, **_PUBLIC}, public=True)],
     Algorithm.RPDP_SGD: [Case(Algorithm.RPDP_SGD, "", {"rank": 6, "seed": 1})],
     Algorithm.NOISY_ADAGRAD: [

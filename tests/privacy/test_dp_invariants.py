@@ -283,7 +283,11 @@ def test_removing_one_example_moves_each_release_by_at_most_its_sensitivity(runs
         if j in s.batch:
             present += 1
             row = s.clipped[int((s.batch == j).nonzero())].double()
-            expected = row if case.pre_noise == "sum" else projector.project(row).double()
+            expected = row
+            if case.pre_noise == "project":
+                expected = projector.project(row).double()
+            elif case.pre_noise == "complement":
+                expected = projector.project_out(row).double()
             # D and D - {j} differ by exactly j's (projected) clipped contribution ...
             torch.testing.assert_close(change, expected, rtol=1e-4, atol=1e-5 * CLIP)
             # ... so the released sum moves by at most C
