@@ -16,6 +16,7 @@ from gradspec.privacy._clip import (
     clip_per_example,
     clip_rows,
     norm_stats,
+    per_parameter_norms,
 )
 from gradspec.privacy._compose import RDP_ORDERS
 from gradspec.privacy._epochs import (
@@ -49,5 +50,6 @@ __all__ = [
     "clip_factors",
     "OPACUS_CLIP_EPS",
     "norm_stats",
+    "per_parameter_norms",
     "gaussian_noise",
 ]

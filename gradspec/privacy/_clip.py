@@ -17,6 +17,7 @@ the stored values meet the bound.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -147,6 +148,27 @@ def clip_per_example(grads: Tensor, max_norm: float) -> ClipResult:
         ([1.0, 0.5], [5.0, 0.5])
     """
     return clip_rows(grads, max_norm)
+
+
+def per_parameter_norms(grads: Tensor, spans: Sequence[tuple[int, int]]) -> Tensor:
+    """Each row's L2 norm over each column span (a parameter's part of a flat row), in float64.
+
+    ``||g_i||^2`` is the sum of the squares over the spans when they tile the row (up to
+    rounding; the clip factor uses `clip_rows`'s own norm of the whole row).
+
+    Args:
+        grads: (B, p) per-example gradients.
+        spans: ``(start, stop)`` column ranges, e.g. ``(spec.offset, spec.stop)`` of a layout.
+
+    Returns:
+        (B, len(spans)) float64 norms, on ``grads``'s device.
+    """
+    if grads.ndim != 2:
+        raise ValueError(f"grads must be 2-d (batch, parameters), got shape {tuple(grads.shape)}")
+    if not spans:
+        return torch.zeros(grads.shape[0], 0, dtype=torch.float64, device=grads.device)
+    return torch.stack([torch.linalg.vector_norm(grads[:, a:b], dim=1, dtype=torch.float64)
+                        for a, b in spans], dim=1)
 
 
 def norm_stats(norms: Tensor, max_norm: float) -> dict[str, float]:
