@@ -98,6 +98,7 @@ def info_command(
                 f"rows     steps {rows['steps'][0]}..{rows['steps'][1]}  loss {rows['loss_first_last'][0]:.4f} -> "
                 f"{rows['loss_first_last'][1]:.4f}  {norms}"
             )
+        _example_norms(summary)
         _precision(summary.get("dtype_report"))
         _missing(summary)
     else:
@@ -106,6 +107,20 @@ def info_command(
         _verified(checked)
     if damaged:
         raise typer.Exit(1)
+
+
+def _example_norms(summary: dict) -> None:
+    """The one line of a per-example store's own pre-clip norms and clip factors."""
+    if summary.get("example_norms_error"):
+        typer.echo(f"norms    per example: {summary['example_norms_error']}")
+        return
+    n = summary.get("example_norms")
+    if n:
+        typer.echo(f"norms    per example: pre-clip median {n['pre_clip_norm_median']:.3g} max "
+                   f"{n['pre_clip_norm_max']:.3g}, clipped {n['frac_clipped']:.1%} of {n['rows']:,} rows "
+                   f"(smallest clip factor {n['clip_factor_min']:.3g})")
+    elif summary.get("per_example") and summary["shape"][0]:
+        typer.echo("norms    per example: not kept (written before gradspec kept each row's own norm)")
 
 
 def _precision(rep: dict | None) -> None:
@@ -147,8 +162,10 @@ def _damage(shown_all: list[str], damaged: bool, what: str, remedy: str, legacy:
 def _verified(rep: dict) -> None:
     bad = rep["damaged"]
     nonfinite = rep["non_finite"]
+    ranges = rep.get("out_of_range") or {}
     verdict = "ok" if rep["ok"] else (
         f"{len(bad)} damaged chunk(s), {sum(v['count'] for v in nonfinite.values())} non-finite value(s)"
+        + (f", {sum(v['count'] for v in ranges.values())} out-of-range norm(s)" if ranges else "")
     )
     typer.echo(f"verify   {rep['chunks']:,} chunks of committed rows read ({_size(rep['bytes'])}): {verdict}")
     for d in bad[:20]:
@@ -158,6 +175,10 @@ def _verified(rep: dict) -> None:
     for name, v in nonfinite.items():
         rows = ", ".join(str(r) for r in v["rows"][:10])
         typer.echo(f"           {name}: {v['count']:,} NaN/inf values, in rows {rows}{' ...' if len(v['rows']) > 10 else ''}")
+    for name, v in ranges.items():
+        rows = ", ".join(str(r) for r in v["rows"][:10])
+        typer.echo(f"           {name}: {v['count']:,} negative norm(s) or clip factor(s) outside (0, 1], "
+                   f"in rows {rows}{' ...' if len(v['rows']) > 10 else ''}")
     if rep.get("unchecked"):
         typer.echo(f"           not checked (still being written by an unfinished run): {', '.join(rep['unchecked'])}")
     if rep.get("absent_zero_chunks"):

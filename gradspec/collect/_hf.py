@@ -264,29 +264,35 @@ class GradientRecorderCallback(TrainerCallback):
                 f"no batch of step {step} was seen: per-example rows need the model called with "
                 "keyword inputs (the Trainer's model(**inputs)) in train mode"
             )
-        rows, example_losses, norms = self._per_example(model, batches)
-        rec.record_examples(grads=rows, step=step, loss=example_losses, norms=norms, batch_size=n)
+        rows, example_losses, norms, factors, per_param = self._per_example(model, batches)
+        rec.record_examples(grads=rows, step=step, loss=example_losses, norms=norms, batch_size=n,
+                            clip_factors=factors, param_norms=per_param)
 
-    def _per_example(self, model: nn.Module, batches: list[dict[str, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
-        from gradspec.privacy import clip_rows
+    def _per_example(self, model: nn.Module, batches: list[dict[str, Tensor]]) -> tuple[Tensor, ...]:
+        """Rows, losses, pre-clip norms, clip factors and pre-clip norms per parameter."""
+        from gradspec.privacy import clip_rows, per_parameter_norms
 
         if self._engine is None:
             self._engine = self._make_engine(model)
-        rows, losses, norms = [], [], []
+        spans = [(s.offset, s.stop) for s in self.recorder.layout.params]
+        rows, losses, norms, factors, per_param = [], [], [], [], []
         self._busy = True
         try:
             for batch in batches:
                 g, loss = self._engine(batch)
+                per_param.append(per_parameter_norms(g.detach(), spans).cpu())
                 if self.max_grad_norm is not None:  # float64 norms, rows <= C exactly
-                    g, norm, _ = clip_rows(g, self.max_grad_norm)
+                    g, norm, factor = clip_rows(g, self.max_grad_norm)
                 else:
                     norm = torch.linalg.vector_norm(g, dim=1, dtype=torch.float64)
+                    factor = torch.ones_like(norm)
                 rows.append(g.detach())
                 losses.append(loss)
                 norms.append(norm)
+                factors.append(factor)
         finally:
             self._busy = False
-        return torch.cat(rows), torch.cat(losses), torch.cat(norms)
+        return tuple(torch.cat(x) for x in (rows, losses, norms, factors, per_param))
 
     def _make_engine(self, model: nn.Module) -> Any:
         from gradspec.train import PerExampleGradients

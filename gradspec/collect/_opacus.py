@@ -13,9 +13,10 @@ nothing: the per-physical-batch method (``clip_and_accumulate``; ``accumulate``
 under ghost clipping) is wrapped to check that every parameter has one gradient
 row per example, and to note the per-example norms and the batch's size (and, per
 example, each clipped gradient g_i * min(1, C / (||g_i|| + 1e-6)) exactly as Opacus
-forms it); the step hook is wrapped so that Opacus's own hook (the accountant)
-runs first and then one row is recorded per real step: ``p.summed_grad`` — the
-clipped sum over every physical batch of the step, before noise — divided by the
+forms it, kept with that factor, ||g_i|| and Opacus's norm of each parameter's part);
+the step hook is wrapped so that Opacus's own hook (the accountant) runs first and
+then one row is recorded per real step: ``p.summed_grad`` — the clipped sum over
+every physical batch of the step, before noise — divided by the
 number of examples the step actually had (summed over its physical batches), the
 row gradspec's trainer stores (:mod:`gradspec.collect._rows`). That is not the
 ``expected_batch_size * accumulated_iterations`` Opacus divides the noisy sum by:
@@ -143,6 +144,8 @@ class OpacusRecording:
         self._sizes: list[int] = []  # examples of each physical batch of the current step
         self._loss_mark = 0  # losses noted before this index belong to earlier physical batches
         self._rows: list[Tensor] = []
+        self._factors: list[Tensor] = []  # per-example rows: Opacus's clip factors, per-parameter norms
+        self._param_norms: list[Tensor] = []
         self.steps = 0
         self._step = recorder.next_step
         self._chained: Any = None
@@ -212,6 +215,7 @@ class OpacusRecording:
             for name, p, g in zip(self._names, opt.params, grad_samples, strict=True):
                 if tuple(g.shape) != (b, *p.shape):
                     raise _summed_over_batch(name, tuple(g.shape), (b, *p.shape), why)
+            per_param: list[Tensor] = []
             if b == 0:
                 norms = torch.zeros(0, device=grad_samples[0].device)
             else:  # the flat norm of each example over every parameter, as Opacus computes it
@@ -224,6 +228,10 @@ class OpacusRecording:
                     g = grad_samples[i].to(params[i].dtype)
                     parts.append((factor.to(g.device, g.dtype)[:, None] * g.reshape(b, -1)).to("cpu", torch.float32))
                 self._rows.append(torch.cat(parts, dim=1))
+                # kept beside each row: the factor Opacus applied, the recorded parameters' own norms
+                self._factors.append(factor.detach().to("cpu", torch.float64))
+                mine = [per_param[i].to("cpu", torch.float64) for i in self._positions] if b else []
+                self._param_norms.append(torch.stack(mine, dim=1) if b else torch.zeros(0, len(self._positions)))
         self._sizes.append(b)
         self._norms.append(None if norms is None else norms.detach().to("cpu", torch.float64))
         getattr(type(opt), self._method)(opt)
@@ -246,8 +254,13 @@ class OpacusRecording:
         c = float(opt.max_grad_norm)
         if rec.per_example:
             rows = torch.cat(self._rows) if self._rows else torch.zeros(0, rec.layout.p)
+            factors = torch.cat(self._factors) if self._factors else None
+            per_param = torch.cat(self._param_norms) if self._param_norms else None
             self._rows.clear()
-            rec.record_examples(grads=rows, step=step, norms=norms, max_grad_norm=c)
+            self._factors.clear()
+            self._param_norms.clear()
+            rec.record_examples(grads=rows, step=step, norms=norms, max_grad_norm=c, clip_factors=factors,
+                                param_norms=per_param)
             return
         if b == 0:  # an empty Poisson batch: no row (as in gradspec's trainer), the step still counts
             rec._take_losses(0)

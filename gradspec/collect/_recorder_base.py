@@ -41,16 +41,13 @@ from gradspec.collect._recorder_setup import (
     unwrap_model,
 )
 from gradspec.collect._rows import (
-    DIVISOR_ACTUAL,
-    ROW_EXAMPLE,
-    ROW_EXAMPLE_UNCLIPPED,
-    ROW_MEAN,
-    ROW_MEAN_UNCLIPPED,
     Grad,
     as_tensor,
+    example_norms,
     flat_rows,
     floats,
     norm_stats,
+    run_config,
 )
 from gradspec.privacy import bound_rows_
 from gradspec.store import BackgroundWriter, GradientStore, ParamLayout
@@ -139,24 +136,8 @@ class RecorderBase:
 
     # ------------------------------------------------------------------ setup
     def _run_config(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
-        from gradspec.train import package_versions
-
-        clipped = self.max_grad_norm is not None
-        if self.per_example:
-            row, divisor = (ROW_EXAMPLE if clipped else ROW_EXAMPLE_UNCLIPPED), None
-        else:
-            row, divisor = (ROW_MEAN if clipped else ROW_MEAN_UNCLIPPED), DIVISOR_ACTUAL
-        return {
-            "source": "recorder",
-            "recorder": {"per_example": self.per_example},
-            "row": row,
-            "row_divisor": divisor,
-            "parameters": self.names,
-            "p": self.layout.p,
-            "max_grad_norm": self.max_grad_norm,
-            "user": dict(config or {}),
-            "versions": package_versions(),
-        }
+        return run_config(per_example=self.per_example, max_grad_norm=self.max_grad_norm, names=self.names,
+                          p=self.layout.p, user=config)
 
     def _open_store(self, config, dtype, compressor, resume, overwrite) -> GradientStore:
         exists = self.path.exists()
@@ -337,10 +318,13 @@ class RecorderBase:
         batch_size: int | None = None,
         norms: Tensor | np.ndarray | None = None,
         max_grad_norm: float | None = None,
+        clip_factors: Tensor | np.ndarray | None = None,
+        param_norms: Tensor | np.ndarray | None = None,
     ) -> None:
         """Record per-example rows: each (clipped) per-example gradient of a step.
 
-        Several calls may share one step (microbatches of one batch).
+        Several calls may share one step (microbatches of one batch). Each row's pre-clip norm,
+        clip factor and norm per parameter are kept beside it (``GradientStore.row_norms``).
 
         Args:
             grads: the rows: a (b, p) tensor/array, a mapping name -> (b, *shape)
@@ -350,8 +334,16 @@ class RecorderBase:
             loss: per-example losses (b,) or one value for all rows.
             example_index: the examples' indices in the dataset (-1 when not given).
             batch_size: examples in the step's batch (default: b).
-            norms: the per-example norms before clipping (default: the rows' norms).
-            max_grad_norm: the clipping norm for ``frac_clipped`` (default: the recorder's).
+            norms: the per-example norms before clipping (default: the rows' norms, i.e. the
+                rows are the unclipped gradients; a clipping recorder then scales those above C
+                down to C). Pass them when the rows are already clipped.
+            max_grad_norm: the clipping norm for ``frac_clipped`` and the default clip
+                factors (default: the recorder's).
+            clip_factors: the factor each row was scaled by (default: ``min(1, C / norm)``;
+                1 for an unclipped recorder); Opacus's rows pass Opacus's own.
+            param_norms: (b, parameters) each example's pre-clip norm per recorded parameter,
+                in layout order (default: from the rows; divided by the clip factor when
+                ``norms`` were given, i.e. the rows are clipped).
 
         Raises:
             ValueError: a per-step recorder, rows of the wrong shape, mismatched
@@ -369,17 +361,23 @@ class RecorderBase:
             losses = np.full(b, losses[0])
         index = np.full(b, -1) if example_index is None else as_tensor(example_index).reshape(-1).cpu().numpy()
         norms_arr = floats(torch.linalg.vector_norm(rows.double(), dim=1) if norms is None else norms)
-        for name, arr in (("loss", losses), ("example_index", index), ("norms", norms_arr)):
+        clip = self.max_grad_norm if max_grad_norm is None else max_grad_norm
+        factors = floats(clip_factors) if clip_factors is not None else None
+        for name, arr in (("loss", losses), ("example_index", index), ("norms", norms_arr),
+                          ("clip_factors", factors if factors is not None else norms_arr)):
             if len(arr) != b:
                 raise ValueError(f"{name} has {len(arr)} values for the {b} rows of step {step}")
         if b == 0 or not self._finite(rows, step):
             return
-        mean, top, frac = norm_stats(norms_arr, self.max_grad_norm if max_grad_norm is None else max_grad_norm)
+        factors, per_param = example_norms(rows, norms_arr, factors, param_norms, clip=clip,
+                                           clipped_rows=norms is not None, layout=self.layout, step=step)
+        mean, top, frac = norm_stats(norms_arr, clip)
         meta = {
             "step": np.full(b, step), "epoch": np.full(b, self.epoch if epoch is None else int(epoch)),
             "loss": losses, "batch_size": np.full(b, b if batch_size is None else int(batch_size)),
             "norm_mean": np.full(b, mean), "norm_max": np.full(b, top), "frac_clipped": np.full(b, frac),
-            "example_index": index,
+            "example_index": index, "pre_clip_norm": norms_arr, "clip_factor": factors,
+            "param_norms": per_param,
         }
         self._put(rows, meta, step)
 

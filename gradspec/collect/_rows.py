@@ -41,6 +41,30 @@ DIVISOR_ACTUAL = "actual batch size"
 Grad = Tensor | np.ndarray | Mapping[str, Tensor] | Sequence[Tensor]
 
 
+def run_config(*, per_example: bool, max_grad_norm: float | None, names: Sequence[str], p: int,
+               user: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The run config of a store a :class:`~gradspec.collect.GradientRecorder` creates: what its
+    rows are (``row``, ``row_divisor``), the recorded parameters, C and the user's config."""
+    from gradspec.train import package_versions
+
+    clipped = max_grad_norm is not None
+    if per_example:
+        row, divisor = (ROW_EXAMPLE if clipped else ROW_EXAMPLE_UNCLIPPED), None
+    else:
+        row, divisor = (ROW_MEAN if clipped else ROW_MEAN_UNCLIPPED), DIVISOR_ACTUAL
+    return {
+        "source": "recorder",
+        "recorder": {"per_example": per_example},
+        "row": row,
+        "row_divisor": divisor,
+        "parameters": list(names),
+        "p": p,
+        "max_grad_norm": max_grad_norm,
+        "user": dict(user or {}),
+        "versions": package_versions(),
+    }
+
+
 def as_tensor(x: Tensor | np.ndarray | float | Sequence[float]) -> Tensor:
     """A detached tensor of ``x``; an Opacus ghost-clipping loss gives its per-example losses."""
     per_sample = getattr(x, "loss_per_sample", None)  # opacus DPTensorFastGradientClipping
@@ -134,3 +158,48 @@ def flat_rows(
     device = flat[0].device
     row = torch.cat([f.to(device, torch.float32) for f in flat], dim=-1)
     return row.to("cpu", torch.float32, copy=device.type != "cpu")
+
+
+def example_norms(
+    rows: Tensor,
+    norms: np.ndarray,
+    factors: np.ndarray | None,
+    param_norms: Tensor | np.ndarray | None,
+    *,
+    clip: float | None,
+    clipped_rows: bool,
+    layout: ParamLayout,
+    step: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The clip factors (b,) and per-parameter pre-clip norms (b, parameters) a per-example store
+    keeps beside rows (b, p) whose pre-clip norms are ``norms`` (float64).
+
+    Defaults: factors ``min(1, C / norm)`` (`gradspec.privacy.clip_factors`; 1 when ``clip``
+    is None); per-parameter norms from the rows themselves, divided by the row's factor when
+    the rows are already clipped (``clipped_rows``: float32-accurate, ``c_i g_i`` rounded).
+
+    Raises:
+        ValueError: a shape that does not fit, a NaN or negative norm, a factor outside (0, 1].
+    """
+    from gradspec.privacy import clip_factors, per_parameter_norms
+
+    b = rows.shape[0]
+    if factors is None:
+        factors = (clip_factors(torch.from_numpy(norms), clip).numpy() if clip else np.ones(b))
+    if param_norms is None:
+        per_param = per_parameter_norms(rows, [(s.offset, s.stop) for s in layout.params]).numpy()
+        if clipped_rows:
+            per_param = per_param / factors[:, None]
+    else:
+        per_param = as_tensor(param_norms).to("cpu", torch.float64).numpy()
+        if per_param.shape != (b, len(layout.params)):
+            raise ValueError(f"param_norms of step {step} have shape {per_param.shape}, not "
+                             f"({b}, {len(layout.params)}): one pre-clip norm per row and recorded parameter")
+    for name, values, ok in (("norms", norms, norms >= 0), ("param_norms", per_param, per_param >= 0),
+                             ("clip_factors", factors, (factors > 0) & (factors <= 1))):
+        bad = ~(np.isfinite(values) & ok)
+        if bad.any():
+            raise ValueError(f"{name} of step {step} hold {values[bad].flat[0]!r}, not a finite "
+                             f"{'factor in (0, 1]' if name == 'clip_factors' else 'norm >= 0'}; nothing "
+                             "of the step was recorded")
+    return factors, per_param

@@ -6,7 +6,9 @@ Layout of a store directory::
                            committed row count, status
     STORE/grads/           (capacity, p) rows = gradient samples, columns = flattened
                            selected parameters; chunks (rows_per_chunk, cols_per_chunk)
-    STORE/meta/<field>/    one 1-D array per row-metadata field (step, epoch, loss, ...)
+    STORE/meta/<field>/    one 1-D array per row-metadata field (step, epoch, loss, ...; per-example
+                           stores: example_index, and each example's pre_clip_norm, clip_factor)
+    STORE/param_norms/     (per-example stores) each example's pre-clip norm per parameter
     STORE/dtype_stats/     (16-bit stores) per row: what the conversion from float32 lost
 
 Chunking. The default chunk is 32 rows x (8 MiB / (32 x itemsize)) columns,
@@ -43,13 +45,17 @@ import gradspec.store._precision as _precision
 from gradspec._layout import ParamLayout
 from gradspec.store._fastread import ChunkFileReader
 from gradspec.store._gradients_checks import GradientChecks
+from gradspec.store._gradients_norms import GradientNorms, param_norms_chunk_rows
 from gradspec.store._gradients_read import GradientReads
 from gradspec.store._gradients_schema import (
     CHUNK_BYTES,
     DEFAULT_ROWS_PER_CHUNK,
     DTYPES,
+    EXAMPLE_NORM_FIELDS,
+    EXAMPLE_NORMS_KEY,
     KIND,
     META_FIELDS,
+    PARAM_NORMS_ARRAY,
     PER_EXAMPLE_FIELDS,
     ROWS_KEY,
     STATS_ARRAY,
@@ -72,7 +78,7 @@ logger = logging.getLogger(__name__)
 #: The largest chunk a store may declare (gradspec writes 8 MiB ones; a read allocates a chunk).
 MAX_CHUNK_BYTES = 2**30
 
-class GradientStore(GradientReads, GradientWrites, GradientChecks):
+class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms):
     """A gradient matrix on disk: rows = gradient samples, columns = parameters.
 
     Create with :meth:`create`, open with :meth:`open`. Writing is done by
@@ -147,8 +153,11 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks):
             raise ValueError(
                 f"{self.path!r}: grads is stored as {self._grads.dtype} but the store says {self._dtype}: {damaged}"
             )
-        self._meta_fields = dict(META_FIELDS, **(PER_EXAMPLE_FIELDS if self._per_example else {}))
+        norms = attrs.get(EXAMPLE_NORMS_KEY) is True
+        self._meta_fields = dict(META_FIELDS, **(PER_EXAMPLE_FIELDS if self._per_example else {}),
+                                 **(EXAMPLE_NORM_FIELDS if norms and self._per_example else {}))
         self._meta = {name: array(f"meta/{name}") for name in self._meta_fields}
+        self._load_norms(attrs, array, damaged)
         self._stats = array(STATS_ARRAY) if STATS_ARRAY in group else None
         for name, arr in self._arrays().items():
             if arr.shape[0] < self._rows:
@@ -164,6 +173,8 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks):
     def _arrays(self) -> dict[str, zarr.Array]:
         """Every array with a row per gradient row, by name."""
         out = {"grads": self._grads, **{f"meta/{k}": v for k, v in self._meta.items()}}
+        if self._param_norms is not None:
+            out[PARAM_NORMS_ARRAY] = self._param_norms
         if self._stats is not None:
             out[STATS_ARRAY] = self._stats
         return out
@@ -190,7 +201,8 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks):
             layout: the parameter layout of a row.
             config: the run config, saved in the store's attributes.
             dtype: on-disk dtype, ``float32`` | ``float16`` | ``bfloat16``.
-            per_example: rows are per-example gradients (adds ``example_index``).
+            per_example: rows are per-example gradients (adds ``example_index``, and each
+                example's ``pre_clip_norm``, ``clip_factor`` and ``param_norms``).
             rows_per_chunk: rows per chunk (the writer's flush unit).
             cols_per_chunk: columns per chunk; default fills 8 MiB chunks.
             compressor: ``None`` | ``"zstd"`` | ``"blosc"``.
@@ -213,6 +225,7 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks):
             ROWS_KEY: 0,
             STATUS_KEY: "writing",
             ALL_CHUNKS_KEY: True,
+            **({EXAMPLE_NORMS_KEY: True} if per_example else {}),
         }
         group = create_group(path, KIND, attrs, overwrite)
         group.create_array(
@@ -223,9 +236,14 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks):
             fill_value=0,
             compressors=_codecs(compressor),
         )
-        fields = dict(META_FIELDS, **(PER_EXAMPLE_FIELDS if per_example else {}))
+        fields = dict(META_FIELDS, **(PER_EXAMPLE_FIELDS if per_example else {}),
+                      **(EXAMPLE_NORM_FIELDS if per_example else {}))
         for name, dt in fields.items():
             group.create_array(f"meta/{name}", shape=(0,), chunks=(4096,), dtype=dt, fill_value=0, compressors=None)
+        if per_example:
+            n = len(layout.params)
+            group.create_array(PARAM_NORMS_ARRAY, shape=(0, n), chunks=(param_norms_chunk_rows(n), n),
+                               dtype="float64", fill_value=0, compressors=None, attributes={"columns": layout.names})
         if dtype != "float32":
             group.create_array(
                 STATS_ARRAY, shape=(0, len(_precision.STATS_COLUMNS)), chunks=(4096, len(_precision.STATS_COLUMNS)),
@@ -310,7 +328,9 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks):
         """What `gradspec info` shows.
 
         Chunks of committed rows are listed (not read): a store missing one has status
-        ``"damaged"`` (its recorded status is ``recorded_status``), whatever it recorded.
+        ``"damaged"`` (its recorded status is ``recorded_status``), whatever it recorded; so
+        has one whose per-example norms or clip factors (read in full) hold a value no
+        clipping gives (``example_norms_error`` says which).
         """
         missing = self.find_missing_chunks()
         status = self._status
@@ -354,9 +374,15 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks):
             "missing_chunks": missing,
             "all_chunks_written": self._strict,
             "dtype_report": self.dtype_report,
+            "example_norms": None,
         }
         if meta_error:
             out["meta_error"] = meta_error
+        try:
+            out["example_norms"] = self._example_norm_summary()
+        except StoreDamagedError as exc:  # a value no clipping gives: damage, as a lost chunk is
+            out["example_norms_error"] = str(exc)
+            out["status"] = "damaged"
         return out
 
     def __repr__(self) -> str:

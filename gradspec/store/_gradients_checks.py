@@ -91,10 +91,12 @@ class GradientChecks:
 
         Returns:
             ``{"path", "ok", "chunks", "bytes", "damaged": [{array, chunk, rows, problem}],
-            "non_finite": {array: {"count", "rows"}}, "absent_zero_chunks"}``; ``ok`` is False
-            when a chunk is missing, truncated, the wrong size or undecodable, or a value is
-            NaN or infinite.
+            "non_finite": {array: {"count", "rows"}}, "absent_zero_chunks"}``, and
+            ``"out_of_range": {array: {"count", "rows"}}`` where a per-example norm is negative
+            or a clip factor outside (0, 1]; ``ok`` is False when a chunk is missing,
+            truncated, the wrong size or undecodable, or a value is NaN, infinite or out of range.
         """
         report = verify_arrays(self._arrays(), self._rows, strict=self._strict,
                                dtypes={"grads": self._dtype}, progress=progress)
+        self._verify_norm_ranges(report)
         return {"path": self.path, **report}

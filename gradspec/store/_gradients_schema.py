@@ -30,6 +30,12 @@ META_FIELDS: dict[str, str] = {
     "frac_clipped": "float32",
 }
 PER_EXAMPLE_FIELDS: dict[str, str] = {"example_index": "int64"}
+#: Per-example stores written since ``gradspec.example_norms`` (issue 22) add, row-aligned, each
+#: example's own pre-clip L2 norm and the clip factor applied to it (float64), and the
+#: ``PARAM_NORMS_ARRAY`` of its pre-clip norm per parameter, (capacity, parameters).
+EXAMPLE_NORMS_KEY = "gradspec.example_norms"
+EXAMPLE_NORM_FIELDS: dict[str, str] = {"pre_clip_norm": "float64", "clip_factor": "float64"}
+PARAM_NORMS_ARRAY = "param_norms"
 
 RowSelection = slice | Sequence[int] | np.ndarray | None
 ColRanges = Sequence[tuple[int, int]] | None

@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 
 import gradspec.store._precision as _precision
+from gradspec.store._gradients_norms import check_norm_values
 from gradspec.store._gradients_schema import (
     DTYPE_REPORT_KEY,
+    PARAM_NORMS_ARRAY,
     ROWS_KEY,
     STATUS_KEY,
     STATUSES,
@@ -46,6 +48,11 @@ class GradientWrites:
     def write_rows(self, start: int, rows: np.ndarray, meta: dict[str, np.ndarray]) -> None:
         """Write ``rows`` (float32, shape (b, p)) at ``start``; not visible until :meth:`commit`.
 
+        ``meta`` holds a (b,) array per field of :attr:`meta_fields`; a store that keeps
+        per-example norms (:attr:`has_example_norms`) also takes ``meta["param_norms"]``, (b,
+        parameters), and refuses norms and clip factors no clipping gives (NaN, negative, a
+        factor outside (0, 1]). Keys the store does not keep are ignored.
+
         Raises:
             ValueError: bad shapes or metadata, committed rows, or finite values that the
                 store's dtype cannot hold (float16 above 65504 would be stored as ±inf).
@@ -56,6 +63,8 @@ class GradientWrites:
             raise ValueError(f"rows must have shape (b, {self.p}), got {rows.shape}")
         b = rows.shape[0]
         missing = set(self._meta_fields) - set(meta)
+        if self._param_norms is not None and PARAM_NORMS_ARRAY not in meta:
+            missing.add(PARAM_NORMS_ARRAY)
         if missing:
             raise ValueError(f"row metadata is missing {sorted(missing)}")
         if start < self._rows:
@@ -65,6 +74,14 @@ class GradientWrites:
             values[name] = np.asarray(meta[name], dtype=dt).reshape(-1)
             if values[name].shape[0] != b:
                 raise ValueError(f"row metadata {name!r} has {values[name].shape[0]} values for {b} rows")
+        param_norms = None
+        if self._param_norms is not None:
+            param_norms = np.asarray(meta[PARAM_NORMS_ARRAY], dtype=np.float64)
+            want = (b, int(self._param_norms.shape[1]))
+            if param_norms.shape != want:
+                raise ValueError(f"row metadata {PARAM_NORMS_ARRAY!r} has shape {param_norms.shape}, not {want} "
+                                 "(one pre-clip norm per row and parameter)")
+            check_norm_values({**values, PARAM_NORMS_ARRAY: param_norms})
         disk = to_disk_dtype(rows, self._dtype)
         stats = None
         if self._stats is not None:
@@ -78,6 +95,8 @@ class GradientWrites:
         self._grads[start : start + b] = disk
         for name, v in values.items():
             self._meta[name][start : start + b] = v
+        if param_norms is not None:
+            self._param_norms[start : start + b] = param_norms
         if stats is not None:
             self._stats[start : start + b] = stats
 

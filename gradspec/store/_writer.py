@@ -83,7 +83,7 @@ class BackgroundWriter:
             self._handle(item)
 
     def put(self, rows: np.ndarray, meta: dict[str, Any]) -> None:
-        """Queue rows (float32, (b, p)) with their metadata (arrays of length b)."""
+        """Queue rows (float32, (b, p)) with their metadata (arrays of length b, or (b, k))."""
         n = 1 if np.ndim(rows) == 1 else len(rows)
         self._submit(("rows", rows, meta))
         self._handed += n
@@ -149,7 +149,9 @@ class BackgroundWriter:
             if rows.ndim == 1:
                 rows = rows[None]
             rpc = self.store.chunks[0]
-            meta = {k: np.asarray(v).reshape(-1) for k, v in meta.items()}
+            # (b,) per field; a field with a value per row and column (param_norms) keeps its rows
+            meta = {k: (v.reshape(v.shape[0], -1) if v.ndim > 1 else v.reshape(-1))
+                    for k, v in ((k, np.asarray(v)) for k, v in meta.items())}
             # Copy rows into a chunk-row buffer; flush whenever it reaches the end of a row chunk,
             # so every chunk is written once and no further concatenation is needed.
             while rows.shape[0]:

@@ -267,7 +267,7 @@ class _Run:
     # ------------------------------------------------------------------ one step
     def train_step(self, store_row: bool):
         """One DP-SGD step. Returns (rows or None, meta or None, stats) — rows to store."""
-        from gradspec.privacy import clip_rows, norm_stats
+        from gradspec.privacy import clip_rows, norm_stats, per_parameter_norms
 
         c = self.config
         if self._engine_note is not None:
@@ -280,6 +280,7 @@ class _Run:
         batch = {k: v.to(self.device) for k, v in self.task.train.batch(idx).items()}
         total = torch.zeros(self.layout.p, device=self.device)
         norms, losses, kept = [], [], []
+        factors, param_norms = [], []  # per-example rows: each example's clip factor, norm per parameter
         if b and self.ghost is not None:  # the clipped sum without per-example rows
             self.hooks.precondition(torch.zeros(b, 0, device=self.device))  # counts; rows: refused
             part, norm, loss = self.ghost(batch, c.max_grad_norm if c.clip else None)
@@ -287,17 +288,23 @@ class _Run:
             norms.append(norm)
             losses.append(loss)
         elif b:
+            keep = store_row and c.mode == CollectMode.PER_EXAMPLE
             for grads, loss in self.grads.iter_microbatches(batch):
                 grads = self.hooks.precondition(grads)
+                if keep:  # the norms of what is clipped, per parameter (float64)
+                    param_norms.append(per_parameter_norms(
+                        grads.detach(), [(s.offset, s.stop) for s in self.layout.params]).cpu())
                 if c.clip:  # float64 norms; every clipped row's norm <= C exactly (privacy.clip_rows)
-                    grads, norm, _ = clip_rows(grads, c.max_grad_norm)
+                    grads, norm, factor = clip_rows(grads, c.max_grad_norm)
                 else:
                     norm = torch.linalg.vector_norm(grads, dim=1, dtype=torch.float64)
+                    factor = torch.ones_like(norm)
                 total += grads.sum(0)
                 norms.append(norm)
                 losses.append(loss)
-                if store_row and c.mode == CollectMode.PER_EXAMPLE:
+                if keep:
                     kept.append(grads.detach().to("cpu", torch.float32))
+                    factors.append(factor.detach().cpu())
         norms_t = torch.cat(norms) if norms else torch.zeros(0)
         loss_t = torch.cat(losses) if losses else torch.zeros(0)
         finite = bool(torch.isfinite(total).all()) and bool(torch.isfinite(loss_t).all())
@@ -348,6 +355,9 @@ class _Run:
                 meta = {k: np.full(b, v) for k, v in common.items()}
                 meta["loss"] = loss_t.detach().cpu().numpy()
                 meta["example_index"] = idx.numpy()
+                meta["pre_clip_norm"] = norms_t.detach().cpu().numpy()  # the norms the clip factors used
+                meta["clip_factor"] = torch.cat(factors).numpy()
+                meta["param_norms"] = torch.cat(param_norms).numpy()
             if c.dtype == GradDtype.FLOAT16:
                 top = float(np.abs(rows).max(initial=0.0))
                 if top > FLOAT16_MAX:

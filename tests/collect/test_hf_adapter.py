@@ -133,6 +133,12 @@ def test_per_example_rows_and_pca(tmp_path):
         np.testing.assert_allclose(rows[i], want.numpy(), rtol=1e-4, atol=1e-6)
         assert meta["loss"][i] == pytest.approx(loss, rel=1e-4)
     np.testing.assert_array_equal(meta["step"], [0] * 4 + [1] * 4)
+    # each row's own norm and factor (issue 22): unclipped rows, so factor 1 and the rows' norms
+    wide = rows.astype(np.float64)
+    np.testing.assert_array_equal(store.clip_factors(), np.ones(8))
+    np.testing.assert_allclose(store.row_norms(), np.linalg.norm(wide, axis=1), rtol=1e-6)
+    np.testing.assert_allclose(store.param_norms(), np.stack(
+        [np.linalg.norm(wide[:, s.offset : s.stop], axis=1) for s in store.layout.params], axis=1), rtol=1e-6)
     assert store.config["row"] == ROW_EXAMPLE_UNCLIPPED and store.config["row_divisor"] is None
     result = gradspec.pca(source=store, k=4)
     assert result.sigma.shape == (4,) and np.all(np.diff(result.sigma) <= 0) and result.sigma[-1] > 0

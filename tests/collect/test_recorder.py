@@ -80,10 +80,13 @@ def test_rows_and_metadata_match_collect(tmp_path, mode, sampling):
     assert got.layout == want.layout and got.per_example == want.per_example
     np.testing.assert_allclose(got.read(), want.read(), rtol=1e-5, atol=1e-7)
     mw, mg = want.row_meta(), got.row_meta()
-    assert set(mg) == set(mw) == set(META_FIELDS) | ({"example_index"} if mode != "batch" else set())
+    per_example = {"example_index", "pre_clip_norm", "clip_factor"}  # each example's own norm (issue 22)
+    assert set(mg) == set(mw) == set(META_FIELDS) | (per_example if mode != "batch" else set())
     for k in mw:
         assert mg[k].dtype == mw[k].dtype, k
         np.testing.assert_allclose(mg[k], mw[k], rtol=1e-5, err_msg=k)
+    if mode != "batch":  # the norms per parameter: collect's from its rows, the recorder's from clipped rows
+        np.testing.assert_allclose(got.param_norms(), want.param_norms(), rtol=1e-5)
     assert mw["frac_clipped"][0] > 0  # clipping was active
     assert got.config["row"] == (ROW_MEAN if mode == "batch" else ROW_EXAMPLE)
     assert got.config["row_divisor"] == (DIVISOR_ACTUAL if mode == "batch" else None)

@@ -85,6 +85,19 @@ GRADIENT_LIES = {
     "rows-a-string": (lambda g: _attrs(g, **{"gradspec.rows": "143"}), "committed row count '143'"),
     "kind-a-list": (lambda g: _attrs(g, **{"gradspec.kind": ["gradients"]}), "unknown kind"),
     "format-a-string": (lambda g: _attrs(g, **{"gradspec.format": "1"}), "not a format number"),
+    # each example's pre-clip norm, clip factor and norms per parameter (issue 22)
+    "clip-factor-claims-float32": (lambda g: _edit(g / "meta" / "clip_factor" / "zarr.json",
+                                                   lambda d: d.update(data_type="float32")),
+                                   "meta/clip_factor is stored as float32, not float64"),
+    "param-norms-claims-another-column-count": (lambda g: _edit(g / "param_norms" / "zarr.json",
+                                                                lambda d: d.update(shape=[d["shape"][0], 7])),
+                                                "param_norms has shape"),
+    "pre-clip-norms-cut-short": (lambda g: _edit(g / "meta" / "pre_clip_norm" / "zarr.json",
+                                                 lambda d: d.update(shape=[10])),
+                                 "meta/pre_clip_norm holds only 10"),
+    "example-norms-a-string": (lambda g: _attrs(g, **{"gradspec.example_norms": "yes"}), "gradspec.example_norms"),
+    "example-norms-in-a-per-step-store": (lambda g: _attrs(g, **{"gradspec.per_example": False}),
+                                          "holds one row per step"),
 }
 
 
