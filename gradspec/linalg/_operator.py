@@ -120,7 +120,7 @@ class GradientOperator(OperatorBase):
         r = self.shape[0]
         chunk = getattr(self.source, "chunk_cols", None)
         bc = int(block_cols or chunk or 8192)
-        per_block = r * bc * 4  # float32 bytes of one read block
+        per_block = r * bc * int(getattr(self.source, "read_itemsize", None) or 4)  # one block as read
         panel = r * self.panel_cols * 8 * 3
         while prefetch > 0 and (prefetch + 1) * per_block + panel > self.memory:
             prefetch -= 1

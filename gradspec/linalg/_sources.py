@@ -1,7 +1,8 @@
 """Block sources: where the columns of the r×p gradient matrix H come from.
 
-A source yields column blocks ``(offset, block)`` with ``block`` a float32 (or
-float64, for in-memory float64 arrays) host array of shape (r, c), where r is
+A source yields column blocks ``(offset, block)`` with ``block`` a host array of
+shape (r, c) — float32, float64 (in-memory float64 arrays), or as stored for
+bfloat16/float16 data (widened by the operator panel by panel) — where r is
 the number of *selected* rows and ``offset`` counts columns within the selected
 parameter subset. Sources never hold H; the in-memory source yields views.
 
@@ -183,10 +184,22 @@ class StoreSource:
 
     def iter_col_blocks(
         self, block_cols: int, prefetch: int = 2
-    ) -> Iterator[tuple[int, np.ndarray]]:
-        yield from self._store.iter_col_blocks(
-            rows=self._idx, col_ranges=self._ranges, block_cols=block_cols, prefetch=prefetch
+    ) -> Iterator[tuple[int, Any]]:
+        """Blocks as stored: float32, float16 (numpy), or bfloat16 (a torch tensor viewing the
+        stored bits); the operator widens narrow ones panel by panel (``_precision.cast_into``),
+        so a block in flight takes half the memory of a float32 copy and no full-block
+        temporary is made."""
+        dtype = str(getattr(self._store, "dtype", "float32"))
+        blocks = self._store.iter_col_blocks(
+            rows=self._idx, col_ranges=self._ranges, block_cols=block_cols, prefetch=prefetch,
+            narrow=dtype in NARROW,
         )
+        for off, block in blocks:
+            if dtype == "bfloat16":
+                import torch
+
+                block = torch.from_numpy(np.ascontiguousarray(block).view(np.int16)).view(torch.bfloat16)
+            yield off, block
 
     def to_dask(self):
         return self._store.to_dask(rows=self._idx, col_ranges=self._ranges)

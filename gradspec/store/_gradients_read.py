@@ -53,13 +53,16 @@ class GradientReads:
         for pres in self._presence.values():
             pres.forget()
 
-    def _read(self, idx: slice | np.ndarray, c0: int, c1: int) -> np.ndarray:
+    def _read(self, idx: slice | np.ndarray, c0: int, c1: int, narrow: bool = False) -> np.ndarray:
+        """Rows ``idx`` of columns c0..c1 as float32, or (``narrow``) as stored on disk:
+        uint16 bit patterns for bfloat16, float16 for float16 (half the bytes in flight)."""
+        widen = (lambda raw: np.asarray(raw)) if narrow else (lambda raw: from_disk_dtype(np.asarray(raw), self._dtype))
         if self._direct is not None:  # a missing or wrong-sized chunk file raises in the reader
             if isinstance(idx, slice):
                 raw = self._direct.read(idx.start, idx.stop, c0, c1)
             else:
                 raw = self._direct.read_rows(idx, c0, c1)
-            return from_disk_dtype(raw, self._dtype)
+            return widen(raw)
         self._require(idx, [(c0, c1)])
         try:
             if isinstance(idx, slice):
@@ -74,7 +77,7 @@ class GradientReads:
         want = idx.stop - idx.start if isinstance(idx, slice) else idx.size
         if raw.shape[0] != want:
             raise StoreDamagedError(f"{self.path}: grads holds fewer rows than the {self._rows} committed")
-        return from_disk_dtype(np.asarray(raw), self._dtype)
+        return widen(raw)
 
     def read(self, rows: RowSelection = None, cols: slice | None = None) -> np.ndarray:
         """Committed rows (selection) and a column slice as float32."""
@@ -108,18 +111,21 @@ class GradientReads:
         col_ranges: ColRanges = None,
         block_cols: int | None = None,
         prefetch: int = 2,
+        narrow: bool = False,
     ) -> Iterator[tuple[int, np.ndarray]]:
         """Yield ``(offset, block)``: column blocks (n_rows_selected, c) over the selected rows.
 
         ``offset`` counts columns within the selection (the concatenated
         ``col_ranges``). Blocks end on chunk boundaries; ``prefetch`` blocks are
-        read ahead on a background thread.
+        read ahead on a background thread. Blocks are float32, or with ``narrow`` as
+        stored (bfloat16 as its uint16 bit patterns, float16 as float16): the reader then
+        only reads, and whoever multiplies widens panel by panel.
         """
         idx = self._row_index(rows)
         blocks = self._col_blocks(col_ranges, block_cols)
         offsets = np.cumsum([0] + [b - a for a, b in blocks])[:-1]
         self._forget_listings()
-        tasks = [(lambda a=a, b=b: self._read(idx, a, b)) for a, b in blocks]
+        tasks = [(lambda a=a, b=b: self._read(idx, a, b, narrow)) for a, b in blocks]
         for off, block in zip(offsets, prefetch_iter(tasks, prefetch), strict=True):
             yield int(off), block
 

@@ -84,3 +84,34 @@ def test_pca_records_rates_and_kernel_in_the_spectrum_store(tmp_path):
     saved = SpectrumStore.open(tmp_path / "s.zarr")
     assert saved.params["rates"] == pytest.approx(rates) and saved.params["kernel"] == "numpy-syrk"
     assert saved.accuracy["check"] == "cheap" and saved.accuracy["ok"] is True
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_narrow_stores_stream_as_stored_and_match_their_widened_copy_exactly(tmp_path, dtype):
+    """A bfloat16/float16 store's blocks travel at 2 bytes an entry (no float32 copy of a block
+    on the read thread) and are widened panel by panel: every product equals, bit for bit, the
+    same pass over the float32 copy of the store cut into the same blocks and panels."""
+    from gradspec.linalg._sources import StoreSource
+
+    h = Case("p", r=40, p=900, k=5, spectrum="power").matrix()
+    lay = ParamLayout.from_shapes([("w", (900,))])
+    store = GradientStore.create(tmp_path / "g.zarr", layout=lay, dtype=dtype, rows_per_chunk=16,
+                                 cols_per_chunk=256)
+    store.write_rows(0, h.astype(np.float32), {f: np.arange(40) for f in META_FIELDS})
+    store.commit(40)
+    wide = GradientStore.open(tmp_path / "g.zarr").read()  # float32, exactly the stored values
+    blocks = list(StoreSource(GradientStore.open(tmp_path / "g.zarr")).iter_col_blocks(256, 1))
+    assert [off for off, _ in blocks] == [0, 256, 512, 768]
+    for off, block in blocks:
+        size = block.element_size() if hasattr(block, "element_size") else block.itemsize
+        assert size == 2, f"a {dtype} block travels as {block.dtype}"
+        as32 = block.float().numpy() if hasattr(block, "float") else block.astype(np.float32)
+        np.testing.assert_array_equal(as32, wide[:, off : off + block.shape[1]])
+    q = np.random.default_rng(0).standard_normal((40, 3))
+    for precision in ("float32", "float64"):
+        narrow = GradientOperator(tmp_path / "g.zarr", precision=precision, kernel="torch-gemm")
+        ref = GradientOperator(wide, precision=precision, kernel="torch-gemm", block_cols=256)
+        assert narrow.panel_cols == ref.panel_cols
+        np.testing.assert_array_equal(narrow.gram(), ref.gram())
+        np.testing.assert_array_equal(narrow.hht(q), ref.hht(q))
+        np.testing.assert_array_equal(narrow.rmatmat(q), ref.rmatmat(q))
