@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from gradspec.store._gradients_schema import NAN_MEANS_UNKNOWN
 from gradspec.store._integrity import (
     chunk_span,
     col_chunks,
@@ -97,6 +98,7 @@ class GradientChecks:
             truncated, the wrong size or undecodable, or a value is NaN, infinite or out of range.
         """
         report = verify_arrays(self._arrays(), self._rows, strict=self._strict,
-                               dtypes={"grads": self._dtype}, progress=progress)
+                               dtypes={"grads": self._dtype}, nan_ok={f"meta/{f}" for f in NAN_MEANS_UNKNOWN},
+                               progress=progress)
         self._verify_norm_ranges(report)
         return {"path": self.path, **report}

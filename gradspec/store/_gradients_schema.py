@@ -29,6 +29,9 @@ META_FIELDS: dict[str, str] = {
     "norm_max": "float32",
     "frac_clipped": "float32",
 }
+#: Metadata fields where NaN is a recorded value, "unknown" (a recorder given no loss or no
+#: norms stores NaN), so ``verify`` counts only ±inf there as damage.
+NAN_MEANS_UNKNOWN: frozenset[str] = frozenset({"loss", "norm_mean", "norm_max", "frac_clipped"})
 PER_EXAMPLE_FIELDS: dict[str, str] = {"example_index": "int64"}
 #: Per-example stores written since ``gradspec.example_norms`` (issue 22) add, row-aligned, each
 #: example's own pre-clip L2 norm and the clip factor applied to it (float64), and the

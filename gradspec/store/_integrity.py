@@ -19,7 +19,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -179,12 +179,12 @@ def raw_chunk_bytes(array: Any) -> int | None:
     return math.prod(int(c) for c in array.chunks) * np.dtype(array.dtype).itemsize
 
 
-def _nonfinite(values: np.ndarray, dtype: str | None) -> np.ndarray:
-    """Per row (first axis): how many entries are NaN or ±inf."""
+def _nonfinite(values: np.ndarray, dtype: str | None, nan_ok: bool = False) -> np.ndarray:
+    """Per row (first axis): how many entries are NaN or ±inf (only ±inf with ``nan_ok``)."""
     if dtype == "bfloat16":  # raw bits: exponent all ones
         bad = (values.view(np.uint16) & np.uint16(0x7F80)) == np.uint16(0x7F80)
     elif values.dtype.kind == "f":
-        bad = ~np.isfinite(values)
+        bad = np.isinf(values) if nan_ok else ~np.isfinite(values)
     else:
         return np.zeros(values.shape[0], dtype=np.int64)
     return bad.reshape(values.shape[0], -1).sum(axis=1)
@@ -196,6 +196,7 @@ def verify_arrays(
     *,
     strict: bool,
     dtypes: dict[str, str] | None = None,
+    nan_ok: Collection[str] = (),
     progress: bool = False,
 ) -> dict[str, Any]:
     """Read every chunk of every committed row of ``arrays`` ({name: zarr array}).
@@ -207,6 +208,7 @@ def verify_arrays(
             missing chunk of a metadata array may be a skipped all-zero chunk and is
             only counted (a missing gradient chunk is still reported).
         dtypes: logical dtype per array where it differs from the stored one (bfloat16).
+        nan_ok: arrays where NaN is a recorded value ("unknown"), not damage; ±inf still is.
         progress: show a progress bar on stderr.
 
     Returns:
@@ -260,7 +262,7 @@ def verify_arrays(
         except Exception as exc:  # noqa: BLE001 - any decoding failure is damage to report
             damaged.append({**entry, "problem": f"unreadable ({type(exc).__name__}: {exc})"})
             continue
-        bad = _nonfinite(np.ascontiguousarray(block), dtypes.get(name))
+        bad = _nonfinite(np.ascontiguousarray(block), dtypes.get(name), name in nan_ok)
         if bad.any():
             rec = non_finite.setdefault(name, {"count": 0, "rows": []})
             rec["count"] += int(bad.sum())

@@ -79,14 +79,41 @@ def test_a_truncated_chunk_and_non_finite_values(store):
         f.truncate(100)
     res = invoke("info", store, "--verify", "--no-progress")
     assert res.exit_code == 1 and "grads/c/0/0  rows 0..31  truncated: 100 bytes, expected 5120" in res.output
-    # a NaN written into a committed row (bytes intact, value not)
+    # an inf written into a committed row (bytes intact, value not); a NaN loss would be the
+    # recorded "unknown" (see the next test), an inf is never recorded
     with open(chunk(store, "meta/loss/c/0"), "r+b") as f:
         loss = np.frombuffer(f.read(), np.float32).copy()
-        loss[5] = np.nan
+        loss[5] = np.inf
         f.seek(0)
         f.write(loss.tobytes())
     res = invoke("info", store, "--verify", "--no-progress")
     assert "meta/loss: 1 NaN/inf values, in rows 5" in res.output
+    # NaN in the gradient rows is damage
+    with open(chunk(store, "grads/c/1/0"), "r+b") as f:  # rows 32..63, row-major
+        vals = np.frombuffer(f.read(), np.float32).copy()
+        vals[3] = np.nan
+        f.seek(0)
+        f.write(vals.tobytes())
+    res = invoke("info", store, "--verify", "--no-progress")
+    assert res.exit_code == 1 and "grads: 1 NaN/inf values, in rows 32" in res.output
+
+
+def test_a_recorder_store_without_losses_or_norms_verifies_ok(tmp_path):
+    """NaN is how a recorder stores an unknown loss or unknown norm statistics: not damage."""
+    import torch
+
+    from gradspec.collect import GradientRecorder
+
+    model = torch.nn.Linear(4, 2)
+    with GradientRecorder(out=tmp_path / "run", model=model) as rec:
+        for _ in range(3):
+            model.zero_grad()
+            model(torch.randn(5, 4)).sum().backward()
+            rec.record_step(batch_size=5)
+    meta = GradientStore.open(rec.path).row_meta()
+    assert np.isnan(meta["loss"]).all() and np.isnan(meta["norm_mean"]).all()
+    res = invoke("info", rec.path, "--verify", "--no-progress")
+    assert res.exit_code == 0 and ": ok" in res.output, res.output
 
 
 def test_a_float16_store_shows_what_the_conversion_lost(tmp_path):

@@ -130,12 +130,14 @@ def test_verify_counts_non_finite_values(tmp_path):
     data[6, 3] = np.nan
     data[2, 25] = np.inf
     meta = {f: np.arange(9) for f in META_FIELDS}
-    meta["loss"] = np.where(np.arange(9) == 4, np.nan, 1.0)
+    meta["loss"] = np.where(np.arange(9) == 4, np.inf, 1.0)
+    meta["norm_mean"] = np.where(np.arange(9) == 5, np.nan, 1.0)  # NaN: "unknown", as recorded
     s.append(data, meta)
     rep = GradientStore.open(tmp_path / "g").verify()
     assert not rep["ok"] and rep["damaged"] == []
     assert rep["non_finite"]["grads"] == {"count": 2, "rows": [2, 6]}
     assert rep["non_finite"]["meta/loss"] == {"count": 1, "rows": [4]}
+    assert "meta/norm_mean" not in rep["non_finite"]
     assert rep["chunks"] == 3 * 3 + len(META_FIELDS) + 1  # grads, metadata, dtype stats
 
 
