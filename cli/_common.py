@@ -72,7 +72,10 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def setup_logging(verbose: bool, quiet: bool) -> None:
-    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    # The other ranks of a torchrun run (RANK > 0) run the same steps as rank 0: they log
+    # warnings and errors only, unless --verbose.
+    follower = os.environ.get("RANK", "0") not in ("", "0")
+    level = logging.DEBUG if verbose else logging.WARNING if quiet or follower else logging.INFO
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("gradspec")

@@ -50,7 +50,11 @@ def collect_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run in --out."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
-    """Train a model and stream clipped gradients into OUT/gradients.zarr."""
+    """Train a model and stream clipped gradients into OUT/gradients.zarr.
+
+    On N processes or GPUs: torchrun --nproc_per_node N --no-python gradspec collect ...
+    (per-step rows; rank 0 writes the one store).
+    """
     from gradspec.collect import collect, merge_resume, read_run_config
 
     noise_multiplier = opt.deprecated_alias(noise_multiplier, sigma, option="--noise-multiplier", alias="--sigma")
@@ -70,6 +74,8 @@ def collect_command(
         )
     result = collect(config, out=out, resume=resume, overwrite=overwrite, progress=not no_progress,
                      stop_after=stop_after, allow_larger_epsilon=allow_larger_epsilon)
+    if result.rank != 0:  # another rank of a torchrun run: rank 0 wrote the store and reports it
+        return
     eps = "inf (non-private)" if result.epsilon == float("inf") else f"{result.epsilon:.3f}"
     typer.echo(f"store    {result.store}  ({result.rows} rows)")
     typer.echo(f"steps    {result.steps}   q = {result.sample_rate:.4g}   noise multiplier = {result.noise_multiplier:.4g}")

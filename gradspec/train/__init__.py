@@ -14,6 +14,7 @@ from gradspec.train._config import (
     resume_conflicts,
 )
 from gradspec.train._context import StepContext
+from gradspec.train._distributed import RankLostError, Ranks, current_ranks, process_group
 from gradspec.train._engine import layout_for, select_parameters
 from gradspec.train._ghost import GhostClipping, GhostResult
 from gradspec.train._hooks import StepHooks
@@ -44,6 +45,11 @@ __all__ = [
     "read_run_config",
     "resolve_device",
     "package_versions",
+    # under torch.distributed (torchrun): which process this is, the process group
+    "Ranks",
+    "RankLostError",
+    "current_ranks",
+    "process_group",
     # where the rows go (gradspec.collect's GradientRecorder is one)
     "RowSink",
     "RowSinkFactory",

@@ -56,9 +56,10 @@ from gradspec.train._checkpoint import (
     write_text_atomic,
 )
 from gradspec.train._config import TrainConfig, bind_task
+from gradspec.train._distributed import Ranks, process_group
 from gradspec.train._hooks import StepHooks
 from gradspec.train._result import CollectResult, TrainResult, evaluate, package_versions
-from gradspec.train._resume import _prepare_resume
+from gradspec.train._resume import _prepare_resume, _restore_run
 from gradspec.train._run import _Run
 from gradspec.train._sink import RowSinkFactory, open_sink
 
@@ -127,7 +128,7 @@ def train(
             ``out`` is not empty and not a run directory.
         DirectoryBusyError: another process is writing to ``out``.
     """
-    from gradspec.store import GradientStore, RunLock
+    from gradspec.store import RunLock
 
     out = Path(out)
     if resume and overwrite:
@@ -139,6 +140,35 @@ def train(
     if write_store and sink is None:
         raise ValueError("write_store=True needs sink= (a RowSink factory); gradspec.collect.collect passes "
                          "GradientRecorder.for_trainer")
+    with process_group() as ranks:
+        if not ranks.is_writer:  # another rank of a distributed run: it never writes in ``out``
+            return _follow(config, task, out, ranks, resume=resume, hooks=hooks, stop_after=stop_after)
+        lock = RunLock(out, what="run directory")
+        try:
+            try:
+                run, store, task = _setup(config, task, out, lock, ranks, resume=resume, overwrite=overwrite,
+                                          progress=progress, hooks=hooks, write_store=write_store,
+                                          allow_larger_epsilon=allow_larger_epsilon)
+            except BaseException as err:
+                ranks.agree(err, what="setting up the run")  # every rank stops with this error
+                raise
+            # The other ranks build the run from these settings, once the directory is ready.
+            ranks.agree(None, what="setting up the run", payload=run.config.to_dict())
+            ranks.agree(None, what="setting up the run on the other ranks")
+            _start_together(run, ranks)
+            return _train(run, store, task, out, progress=progress, writer=writer, stop_after=stop_after,
+                          sink=sink, ranks=ranks)
+        finally:
+            lock.release()
+
+
+def _setup(config: TrainConfig | None, task: Task | None, out: Path, lock, ranks: Ranks, *, resume: bool,
+           overwrite: bool, progress: bool, hooks: StepHooks | None, write_store: bool,
+           allow_larger_epsilon: bool) -> tuple[_Run, Any, Task]:
+    """The writer's run: checked, and the run directory created, replaced or rolled back to its
+    checkpoint, under ``lock`` (taken here, released by the caller)."""
+    from gradspec.store import GradientStore
+
     # Refuse what can be refused before the lock file is created (a foreign directory gets none).
     if resume:
         read_run_config(out)
@@ -147,63 +177,94 @@ def train(
 
     # An existing directory is locked at once (a second writer fails fast); a new one only
     # once the settings have been checked, so that bad settings leave nothing behind.
-    lock = RunLock(out, what="run directory")
     if out.is_dir():
         lock.acquire()
+    if resume:
+        return _prepare_resume(config, task, out, progress, hooks, write_store, allow_larger_epsilon, ranks)
+    config, task = bind_task(config or TrainConfig(), task)
+    torch.manual_seed(config.seed)
+    run = _Run(config, task, out, progress, hooks, ranks=ranks)
+    if write_store and config.every >= run.steps > 1:
+        raise ValueError(
+            f"--every {config.every} with {run.steps} steps stores step 0 only: "
+            f"give --every below {run.steps}"
+        )
+    if not lock.held:
+        lock.acquire()
+    replace_old = check_new_run(out, overwrite=overwrite)  # again: the directory is ours only now
+    # Everything that can fail on bad settings has run; only now is the old run removed.
+    if replace_old:
+        logger.info("replacing the run in %s (%s)", out, ", ".join(clear_run(out)))
+    write_text_atomic(out / CONFIG_NAME, config.to_json())  # first: it marks the directory as a run
+    store = None
+    if write_store:
+        store = GradientStore.create(
+            out / STORE_NAME, layout=run.layout, config=run.run_config(), dtype=str(config.dtype),
+            per_example=config.mode == CollectMode.PER_EXAMPLE, compressor=config.compressor,
+        )
+    else:
+        write_text_atomic(out / RUN_NAME, json.dumps(run.run_config(), indent=2, default=str))
+    (out / METRICS_NAME).write_text("")
+    return run, store, task
+
+
+def _follow(config: TrainConfig | None, task: Task | None, out: Path, ranks: Ranks, *, resume: bool,
+            hooks: StepHooks | None, stop_after: int | None) -> TrainResult:
+    """A rank other than the writer: the same run and steps, built from the writer's settings once
+    the writer has prepared ``out`` (read only on a resume: the checkpoint), writing nothing."""
+    payloads = ranks.agree(None, what="setting up the run")
+    error, run = None, None
     try:
+        config = TrainConfig.from_dict(payloads[0])
         if resume:
-            run, store, task = _prepare_resume(config, task, out, progress, hooks, write_store,
-                                               allow_larger_epsilon)
+            run, *_, task = _restore_run(config, task, out, False, hooks, ranks)
         else:
-            config, task = bind_task(config or TrainConfig(), task)
+            config, task = bind_task(config, task)
             torch.manual_seed(config.seed)
-            run = _Run(config, task, out, progress, hooks)
-            if write_store and config.every >= run.steps > 1:
-                raise ValueError(
-                    f"--every {config.every} with {run.steps} steps stores step 0 only: "
-                    f"give --every below {run.steps}"
-                )
-            if not lock.held:
-                lock.acquire()
-            replace_old = check_new_run(out, overwrite=overwrite)  # again: the directory is ours only now
-            # Everything that can fail on bad settings has run; only now is the old run removed.
-            if replace_old:
-                logger.info("replacing the run in %s (%s)", out, ", ".join(clear_run(out)))
-            write_text_atomic(out / CONFIG_NAME, config.to_json())  # first: it marks the directory as a run
-            store = None
-            if write_store:
-                store = GradientStore.create(
-                    out / STORE_NAME, layout=run.layout, config=run.run_config(), dtype=str(config.dtype),
-                    per_example=config.mode == CollectMode.PER_EXAMPLE, compressor=config.compressor,
-                )
-            else:
-                write_text_atomic(out / RUN_NAME, json.dumps(run.run_config(), indent=2, default=str))
-            (out / METRICS_NAME).write_text("")
-        return _train(run, store, task, out, progress=progress, writer=writer, stop_after=stop_after,
-                      sink=sink)
-    finally:
-        lock.release()
+            run = _Run(config, task, out, False, hooks, ranks=ranks)
+    except BaseException as err:  # noqa: BLE001 - every rank stops with it, this one too
+        error = err
+    ranks.agree(error, what="setting up the run on the other ranks")
+    _start_together(run, ranks)
+    return _train(run, None, task, out, progress=False, writer=False, stop_after=stop_after, sink=None,
+                  ranks=ranks)
+
+
+def _start_together(run: _Run, ranks: Ranks) -> None:
+    """Every rank starts from the writer's parameters (a model built without a seed differs
+    between processes, as DDP assumes too) and checks that it runs the same run."""
+    if not ranks.active:
+        return
+    ranks.broadcast_([*run.model.parameters(), *run.model.buffers()], what="the starting parameters")
+    ranks.check_same(run.fingerprint(), what="the ranks' starting state")
 
 
 def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: bool,
-           sink: RowSinkFactory | None,
-           stop_after: int | None) -> TrainResult:
-    """The training loop of a new or resumed run, inside the run directory's lock."""
+           sink: RowSinkFactory | None, stop_after: int | None, ranks: Ranks) -> TrainResult:
+    """The training loop of a new or resumed run, inside the run directory's lock (on the
+    writer; the other ranks of a distributed run take the same steps and write nothing)."""
     config = run.config
     metrics_path, ckpt_path = out / METRICS_NAME, out / CHECKPOINT_NAME
     rows_sink = open_sink(sink, store, max_queue=config.writer_queue, background=writer)
-    metrics = open(metrics_path, "a")  # noqa: SIM115 - closed in finally
+    lead = ranks.is_writer
+    metrics = open(metrics_path, "a") if lead else None  # noqa: SIM115 - closed in finally
     bar = None
-    if progress:
+    if progress and lead:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=run.steps, initial=run.step, desc="collect", unit="step", file=sys.stderr, dynamic_ncols=True)
 
     def log(record: dict[str, Any]) -> None:
+        if metrics is None:
+            return
         metrics.write(json.dumps(record) + "\n")
         metrics.flush()
 
     def checkpoint() -> None:
+        if ranks.active:  # the ranks still hold the same run, before it is saved
+            ranks.check_same(run.fingerprint(), what=f"the ranks' state at step {run.step}")
+        if not lead:
+            return
         snap = run.snapshot(rows_sink.rows_recorded, metrics.tell())
 
         def save(n_rows: int) -> None:
@@ -228,7 +289,7 @@ def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: b
                      "time": round(time.perf_counter() - t0, 3)})
                 if bar is not None:
                     bar.set_postfix(loss=f"{stats.get('loss', float('nan')):.3f}", eps=f"{eps:.2f}")
-            if (config.eval_every and done % config.eval_every == 0) or done == run.steps:
+            if lead and ((config.eval_every and done % config.eval_every == 0) or done == run.steps):
                 run.last_eval = evaluate(task, run.model, run.device)
                 log({"step": done, **run.last_eval})
                 logger.info("step %d: %s", done, run.last_eval)
@@ -253,7 +314,8 @@ def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: b
             logger.debug("writer close after failure also failed", exc_info=True)
         raise
     finally:
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
         if bar is not None:
             bar.close()
 
@@ -261,5 +323,5 @@ def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: b
         out=out, store=out / STORE_NAME if store is not None else None, metrics=metrics_path,
         rows=store.n_rows if store is not None else 0, steps=run.step,
         noise_multiplier=run.sigma, sample_rate=run.q, delta=run.delta, epsilon=eps,
-        final_metrics=dict(run.last_eval),
+        final_metrics=dict(run.last_eval), rank=ranks.rank, world_size=ranks.world_size,
     )

@@ -16,7 +16,12 @@ from gradspec.tasks import Task
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What a training run (`train`, `collect`) produced; ``store`` is None when it wrote none."""
+    """What a training run (`train`, `collect`) produced; ``store`` is None when it wrote none.
+
+    A distributed run's ranks each return one: the writer's (``rank`` 0) names the store and
+    its rows; the others' ``store`` is None and ``rows`` 0 (their steps, noise multiplier,
+    sample rate and epsilon are the run's, the same on every rank).
+    """
 
     out: Path
     store: Path | None
@@ -28,6 +33,8 @@ class TrainResult:
     delta: float
     epsilon: float
     final_metrics: dict[str, float]
+    rank: int = 0
+    world_size: int = 1
 
 
 #: The name of :class:`TrainResult` while the trainer lived in ``gradspec.collect``.

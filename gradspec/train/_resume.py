@@ -28,17 +28,20 @@ from gradspec.train._config import (
     flag,
     merge_resume,
 )
+from gradspec.train._distributed import Ranks
 from gradspec.train._hooks import StepHooks
 from gradspec.train._run import _Run
 
 logger = logging.getLogger(__name__)
 
 
-def _prepare_resume(
+def _restore_run(
     config: TrainConfig | None, task: Task | None, out: Path, progress: bool, hooks: StepHooks | None,
-    write_store: bool, allow_larger_epsilon: bool,
+    ranks: Ranks | None = None,
 ):
-    """Check everything a resume depends on, then (and only then) roll the run back to its checkpoint."""
+    """The run in ``out`` rebuilt at its last checkpoint, reading only: (run, checkpoint state,
+    saved settings, saved run config, settings, task). Every rank of a distributed resume
+    does this; the writer then checks and rolls back the directory (:func:`_prepare_resume`)."""
     saved = read_run_config(out)
     if task is None and saved.custom_task:
         bind_task(saved, None)  # raises, saying how to resume such a run from Python
@@ -56,9 +59,17 @@ def _prepare_resume(
     run_cfg = saved_run_config(out)
     sigma = state.get("noise_multiplier", run_cfg.get("noise_multiplier"))
     torch.manual_seed(config.seed)
-    run = _Run(config, task, out, progress, hooks, sigma=sigma)
+    run = _Run(config, task, out, progress, hooks, sigma=sigma, ranks=ranks)
     run.restore(state)
+    return run, state, saved, run_cfg, config, task
 
+
+def _prepare_resume(
+    config: TrainConfig | None, task: Task | None, out: Path, progress: bool, hooks: StepHooks | None,
+    write_store: bool, allow_larger_epsilon: bool, ranks: Ranks | None = None,
+):
+    """Check everything a resume depends on, then (and only then) roll the run back to its checkpoint."""
+    run, state, saved, run_cfg, config, task = _restore_run(config, task, out, progress, hooks, ranks)
     store = open_resumable(out, state, saved, run.layout.to_list(), write_store=write_store, run_config=run_cfg)
     if store is not None:  # verify what the resume keeps before training a single step
         kept = int(state["rows"])
@@ -110,6 +121,8 @@ def _prepare_resume(
         else:
             write_text_atomic(out / RUN_NAME, json.dumps({**run.run_config(), "resumes": history},
                                                          indent=2, default=str))
+    if store is not None and int(run_cfg.get("world_size", 1)) != run.ranks.world_size:
+        store.update_config(world_size=run.ranks.world_size)  # resumed on another number of processes
     if store is not None:
         store.truncate(int(state["rows"]))  # rows after the checkpoint are regenerated identically
         if run.step < run.steps and store.status != "writing":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import logging
 import math
 import uuid
@@ -27,6 +28,7 @@ from gradspec.train._config import (
     TrainConfig,
 )
 from gradspec.train._context import StepContext
+from gradspec.train._distributed import Ranks
 from gradspec.train._hooks import StepHooks
 from gradspec.train._result import package_versions
 from gradspec.train._sampling import PoissonSampler, ShuffleSampler
@@ -41,9 +43,10 @@ class _Run:
 
     def __init__(
         self, config: TrainConfig, task: Task, out: Path, progress: bool, hooks: StepHooks | None = None,
-        *, sigma: float | None = None,
+        *, sigma: float | None = None, ranks: Ranks | None = None,
     ) -> None:
-        """Build the run; ``sigma`` (a resumed run's noise multiplier) skips the calibration."""
+        """Build the run; ``sigma`` (a resumed run's noise multiplier) skips the calibration;
+        ``ranks``: this process's place in a distributed run (default: one process)."""
         from gradspec.privacy import (
             PrivacyAccountant,
             calibrate_noise_multiplier,
@@ -55,6 +58,9 @@ class _Run:
         from gradspec.train._per_example import PerExampleGradients
 
         self.config, self.task, self.out, self.progress = config, task, out, progress
+        self.ranks = ranks or Ranks()
+        if self.ranks.active:
+            _check_distributed(config, hooks)
         self.device = resolve_device(config.device)
         self.model = task.model.to(self.device)
         self.model.eval()  # dropout off: gradients are deterministic and comparable across steps
@@ -195,6 +201,8 @@ class _Run:
             "noise_multiplier": self.sigma,
             "max_grad_norm": c.max_grad_norm,
             "per_example_engine": self.engine,
+            # a distributed run (torchrun): how many processes computed each step's clipped sum
+            **({"world_size": self.ranks.world_size} if self.ranks.active else {}),
             # ghost clipping's batch-of-one check (GhostClipping(check=...)): off only by an expert's choice
             **({"ghost_check": self.ghost.check} if self.ghost is not None else {}),
             "delta": self.delta,
@@ -264,6 +272,23 @@ class _Run:
         self.run_id = state.get("run_id", self.run_id)
         self.last_eval = dict(state.get("last_eval") or {})
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What every rank of a distributed run holds alike: the run's numbers, and digests of
+        its parameters, random generators and first training examples (exact bytes)."""
+        def digest(tensors) -> str:
+            h = hashlib.blake2b(digest_size=16)
+            for t in tensors:
+                h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            return h.hexdigest()
+
+        first = self.task.train.batch(torch.arange(min(self.n, 64)))
+        return {
+            "step": self.step, "steps": self.steps, "n_train": self.n, "p": self.layout.p,
+            "noise_multiplier": self.sigma, "sample_rate": self.q, "delta": self.delta,
+            "parameters": digest(self.params), "first_examples": digest(first[k] for k in sorted(first)),
+            "generators": digest([self.sampler.generator.get_state(), self.noise_gen.get_state()]),
+        }
+
     # ------------------------------------------------------------------ one step
     def train_step(self, store_row: bool):
         """One DP-SGD step. Returns (rows or None, meta or None, stats) — rows to store."""
@@ -276,18 +301,20 @@ class _Run:
         self.hooks.on_step_start(self.step, self.context)
         epoch = self.sampler.epoch
         idx = self.sampler.next()
-        b = int(idx.numel())
-        batch = {k: v.to(self.device) for k, v in self.task.train.batch(idx).items()}
+        b = int(idx.numel())  # the global batch; this rank computes its share, `mine` (all of it in one process)
+        mine = self.ranks.shard(idx)
+        local = int(mine.numel())
+        batch = {k: v.to(self.device) for k, v in self.task.train.batch(mine).items()}
         total = torch.zeros(self.layout.p, device=self.device)
         norms, losses, kept = [], [], []
         factors, param_norms = [], []  # per-example rows: each example's clip factor, norm per parameter
-        if b and self.ghost is not None:  # the clipped sum without per-example rows
-            self.hooks.precondition(torch.zeros(b, 0, device=self.device))  # counts; rows: refused
+        if local and self.ghost is not None:  # the clipped sum without per-example rows
+            self.hooks.precondition(torch.zeros(local, 0, device=self.device))  # counts; rows: refused
             part, norm, loss = self.ghost(batch, c.max_grad_norm if c.clip else None)
             total += part
             norms.append(norm)
             losses.append(loss)
-        elif b:
+        elif local:
             keep = store_row and c.mode == CollectMode.PER_EXAMPLE
             for grads, loss in self.grads.iter_microbatches(batch):
                 grads = self.hooks.precondition(grads)
@@ -307,6 +334,9 @@ class _Run:
                     factors.append(factor.detach().cpu())
         norms_t = torch.cat(norms) if norms else torch.zeros(0)
         loss_t = torch.cat(losses) if losses else torch.zeros(0)
+        if self.ranks.active:  # every rank: the global clipped sum, and the norms and losses in batch order
+            total = self.ranks.sum_(total, what=f"the clipped sum of step {self.step}")
+            norms_t, loss_t = self._gather(norms_t, loss_t, b)
         finite = bool(torch.isfinite(total).all()) and bool(torch.isfinite(loss_t).all())
         if not finite:
             if not c.skip_nonfinite:
@@ -369,6 +399,13 @@ class _Run:
         self.step += 1
         return rows, meta, stats
 
+    def _gather(self, norms: torch.Tensor, losses: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every rank's per-example norms (float64) and losses, in the global batch's order."""
+        dtype = losses.dtype if losses.numel() else torch.float32
+        both = torch.stack([norms.to(self.device, torch.float64), losses.to(self.device, torch.float64)], 1)
+        both = self.ranks.gather_examples(both, b, what=f"the norms and losses of step {self.step}")
+        return both[:, 0], both[:, 1].to(dtype)
+
     def _apply(self, update: torch.Tensor) -> None:
         for spec, param in zip(self.layout.params, self.params, strict=True):
             param.grad = update[spec.offset : spec.stop].view(spec.shape).to(param.dtype)
@@ -376,3 +413,17 @@ class _Run:
         self.optimizer.zero_grad(set_to_none=True)
 
 
+
+
+def _check_distributed(config: TrainConfig, hooks: StepHooks | None) -> None:
+    """Refuse what a distributed run does not do yet (every rank refuses alike)."""
+    if config.mode != CollectMode.BATCH:
+        raise ValueError(
+            "--mode per-example under torch.distributed is not supported: record per-example rows in one "
+            "process, or per-step rows (--mode batch) on several"
+        )
+    if hooks is not None and type(hooks) is not StepHooks:
+        raise ValueError(
+            f"{hooks.name} (a private optimizer's hooks) under torch.distributed is not supported: "
+            "retrain in one process"
+        )

@@ -1,0 +1,61 @@
+"""Run a function on N local processes joined in a gloo process group, as ``torchrun`` would.
+
+Each process gets the environment ``torchrun`` sets (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so gradspec joins the group itself
+(:func:`gradspec.train.process_group`). What the function returns, or the error it raised,
+comes back pickled, by rank.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(target: Callable[..., Any], rank: int, world: int, port: int, results: str, args: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        out: Any = ("ok", target(rank, *args))
+    except BaseException as err:  # noqa: BLE001 - reported to the test
+        out = ("error", type(err).__name__, str(err), traceback.format_exc())
+    Path(results, f"{rank}.pkl").write_bytes(pickle.dumps(out))
+
+
+def run_ranks(target: Callable[..., Any], *args: Any, world: int = 2, timeout: float = 120) -> list[tuple]:
+    """``target(rank, *args)`` on ``world`` spawned processes; by rank: ("ok", value), ("error",
+    type name, message, traceback), or ("exit", exit code) for a process that died."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    with tempfile.TemporaryDirectory() as results:
+        procs = [ctx.Process(target=_entry, args=(target, r, world, port, results, args)) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        out = []
+        for r, p in enumerate(procs):
+            path = Path(results, f"{r}.pkl")
+            out.append(pickle.loads(path.read_bytes()) if path.exists() else ("exit", p.exitcode))
+        return out
