@@ -46,7 +46,8 @@ ROW_HF_STEP = (
 DIVISOR_HF = (
     "the Trainer's loss normalisation, not necessarily the batch's example count: under gradient "
     "accumulation a model that ignores num_items_in_batch (e.g. BERT's classifier) gives the sum of "
-    "the micro-batches' mean gradients"
+    "the micro-batches' mean gradients; under torchrun (average_tokens_across_devices, the default) the "
+    "Trainer also multiplies such a model's loss by the number of processes before DDP averages the gradients"
 )
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,10 @@ class GradientRecorderCallback(TrainerCallback):
     Per-example rows (``per_example=True``): each example's gradient at the step's
     weights, by gradspec's per-example engine (dropout off), optionally clipped to
     ``max_grad_norm``. Rows are committed whenever the Trainer saves a checkpoint.
+
+    Under ``torchrun`` every rank's callback builds a recorder (``out=``) and rank 0's alone
+    writes (see ``GradientRecorder(distributed=...)``): the row is the gradient DDP has
+    averaged, its ``batch_size`` the examples of every rank. Per-step rows only.
 
     Args:
         out: run directory of a recorder built at ``on_train_begin`` from the

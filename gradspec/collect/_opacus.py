@@ -33,6 +33,12 @@ DP guarantee of the Opacus run itself, are wrong for it). Where every trained
 parameter is of that kind, only the batch size tells: note the per-example losses
 (``recorder.observe_loss(losses)``, shape (B,)) and it is checked against them.
 
+Under Opacus ``DPDDP`` (a ``DistributedDPOptimizer`` on every rank, each clipping its own
+examples; rank 0 adds the noise), every rank's recording takes part and rank 0's recorder
+writes: each rank's clipped sum is kept after each physical batch (rank > 0's noise step
+scales ``summed_grad`` in place before the step hook runs), and at the step hook the sums
+and example counts are all-reduced, so the row is the clipped mean over the global batch.
+
 Ghost clipping (``grad_sample_mode="ghost"``, ``DPOptimizerFastGradientClipping``)
 never forms per-example gradients: its double backward leaves the clipped sum in
 ``p.grad``, which ``accumulate`` adds into ``p.summed_grad``; per-step rows work the
@@ -146,6 +152,7 @@ class OpacusRecording:
         self._rows: list[Tensor] = []
         self._factors: list[Tensor] = []  # per-example rows: Opacus's clip factors, per-parameter norms
         self._param_norms: list[Tensor] = []
+        self._local_sum: Tensor | None = None  # under torch.distributed: this rank's clipped sum so far
         self.steps = 0
         self._step = recorder.next_step
         self._chained: Any = None
@@ -235,6 +242,11 @@ class OpacusRecording:
         self._sizes.append(b)
         self._norms.append(None if norms is None else norms.detach().to("cpu", torch.float64))
         getattr(type(opt), self._method)(opt)
+        if self.recorder.ranks.active and not self.recorder.per_example:
+            # DPDDP: rank > 0's noise step makes p.grad a view of p.summed_grad and scales it in
+            # place before the step hook runs, so the clipped sum so far is kept here
+            self._local_sum = torch.cat([opt.params[i].summed_grad.detach().reshape(-1).to(torch.float64)
+                                         for i in self._positions])
 
     def _on_step(self, optimizer: Any) -> None:
         if self._chained is not None:
@@ -262,12 +274,28 @@ class OpacusRecording:
             rec.record_examples(grads=rows, step=step, norms=norms, max_grad_norm=c, clip_factors=factors,
                                 param_norms=per_param)
             return
-        if b == 0:  # an empty Poisson batch: no row (as in gradspec's trainer), the step still counts
-            rec._take_losses(0)
+        examples = self._global_examples(b, step) if rec.ranks.active else None
+        if (b if examples is None else examples[1]) == 0:  # an empty Poisson batch: no row (as in
+            rec._take_losses(0)  # gradspec's trainer), the step still counts
+            return
+        if examples is not None:  # DPDDP: every rank's clipped sum over the global batch; record_step
+            total, count = examples  # makes batch_size the global one and gathers the norms
+            rec.record_step(grad=total / count, step=step, norms=norms, max_grad_norm=c, batch_size=b)
             return
         params = opt.params
         total = torch.cat([params[i].summed_grad.reshape(-1).to(torch.float32) for i in self._positions])
         rec.record_step(grad=total / b, step=step, norms=norms, max_grad_norm=c, batch_size=b)
+
+    def _global_examples(self, b: int, step: int) -> tuple[Tensor, int]:
+        """Under torch.distributed (Opacus ``DPDDP``, whose step hook runs before it all-reduces
+        the noisy gradients): the clipped sum (before noise) and the example count of every
+        rank's share of the step, summed over the ranks (in float64)."""
+        total, self._local_sum = self._local_sum, None
+        if total is None:  # no physical batch on this rank
+            total = torch.zeros(self.recorder.layout.p, dtype=torch.float64, device=self.recorder.params[0].device)
+        local = torch.cat([total, torch.tensor([float(b)], dtype=torch.float64, device=total.device)])
+        both = self.recorder.ranks.sum_(local, what=f"the clipped sums of step {step}")
+        return both[:-1].to(torch.float32), int(round(float(both[-1])))
 
     # ------------------------------------------------------------------ end
     def _describe(self) -> dict[str, Any]:

@@ -54,6 +54,16 @@ class GradientRecorder(RecorderBase):
         store: a store already open for writing whose run lock the caller holds
             (gradspec's trainer; see :meth:`for_trainer`): the recorder writes into it,
             takes no lock and creates nothing; its layout is the store's.
+        distributed: under torch.distributed (DDP, Opacus ``DPDDP``, a Hugging Face
+            ``Trainer`` under ``torchrun``): None (default) records into one store when a
+            process group of several processes is initialised: build the recorder and call
+            it on every rank alike; rank 0 writes, the other ranks open nothing and take part
+            in each step's collectives, which make the row's ``batch_size`` the global batch's
+            (the ranks' sum), its ``loss`` the ranks' (weighted by batch size) and its norm
+            statistics every rank's examples'. The row is rank 0's gradient, which DDP has
+            averaged over the ranks (``attach_opacus``: the clipped sums of every rank over
+            the global batch). Per-step rows only. ``False``: each process records on its own
+            (give each its own ``out``). ``True``: as None, but refuse to run without a group.
 
     Raises:
         ValueError: no or several layout sources, no parameter selected, a resume
@@ -61,6 +71,7 @@ class GradientRecorder(RecorderBase):
         FileExistsError: ``out`` holds a store and neither resume nor overwrite was asked.
         FileNotFoundError: ``resume`` with no store in ``out``.
         DirectoryBusyError: another process writes in ``out`` (the run lock, an ``OSError``).
+        RankLostError: under torch.distributed, another rank stopped during a step's collective.
 
     Example:
         A plain PyTorch loop (``recorder.record_step`` reads the ``.grad`` of the

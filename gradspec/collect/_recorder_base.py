@@ -32,11 +32,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from gradspec.collect._recorder_ranks import NoWriter, recorder_ranks, step_over_ranks
 from gradspec.collect._recorder_setup import (
     STORE_NAME,
     STORE_TORCH_DTYPES,
     _acquire_run_lock,
     _release_run_lock,
+    open_store,
     resolve_layout,
     unwrap_model,
 )
@@ -80,6 +82,7 @@ class RecorderBase:
         background: bool = True,
         max_queue: int = 64,
         store: GradientStore | None = None,
+        distributed: bool | None = None,
     ) -> None:
         if commit_every < 1:
             raise ValueError(f"commit_every must be a positive number of steps, got {commit_every}")
@@ -97,21 +100,27 @@ class RecorderBase:
         self.out = Path(out)
         self.path = self.out / STORE_NAME
         self._background, self._max_queue = bool(background), int(max_queue)
+        #: This process's place under torch.distributed (one process without a process group).
+        self.ranks = recorder_ranks(distributed, per_example=self.per_example)
+        self._lock = None
         if store is not None:  # the caller's store, under the caller's lock
-            self._lock = None
-            self.store = store
+            self.store: GradientStore | None = store
+        elif not self.ranks.is_writer:  # another rank of a distributed loop: rank 0 writes
+            self.store = None
         else:
             self._lock = _acquire_run_lock(self.out)
             try:
-                self.store = self._open_store(config, dtype, compressor, resume, overwrite)
+                self.store = open_store(self.out, layout=self.layout, per_example=self.per_example,
+                                        run_config=self._run_config(config), user_config=config, dtype=dtype,
+                                        compressor=compressor, resume=resume, overwrite=overwrite)
             except BaseException:
                 _release_run_lock(self._lock)
                 raise
-        meta = self.store.row_meta(slice(self.store.n_rows - 1, None)) if self.store.n_rows else None
+        meta = self.store.row_meta(slice(self.store.n_rows - 1, None)) if self.store and self.store.n_rows else None
         self._last_step = int(meta["step"][-1]) if meta else -1
         #: The epoch written with rows that do not name one (set it from your loop).
         self.epoch = int(meta["epoch"][-1]) if meta else 0
-        self._writer = BackgroundWriter(self.store, max_queue=self._max_queue, background=self._background)
+        self._writer = self._new_writer()
         self._steps_since_commit = 0
         #: Calls whose rows were dropped as non-finite (``skip_nonfinite``).
         self.steps_skipped = 0
@@ -132,46 +141,18 @@ class RecorderBase:
         run = store.config.get("collect") or {}
         clip = run.get("max_grad_norm") if run.get("clip", True) else None
         return cls(out=Path(store.path).parent, layout=store.layout, max_grad_norm=clip,
-                   per_example=store.per_example, background=background, max_queue=max_queue, store=store)
+                   per_example=store.per_example, background=background, max_queue=max_queue, store=store,
+                   distributed=False)  # the trainer has combined the ranks' steps itself
+
+    def _new_writer(self) -> BackgroundWriter | NoWriter:
+        if self.store is None:
+            return NoWriter()
+        return BackgroundWriter(self.store, max_queue=self._max_queue, background=self._background)
 
     # ------------------------------------------------------------------ setup
     def _run_config(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
         return run_config(per_example=self.per_example, max_grad_norm=self.max_grad_norm, names=self.names,
                           p=self.layout.p, user=config)
-
-    def _open_store(self, config, dtype, compressor, resume, overwrite) -> GradientStore:
-        exists = self.path.exists()
-        if resume:
-            if not exists:
-                raise FileNotFoundError(f"no store to resume in {str(self.out)!r} (no {STORE_NAME}); drop resume=True")
-            store = GradientStore.open(self.path, mode="r+")
-            if store.layout.to_list() != self.layout.to_list():
-                have = [(s.name, s.shape) for s in store.layout.params]
-                want = [(s.name, s.shape) for s in self.layout.params]
-                diff = next(((a, b) for a, b in zip(have, want, strict=False) if a != b), (len(have), len(want)))
-                raise ValueError(
-                    f"the store in {str(self.out)!r} has another parameter layout (first difference: "
-                    f"{diff[0]} in the store, {diff[1]} here); resume with the same parameters"
-                )
-            if store.per_example != self.per_example:
-                kind = "per-example" if store.per_example else "per-step"
-                raise ValueError(f"the store in {str(self.out)!r} holds {kind} rows; resume with per_example={store.per_example}")
-            if dtype is not None and dtype != store.dtype:
-                raise ValueError(f"the store in {str(self.out)!r} is {store.dtype}; resume with dtype={store.dtype!r} or None")
-            if config:
-                store.update_config(user={**store.config.get("user", {}), **config})
-            store.set_status("writing")
-            logger.info("resuming %s after %d committed rows", self.path, store.n_rows)
-            return store
-        if exists and not overwrite:
-            raise FileExistsError(
-                f"{str(self.out)!r} already holds a gradient store: pass resume=True to continue it or overwrite=True to replace it"
-            )
-        self.out.mkdir(parents=True, exist_ok=True)
-        return GradientStore.create(
-            self.path, layout=self.layout, config=self._run_config(config), dtype=dtype or "float32",
-            per_example=self.per_example, compressor=compressor, overwrite=overwrite,
-        )
 
     # ------------------------------------------------------------------ state
     @property
@@ -237,7 +218,7 @@ class RecorderBase:
     def _bounded(self, rows: np.ndarray | Tensor) -> np.ndarray:
         """The rows as the store will hold them: clipped per-example rows each with float64 norm
         <= C (a rounding of the clip, or of the cast to a 16-bit store, never exceeds C)."""
-        if self.max_grad_norm is None or not self.per_example:
+        if self.max_grad_norm is None or not self.per_example or self.store is None:
             return rows.numpy() if isinstance(rows, Tensor) else rows
         t = torch.as_tensor(rows)
         stored = bound_rows_(t.clone() if t.dtype == STORE_TORCH_DTYPES[self.store.dtype] else t,
@@ -290,6 +271,10 @@ class RecorderBase:
         step = self._take_step(step, same_ok=False)
         if batch_size is not None and int(batch_size) < 0:
             raise ValueError(f"batch_size is a number of examples, got {batch_size}")
+        if self.ranks.active:  # every rank calls this: the global batch's size, loss and norms
+            local = self._take_losses(0) if loss is None else float(np.mean(floats(loss)))
+            batch_size, loss, norms = step_over_ranks(self.ranks, batch_size=batch_size, loss=local, norms=norms,
+                                                      what=f"recording step {step}")
         if batch_size is not None and int(batch_size) == 0:  # an empty batch: no row, as in collect
             self._take_losses(0)
             self._last_step = step
@@ -397,10 +382,12 @@ class RecorderBase:
         self._steps_since_commit = 0
 
     def update_config(self, **items: Any) -> None:
-        """Merge items into the store's run config (waits for the writer first)."""
+        """Merge items into the store's run config (waits for the writer first; nothing on a rank
+        that does not write)."""
         self._check_open()
         self._writer.wait()
-        self.store.update_config(**items)
+        if self.store is not None:
+            self.store.update_config(**items)
 
     def rewind(self, step: int) -> int:
         """Forget the rows of steps >= ``step`` (continue a resumed loop from its own checkpoint).
@@ -409,11 +396,13 @@ class RecorderBase:
             The rows kept.
         """
         self._check_open()
+        if self.store is None:  # a rank that does not write keeps no rows
+            return 0
         self._writer.close()
         steps = self.store.row_meta()["step"]
         keep = int(np.searchsorted(steps, int(step), side="left"))
         self.store.truncate(keep)
-        self._writer = BackgroundWriter(self.store, max_queue=self._max_queue, background=self._background)
+        self._writer = self._new_writer()
         self._last_step = int(steps[keep - 1]) if keep else -1
         self._steps_since_commit = 0
         return keep
@@ -440,8 +429,9 @@ class RecorderBase:
             except Exception:  # noqa: BLE001 - the original error matters more
                 logger.debug("closing the writer after an error also failed", exc_info=True)
             try:
-                self.store.update_config(error=str(error) or type(error).__name__)
-                self.store.set_status("failed")
+                if self.store is not None:
+                    self.store.update_config(error=str(error) or type(error).__name__)
+                    self.store.set_status("failed")
             except Exception:  # noqa: BLE001
                 logger.debug("marking the store failed also failed", exc_info=True)
         finally:
@@ -461,9 +451,9 @@ class RecorderBase:
                     if complete:
                         raise
                     logger.debug("close hook failed after an error", exc_info=True)
-            if items:
+            if items and self.store is not None:
                 self.store.update_config(**items)
-            if complete:
+            if complete and self.store is not None:
                 self.store.set_status("complete")
         finally:
             _release_run_lock(self._lock)

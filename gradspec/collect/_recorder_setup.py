@@ -4,6 +4,7 @@ the torch dtype of each store dtype."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gradspec.store import ParamLayout
+from gradspec.store import GradientStore, ParamLayout
+
+logger = logging.getLogger(__name__)
 
 #: The torch dtype of each store dtype: the store casts float32 rows with torch's rounding.
 STORE_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -35,10 +38,25 @@ def _release_run_lock(lock: Any) -> None:
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's module inside Opacus wrappers (``GradSampleModule``), for parameter names."""
-    while type(model).__module__.startswith("opacus.") and isinstance(getattr(model, "_module", None), nn.Module):
-        model = model._module
-    return model
+    """The user's module inside Opacus wrappers (``GradSampleModule``) and data-parallel ones
+    (``DistributedDataParallel``, Opacus ``DPDDP``, ``DataParallel``), for parameter names
+    without their ``_module.`` / ``module.`` prefixes."""
+    while True:
+        if type(model).__module__.startswith("opacus.") and isinstance(getattr(model, "_module", None), nn.Module):
+            model = model._module
+        elif _data_parallel(model):
+            model = model.module
+        else:
+            return model
+
+
+def _data_parallel(model: nn.Module) -> bool:
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel | DataParallel):
+        return True
+    return (type(model).__module__.startswith("opacus.") and type(model).__name__.endswith("DistributedDataParallel")
+            and isinstance(getattr(model, "module", None), nn.Module))
 
 
 def resolve_layout(model, params, layout) -> tuple[list[str], list[Tensor] | None, ParamLayout]:
@@ -71,3 +89,43 @@ def resolve_layout(model, params, layout) -> tuple[list[str], list[Tensor] | Non
     layout = ParamLayout.from_shapes((n, tuple(p.shape)) for n, p in named)
     return [n for n, _ in named], [p for _, p in named], layout
 
+
+def open_store(out: Path, *, layout: ParamLayout, per_example: bool, run_config: dict[str, Any],
+               user_config: Mapping[str, Any] | None, dtype: str | None, compressor: str | None, resume: bool,
+               overwrite: bool) -> GradientStore:
+    """A recorder's store in the run directory ``out``: continued (``resume``; its layout, row
+    kind and dtype checked, ``user_config`` merged), or created with ``run_config`` (replacing
+    one with ``overwrite``)."""
+    path = out / STORE_NAME
+    exists = path.exists()
+    if resume:
+        if not exists:
+            raise FileNotFoundError(f"no store to resume in {str(out)!r} (no {STORE_NAME}); drop resume=True")
+        store = GradientStore.open(path, mode="r+")
+        if store.layout.to_list() != layout.to_list():
+            have = [(s.name, s.shape) for s in store.layout.params]
+            want = [(s.name, s.shape) for s in layout.params]
+            diff = next(((a, b) for a, b in zip(have, want, strict=False) if a != b), (len(have), len(want)))
+            raise ValueError(
+                f"the store in {str(out)!r} has another parameter layout (first difference: "
+                f"{diff[0]} in the store, {diff[1]} here); resume with the same parameters"
+            )
+        if store.per_example != per_example:
+            kind = "per-example" if store.per_example else "per-step"
+            raise ValueError(f"the store in {str(out)!r} holds {kind} rows; resume with per_example={store.per_example}")
+        if dtype is not None and dtype != store.dtype:
+            raise ValueError(f"the store in {str(out)!r} is {store.dtype}; resume with dtype={store.dtype!r} or None")
+        if user_config:
+            store.update_config(user={**store.config.get("user", {}), **user_config})
+        store.set_status("writing")
+        logger.info("resuming %s after %d committed rows", path, store.n_rows)
+        return store
+    if exists and not overwrite:
+        raise FileExistsError(
+            f"{str(out)!r} already holds a gradient store: pass resume=True to continue it or overwrite=True to replace it"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    return GradientStore.create(
+        path, layout=layout, config=run_config, dtype=dtype or "float32",
+        per_example=per_example, compressor=compressor, overwrite=overwrite,
+    )

@@ -124,10 +124,7 @@ class Ranks:
             if error is not None:
                 raise error
             return [payload]
-        report = (None, payload) if error is None else (_portable(error), None)
-        reports: list[Any] = [None] * self.world_size
-        with self._collective(what):
-            torch.distributed.all_gather_object(reports, report)
+        reports = self.gather((None, payload) if error is None else (_portable(error), None), what=what)
         if error is not None:
             raise error
         for rank, (failed, _) in enumerate(reports):
@@ -135,6 +132,15 @@ class Ranks:
                 failed.add_note(f"({what} failed on rank {rank} of {self.world_size})")
                 raise failed
         return [p for _, p in reports]
+
+    def gather(self, value: Any, *, what: str) -> list[Any]:
+        """Every rank's ``value`` (picklable), by rank; ``[value]`` in one process."""
+        if not self.active:
+            return [value]
+        values: list[Any] = [None] * self.world_size
+        with self._collective(what):
+            torch.distributed.all_gather_object(values, value)
+        return values
 
     def broadcast_(self, tensors: Sequence[Tensor], *, what: str) -> None:
         """Overwrite ``tensors`` with rank 0's (in place)."""
@@ -150,10 +156,7 @@ class Ranks:
         if not self.active:
             return
         mine = dict(values)
-        reports: list[Any] = [None] * self.world_size
-        with self._collective(what):
-            torch.distributed.all_gather_object(reports, mine)
-        for rank, theirs in enumerate(reports):
+        for rank, theirs in enumerate(self.gather(mine, what=what)):
             if theirs != mine:
                 diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
                 raise ValueError(
