@@ -81,6 +81,7 @@ def info_command(
                 f"run      task {cfg.get('task')}  mode {c.get('mode')}  steps {cfg.get('steps')}  "
                 f"q {cfg.get('sample_rate', 0):.4g}  noise multiplier {cfg.get('noise_multiplier', 0):.4g}  C {cfg.get('max_grad_norm')}  "
                 f"lr {c.get('lr')} ({c.get('optimizer')})  seed {c.get('seed')}"
+                + (f"  on {cfg['world_size']} processes" if int(cfg.get("world_size") or 1) > 1 else "")
             )
         if "final_epsilon" in cfg:
             typer.echo(f"privacy  epsilon = {cfg['final_epsilon']:.3f} at delta = {cfg.get('delta', 0):.3g}")
