@@ -79,9 +79,10 @@ def _assert_same_rows(one: GradientStore, two: GradientStore) -> None:
         np.testing.assert_allclose(b[key], a[key], rtol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["ghost", pytest.param("vmap", marks=pytest.mark.slow)])
-def test_two_ranks_write_one_store_equal_to_one_process(tmp_path, backend):
-    options = {"backend": backend, "steps": 10}
+@pytest.mark.parametrize(("backend", "batch"), [("ghost", 16), pytest.param("vmap", 1, marks=pytest.mark.slow)])
+def test_two_ranks_write_one_store_equal_to_one_process(tmp_path, backend, batch):
+    """Batch 1 (q = 1/64): empty steps, and steps where rank 1's share is empty."""
+    options = {"backend": backend, "steps": 10, "batch_size": batch}
     out = tmp_path / "two"
     lead, other = _ok(run_ranks(_collect, out, options))
     single = collect(cfg(**options), out=tmp_path / "one", task=tiny_task())
@@ -92,12 +93,12 @@ def test_two_ranks_write_one_store_equal_to_one_process(tmp_path, backend):
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
 
     two, one = GradientStore.open(lead["store"]), GradientStore.open(single.store)
-    assert two.status == "complete" and two.n_rows == one.n_rows == 10 == lead["rows"]
+    assert two.status == "complete" and two.n_rows == one.n_rows == lead["rows"] > 0
     # the layout is the model's own (no DDP "module." prefix): the one-process store's
     assert two.layout.to_list() == one.layout.to_list()
     _assert_same_rows(one, two)
     # the recorded batch sizes are the global batch's (every rank drew the same Poisson batch)
-    assert two.row_meta()["batch_size"].sum() > 10 * 16 / 2
+    assert (two.row_meta()["batch_size"] > (batch + 1) // 2).any()  # more than one rank's share
     # privacy: the global batch's q and noise multiplier, one noise draw per step, the same epsilon
     for r in (lead, other):
         assert r["epsilon"] == single.epsilon and r["noise_multiplier"] == single.noise_multiplier
