@@ -53,7 +53,7 @@ def collect_command(
     """Train a model and stream clipped gradients into OUT/gradients.zarr.
 
     On N processes or GPUs: torchrun --nproc_per_node N --no-python gradspec collect ...
-    (per-step rows; rank 0 writes the one store).
+    (rank 0 writes the one store).
     """
     from gradspec.collect import collect, merge_resume, read_run_config
 

@@ -9,7 +9,8 @@ every rank runs the same trainer (Li et al. 2022 run collection on 4 GPUs the sa
   (:meth:`Ranks.shard`);
 * the clipped sums are all-reduced (SUM, in float64), so every rank holds the global
   step's clipped sum (:meth:`Ranks.sum_`), and the examples' norms and losses are
-  gathered in the batch's order (:meth:`Ranks.gather_examples`);
+  gathered in the batch's order (:meth:`Ranks.gather_examples`); per-example rows are
+  gathered to rank 0 alone, which stores them as one process would;
 * the Gaussian noise is drawn on every rank from the same seeded generator: the released
   sum is ``sum_i clip(g_i) + N(0, sigma^2 C^2 I)``, the noise added once, and every rank
   applies the same update and stays in step (checked at every checkpoint,
@@ -89,27 +90,34 @@ class Ranks:
             torch.distributed.all_reduce(buf, op=torch.distributed.ReduceOp.SUM)
         return buf.to(total.dtype)
 
-    def gather_examples(self, columns: Tensor, batch_size: int, *, what: str = "the examples' norms") -> Tensor:
-        """Per-example values (b_local, k) of every rank, in the global batch's order.
+    def gather_examples(self, columns: Tensor, batch_size: int, *, what: str = "the examples' values",
+                        to_writer: bool = False) -> Tensor | None:
+        """Per-example values (b_local, k) of every rank, in the global batch's order (exact:
+        gathered in their own dtype).
 
         Rank r holds the examples ``r::world_size`` of a batch of ``batch_size`` (its
         :meth:`shard`); every rank knows every shard's size, so the rows are padded to the
-        largest shard, all-gathered (float64) and interleaved back.
+        largest shard, gathered and interleaved back. ``to_writer``: only rank 0 receives
+        them (the others get None), for rows only the writer stores.
         """
         if not self.active:
             return columns
-        width, dtype = columns.shape[1], columns.dtype
         longest = -(-batch_size // self.world_size)
-        buf = torch.zeros(longest, width, dtype=torch.float64, device=columns.device)
+        buf = torch.zeros(longest, *columns.shape[1:], dtype=columns.dtype, device=columns.device)
         buf[: columns.shape[0]] = columns
-        parts = [torch.empty_like(buf) for _ in range(self.world_size)]
+        receive = not to_writer or self.is_writer
+        parts = [torch.empty_like(buf) for _ in range(self.world_size)] if receive else None
         with self._collective(what):
-            torch.distributed.all_gather(parts, buf)
-        out = torch.empty(batch_size, width, dtype=torch.float64, device=columns.device)
+            if to_writer:
+                torch.distributed.gather(buf, parts, dst=0)
+            else:
+                torch.distributed.all_gather(parts, buf)
+        if not receive:
+            return None
+        out = torch.empty(batch_size, *columns.shape[1:], dtype=columns.dtype, device=columns.device)
         for r, part in enumerate(parts):
-            mine = len(range(r, batch_size, self.world_size))
-            out[r :: self.world_size] = part[:mine]
-        return out.to(dtype)
+            out[r :: self.world_size] = part[: len(range(r, batch_size, self.world_size))]
+        return out
 
     # ------------------------------------------------------------------ agreement
     def agree(self, error: BaseException | None, *, what: str, payload: Any = None) -> list[Any]:

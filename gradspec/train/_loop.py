@@ -142,7 +142,8 @@ def train(
                          "GradientRecorder.for_trainer")
     with process_group() as ranks:
         if not ranks.is_writer:  # another rank of a distributed run: it never writes in ``out``
-            return _follow(config, task, out, ranks, resume=resume, hooks=hooks, stop_after=stop_after)
+            return _follow(config, task, out, ranks, resume=resume, hooks=hooks, stop_after=stop_after,
+                           write_store=write_store)
         lock = RunLock(out, what="run directory")
         try:
             try:
@@ -157,7 +158,7 @@ def train(
             ranks.agree(None, what="setting up the run on the other ranks")
             _start_together(run, ranks)
             return _train(run, store, task, out, progress=progress, writer=writer, stop_after=stop_after,
-                          sink=sink, ranks=ranks)
+                          sink=sink, ranks=ranks, stores_rows=store is not None)
         finally:
             lock.release()
 
@@ -209,7 +210,7 @@ def _setup(config: TrainConfig | None, task: Task | None, out: Path, lock, ranks
 
 
 def _follow(config: TrainConfig | None, task: Task | None, out: Path, ranks: Ranks, *, resume: bool,
-            hooks: StepHooks | None, stop_after: int | None) -> TrainResult:
+            hooks: StepHooks | None, stop_after: int | None, write_store: bool) -> TrainResult:
     """A rank other than the writer: the same run and steps, built from the writer's settings once
     the writer has prepared ``out`` (read only on a resume: the checkpoint), writing nothing."""
     payloads = ranks.agree(None, what="setting up the run")
@@ -227,7 +228,7 @@ def _follow(config: TrainConfig | None, task: Task | None, out: Path, ranks: Ran
     ranks.agree(error, what="setting up the run on the other ranks")
     _start_together(run, ranks)
     return _train(run, None, task, out, progress=False, writer=False, stop_after=stop_after, sink=None,
-                  ranks=ranks)
+                  ranks=ranks, stores_rows=write_store)
 
 
 def _start_together(run: _Run, ranks: Ranks) -> None:
@@ -240,9 +241,10 @@ def _start_together(run: _Run, ranks: Ranks) -> None:
 
 
 def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: bool,
-           sink: RowSinkFactory | None, stop_after: int | None, ranks: Ranks) -> TrainResult:
+           sink: RowSinkFactory | None, stop_after: int | None, ranks: Ranks, stores_rows: bool) -> TrainResult:
     """The training loop of a new or resumed run, inside the run directory's lock (on the
-    writer; the other ranks of a distributed run take the same steps and write nothing)."""
+    writer; the other ranks of a distributed run take the same steps, ``stores_rows`` as the
+    writer does, to hand it their share of per-example rows, and write nothing)."""
     config = run.config
     metrics_path, ckpt_path = out / METRICS_NAME, out / CHECKPOINT_NAME
     rows_sink = open_sink(sink, store, max_queue=config.writer_queue, background=writer)
@@ -279,7 +281,7 @@ def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: b
             if stop_after is not None and run.step - start_step >= stop_after:
                 break
             step = run.step
-            rows, meta, stats = run.train_step(store_row=store is not None and step % config.every == 0)
+            rows, meta, stats = run.train_step(store_row=stores_rows and step % config.every == 0)
             if rows is not None:
                 rows_sink.put_rows(rows, meta)
             done = run.step

@@ -337,6 +337,8 @@ class _Run:
         if self.ranks.active:  # every rank: the global clipped sum, and the norms and losses in batch order
             total = self.ranks.sum_(total, what=f"the clipped sum of step {self.step}")
             norms_t, loss_t = self._gather(norms_t, loss_t, b)
+            if store_row and c.mode == CollectMode.PER_EXAMPLE:  # every rank's rows, to rank 0
+                kept, factors, param_norms = self._gather_rows(kept, factors, param_norms, b)
         finite = bool(torch.isfinite(total).all()) and bool(torch.isfinite(loss_t).all())
         if not finite:
             if not c.skip_nonfinite:
@@ -374,7 +376,7 @@ class _Run:
             "frac_clipped": norm["frac_clipped"] if c.clip else 0.0,
         }
         rows = meta = None
-        if store_row and b:
+        if store_row and b and self.ranks.is_writer:
             common = {"step": self.step, "epoch": epoch, **{k: stats[k] for k in
                       ("loss", "batch_size", "norm_mean", "norm_max", "frac_clipped")}}
             if c.mode == CollectMode.BATCH:
@@ -406,6 +408,19 @@ class _Run:
         both = self.ranks.gather_examples(both, b, what=f"the norms and losses of step {self.step}")
         return both[:, 0], both[:, 1].to(dtype)
 
+    def _gather_rows(self, kept: list, factors: list, param_norms: list, b: int) -> tuple[list, list, list]:
+        """Rank 0: every rank's clipped rows, clip factors and norms per parameter, in the global
+        batch's order (as lists of one tensor); the other ranks: empty lists."""
+        p, k = self.layout.p, len(self.layout.params)
+        pieces = [(kept, (0, p), torch.float32), (factors, (0,), torch.float64), (param_norms, (0, k), torch.float64)]
+        out = []
+        for parts, empty, dtype in pieces:
+            local = torch.cat(parts) if parts else torch.zeros(empty, dtype=dtype)
+            full = self.ranks.gather_examples(local, b, what=f"the per-example rows of step {self.step}",
+                                              to_writer=True)
+            out.append([] if full is None else [full])
+        return out[0], out[1], out[2]
+
     def _apply(self, update: torch.Tensor) -> None:
         for spec, param in zip(self.layout.params, self.params, strict=True):
             param.grad = update[spec.offset : spec.stop].view(spec.shape).to(param.dtype)
@@ -417,11 +432,6 @@ class _Run:
 
 def _check_distributed(config: TrainConfig, hooks: StepHooks | None) -> None:
     """Refuse what a distributed run does not do yet (every rank refuses alike)."""
-    if config.mode != CollectMode.BATCH:
-        raise ValueError(
-            "--mode per-example under torch.distributed is not supported: record per-example rows in one "
-            "process, or per-step rows (--mode batch) on several"
-        )
     if hooks is not None and type(hooks) is not StepHooks:
         raise ValueError(
             f"{hooks.name} (a private optimizer's hooks) under torch.distributed is not supported: "

@@ -109,6 +109,24 @@ def test_two_ranks_write_one_store_equal_to_one_process(tmp_path, backend, batch
     assert steps == [m["step"] for m in metrics_without_time(single.metrics)]
 
 
+def test_two_ranks_per_example_rows_are_one_process_rows(tmp_path):
+    """Per-example rows: each rank clips its share, rank 0 gathers them and stores the global
+    batch in its order, as one process would."""
+    options = {"mode": "per-example", "steps": 6, "backend": "vmap"}
+    lead, _ = _ok(run_ranks(_collect, tmp_path / "two", options))
+    single = collect(cfg(**options), out=tmp_path / "one", task=tiny_task())
+    two, one = GradientStore.open(lead["store"]), GradientStore.open(single.store)
+    assert two.per_example and two.status == "complete" and two.n_rows == one.n_rows > 6
+    a, b = one.row_meta(), two.row_meta()
+    for key in ("step", "example_index", "batch_size"):
+        np.testing.assert_array_equal(b[key], a[key])
+    np.testing.assert_allclose(two.read(), one.read(), **ROWS)
+    np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-5)
+    for get in ("row_norms", "clip_factors", "param_norms"):
+        np.testing.assert_allclose(getattr(two, get)(), getattr(one, get)(), rtol=1e-5)
+    assert lead["epsilon"] == single.epsilon
+
+
 @pytest.mark.slow
 def test_a_rank_that_dies_stops_the_run_and_resume_continues_it(tmp_path):
     """Rank 1 exits at step 6: rank 0 stops with RankLostError, its store keeps the rows of the
@@ -201,12 +219,10 @@ def test_one_process_is_unchanged(monkeypatch):
     ranks.check_same({"a": 1}, what="x")
 
 
-def test_per_example_rows_and_optimizer_hooks_are_refused_on_several_ranks(tmp_path):
+def test_optimizer_hooks_are_refused_on_several_ranks(tmp_path):
     from gradspec.optim import DPAdam
     from gradspec.train._run import _Run
 
-    with pytest.raises(ValueError, match="per-example under torch.distributed"):
-        _Run(cfg(mode="per-example"), tiny_task(), tmp_path, False, ranks=Ranks(0, 2))
     with pytest.raises(ValueError, match="retrain in one process"):
         _Run(cfg(), tiny_task(), tmp_path, False, DPAdam(), ranks=Ranks(1, 2))
 
