@@ -22,6 +22,7 @@ import torch
 
 from gradspec.linalg._dask_blocks import add_parts, pick, run_block
 from gradspec.linalg._kernels import KERNEL_CHOICES, gram_kernel
+from gradspec.linalg._operator import pass_record
 from gradspec.linalg._operator_base import ArraySink, OperatorBase, Sink
 from gradspec.linalg._precision import effective_precision, resolve_precision
 from gradspec.linalg._sources import ArraySource, ColRanges, RowSelection, make_source
@@ -134,14 +135,17 @@ class DaskGradientOperator(OperatorBase):
         total = _tree([delayed(pick)(part, "sum") for part in parts])
         norms = _tree([delayed(pick)(part, "norms") for part in parts])
         kernels = [delayed(pick)(part, "kernel") for part in parts]
-        total, norms, kernels = self.client.compute([total, norms, kernels], sync=True)
+        flops = _tree([delayed(pick)(part, "flops") for part in parts])
+        total, norms, kernels, flops = self.client.compute([total, norms, kernels, flops], sync=True)
         if sink is not None:
             for i, part in enumerate(parts):
                 sink(int(offsets[i]), np.asarray(self.client.compute(delayed(pick)(part, "rows"), sync=True)))
             del parts
         if kind == "gram":
             self.kernel_choice = _kernels_used(kernels)
-        self._log(kind, time.perf_counter() - t0, args)
+        self.passes += 1
+        self.pass_log.append(pass_record(kind, time.perf_counter() - t0, None, r * p * self.h.dtype.itemsize,
+                                         float(flops or 0)))
         if need_norms:
             bad = np.flatnonzero(~np.isfinite(norms))
             if bad.size:
@@ -151,18 +155,6 @@ class DaskGradientOperator(OperatorBase):
                 )
             self.row_sq_norms = np.asarray(norms)
         return total
-
-    def _log(self, kind: str, seconds: float, args: dict[str, Any]) -> None:
-        r, p = self.shape
-        b = next((a.shape[1] for key, a in args.items() if key in ("q", "x", "y", "u")), 0)
-        flops = {"gram": float(r) * r * p, "hht": 4.0 * r * p * b}.get(kind, 2.0 * r * p * b)
-        nbytes = r * p * self.h.dtype.itemsize
-        self.passes += 1
-        self.pass_log.append({
-            "pass": kind, "seconds": seconds, "read_wait": None, "bytes_read": nbytes,
-            "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None,
-            "gflops": flops / seconds / 1e9 if seconds > 0 and flops else None,
-        })
 
     def _norms_pass(self) -> None:
         self._run("norms", {})

@@ -54,7 +54,8 @@ def run_block(
 
     Returns:
         ``{"sum": the consumer's result (ndarray, dict of ndarrays or None), "norms": ndarray or
-        None, "rows": the block's rows of a p×b result or None, "kernel": (name, why) or None}``.
+        None, "rows": the block's rows of a p×b result or None, "kernel": (name, why) or None,
+        "flops": what the block's products counted (symmetric-counted, as the local pass log)}``.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown pass kind {kind!r}")
@@ -84,6 +85,7 @@ def run_block(
         "norms": op.row_sq_norms if need_norms else None,
         "rows": None if sink is None else sink.array,
         "kernel": op.kernel_choice,
+        "flops": sum(c.flops(r, w) for c in consumers),
     }
 
 

@@ -44,6 +44,18 @@ from gradspec.linalg._sources import ColRanges, RowSelection, make_source
 logger = logging.getLogger(__name__)
 
 
+def pass_record(name: str, seconds: float, waited: float | None, nbytes: int, flops: float) -> dict[str, Any]:
+    """One ``pass_log`` entry: what a pass did and the rates it achieved."""
+    return {
+        "pass": name,
+        "seconds": seconds,
+        "read_wait": waited,
+        "bytes_read": nbytes,
+        "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None,
+        "gflops": flops / seconds / 1e9 if seconds > 0 and flops else None,
+    }
+
+
 class GradientOperator(OperatorBase):
     """The r×p gradient matrix H, streamed from a block source.
 
@@ -230,14 +242,8 @@ class GradientOperator(OperatorBase):
         r, p = self.shape
         flops = sum(c.flops(r, p) for c in consumers)
         self.passes += 1
-        self.pass_log.append({
-            "pass": "+".join(c.name for c in consumers) or "norms",
-            "seconds": seconds,
-            "read_wait": waited,
-            "bytes_read": nbytes,
-            "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None,
-            "gflops": flops / seconds / 1e9 if seconds > 0 and flops else None,
-        })
+        name = "+".join(c.name for c in consumers) or "norms"
+        self.pass_log.append(pass_record(name, seconds, waited, nbytes, flops))
 
     # ------------------------------------------------------------------ products
     def _norms_pass(self) -> None:
