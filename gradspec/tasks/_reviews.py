@@ -66,7 +66,10 @@ def load_reviews(path: Path | None = None) -> tuple[list[str], list[int]]:
         parts = line.split("\t")
         if len(parts) != 3:
             raise ValueError(f"{path}:{n}: not 'id<TAB>score<TAB>text'; reinstall it with {INSTALL}")
-        score, text = float(parts[1]), parts[2].strip()
+        try:
+            score, text = float(parts[1]), parts[2].strip()
+        except ValueError:
+            raise ValueError(f"{path}:{n}: the score {parts[1]!r} is not a number; reinstall it with {INSTALL}") from None
         if score != 0 and text:
             pairs.append((text, int(score > 0)))
     return unique_labelled(pairs)

@@ -73,3 +73,10 @@ def test_the_real_snippets_when_installed():
     assert len(texts) == 10_566 and sum(labels) == 5_241  # 10,605 rows - 37 neutral - 2 repeated
     (tr, _), (ev, _), (pub, _) = review_splits((None, 1000, 100), seed=0)
     assert (len(tr), len(ev), len(pub)) == (9_466, 1000, 100)
+
+
+def test_a_score_that_is_not_a_number_is_one_line_naming_the_file(tmp_path):
+    path = tmp_path / "reviews.txt"
+    path.write_text("1\t2.5\tfine\n2\tx\tbroken\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"reviews.txt:2: the score 'x' is not a number; reinstall it with"):
+        load_reviews(path)
