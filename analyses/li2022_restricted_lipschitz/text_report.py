@@ -20,7 +20,7 @@ from analyses.li2022_restricted_lipschitz.text_scale import (
 )
 
 # --------------------------------------------------------------------------- report
-MAIN_GROUPS = ("dpsgd", "random", "nonprivate", "topk")
+MAIN_GROUPS = ("dpsgd", "random", "nonprivate", "topk", "complement")
 
 
 def _arm(group: str, d: dict[str, Any]) -> str:
@@ -31,7 +31,7 @@ def _arm(group: str, d: dict[str, Any]) -> str:
         kind = ((d.get("hooks") or {}).get("projector") or {}).get("kind")
         arm = {"dp-sgd": "dpsgd"}.get(d.get("algorithm"), "random" if kind == "random" else "topk")
         arm = f"{group}/{arm}"
-    return f"{arm}-k{d['rank']}" if arm.split("/")[-1] in ("topk", "random") else arm
+    return f"{arm}-k{d['rank']}" if arm.split("/")[-1] in ("topk", "random", "complement") else arm
 
 
 def _retrain_rows(out: Path, name: str = "retrain") -> dict[str, list[dict[str, Any]]]:
@@ -89,6 +89,7 @@ def paired_differences(runs: dict[str, list[dict[str, Any]]], prefix: str = "") 
         rank = key.split("-k")[-1]
         top = _by_seed(runs[key], [])
         others = {"dpsgd": runs.get(prefix + "dpsgd", []), f"random-k{rank}": runs.get(f"{prefix}random-k{rank}", []),
+                  f"complement-k{rank}": runs.get(f"{prefix}complement-k{rank}", []),
                   "nonprivate": runs.get(prefix + "nonprivate", []), "untrained": runs.get(prefix + "untrained", [])}
         entry = {}
         for arm, rows in others.items():
@@ -335,7 +336,7 @@ def per_seed_markdown(retrain: dict[str, Any] | None, title: str) -> str:
     def order(arm: str) -> tuple:
         group, _, rest = arm.rpartition("/")
         base, _, k = rest.partition("-k")
-        rank = {"topk": 0, "random": 1, "dpsgd": 2, "nonprivate": 3, "untrained": 4}.get(base, 5)
+        rank = {"topk": 0, "random": 1, "complement": 2, "dpsgd": 3, "nonprivate": 4, "untrained": 5}.get(base, 6)
         return (group, int(k) if k else 10**9, rank)
 
     lines = [f"**{title}**", "", "| arm | " + " | ".join(f"seed {sd}" for sd in seeds) + " |",
@@ -368,6 +369,9 @@ def plot_fig2b(retrain: dict[str, Any] | None, budget: str, figures: Path, name:
     rnd = [f"random-k{k}" for k in ranks if f"random-k{k}" in arms]
     if rnd:
         series["random k-dim subspace"] = line(rnd)
+    comp = [f"complement-k{k}" for k in ranks if f"complement-k{k}" in arms]
+    if comp:
+        series["complement of the top-k subspace"] = line(comp)
     for key, label, style in (("dpsgd", "full DP-SGD", "--"), ("nonprivate", "non-private", ":"),
                               ("untrained", "untrained", "-.")):
         if key in arms and arms[key]["accuracy"]["n"]:
