@@ -1,0 +1,128 @@
+"""The sketched spectrum against the exact one on real per-example gradients (issue 22, part 2).
+
+Input: a per-example gradient store of real clipped gradients (e.g. MiniLM q/v from
+``gradspec collect --mode per-example``) and its exact spectrum (``gradspec pca``). For each
+M, the sketch plan ``gradspec collect --sketch M`` would use for these parameters (every
+q/v weight is a linear layer's: Kronecker-factored Gaussian, J independent blocks) is
+applied to the stored rows with the dense float64 reference ``gradspec.sketch.sketch_rows``
+(the collector's fast path equals it to float32 rounding, tests/train/test_sketch_ghost.py),
+written to a real sketched store, and ``gradspec.linalg.pca(method="gram")`` estimates σ and
+U with its stated error; ``compare_to_exact`` then reports, per σ_i, whether the exact σ_i
+lies inside the stated interval, and the subspace angles against their bounds.
+
+Usage:
+    python benchmarks/bench_sketch_spectrum.py EXACT_STORE EXACT_SPECTRUM --work DIR
+        [--M 16384,65536,262144] [--blocks 8] [--k 300] [--out docs/bench_sketch_spectrum.txt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's gradspec
+
+
+def sketch_store(exact, plan, path: Path, batch: int = 32):
+    """The rows of ``exact`` sketched by ``plan`` into a new per-example store at ``path``."""
+    import torch
+
+    from gradspec.sketch import sketch_rows
+    from gradspec.store import GradientStore
+
+    store = GradientStore.create(path, layout=plan.column_layout(), per_example=True, sketch=plan.to_dict(),
+                                 overwrite=True, config={"source": str(exact.path), "note": "sketched offline "
+                                                         "by benchmarks/bench_sketch_spectrum.py"})
+    r = exact.n_rows
+    meta_all = exact.row_meta(slice(0, r))
+    pnorms = exact.param_norms(slice(0, r))
+    for a in range(0, r, batch):
+        z = min(a + batch, r)
+        rows = torch.from_numpy(np.asarray(exact.read(slice(a, z)), dtype=np.float32))
+        y = sketch_rows(plan, rows).numpy().astype(np.float32)
+        meta = {f: np.asarray(meta_all[f][a:z]) for f in store.meta_fields}
+        meta["param_norms"] = np.asarray(pnorms[a:z])
+        store.write_rows(a, y, meta)
+        store.commit(z)
+    store.finalize()
+    return GradientStore.open(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("exact_store", type=Path)
+    ap.add_argument("exact_spectrum", type=Path)
+    ap.add_argument("--work", type=Path, required=True, help="scratch directory for the sketched stores")
+    ap.add_argument("--M", default="16384,65536,262144")
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--k", type=int, default=300)
+    ap.add_argument("--keep", action="store_true", help="keep the sketched stores")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    from gradspec.linalg import pca
+    from gradspec.linalg._sketch_error import compare_to_exact, format_table
+    from gradspec.sketch import make_plan
+    from gradspec.store import GradientStore
+
+    exact = GradientStore.open(args.exact_store)
+    kinds = {s.name: "kronecker" for s in exact.layout.params}
+    lines = [f"# bench_sketch_spectrum: sketched vs exact spectrum of {exact.n_rows} real per-example gradients, "
+             f"p = {exact.p:,}",
+             f"# command: python benchmarks/bench_sketch_spectrum.py {args.exact_store} {args.exact_spectrum} "
+             f"--M {args.M} --blocks {args.blocks} --k {args.k}",
+             f"# date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
+             f"{os.cpu_count()} cores; store dtype {exact.dtype}; source config: "
+             f"{ {k: exact.config.get(k) for k in ('task_options', 'steps', 'batch_size', 'lr', 'epsilon')} }",
+             "# the plan of `gradspec collect --sketch M` for these parameters, applied to the stored rows "
+             "with the float64 reference sketch_rows; pca --method gram on the sketched store", ""]
+    summary = []
+    for m in (int(x) for x in args.M.split(",")):
+        plan = make_plan(exact.layout, kinds, m, seed=args.seed, blocks=args.blocks)
+        path = args.work / f"sketch-M{m}.zarr"
+        t0 = time.perf_counter()
+        sk = sketch_store(exact, plan, path)
+        t_sketch = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        res = pca(source=path, k=args.k, method="gram", out=args.work / f"spectrum-M{m}.zarr", overwrite=True)
+        t_pca = time.perf_counter() - t0
+        cmp = compare_to_exact(args.work / f"spectrum-M{m}.zarr", args.exact_spectrum)
+        rows = cmp["rows"]
+        rel = np.array([abs(r["sigma_sketch"] - r["sigma_exact"]) / r["sigma_exact"] for r in rows])
+        half = np.array([np.inf if r["upper"] is None else (r["upper"] - r["lower"]) / 2 / r["sigma_sketch"]
+                         for r in rows])
+        top = min(100, rel.size)
+        summary.append((m, plan.M, sk.nbytes_on_disk(), cmp["coverage"], cmp["worst_ratio"], rel[:top].max(),
+                        float(np.median(half[:top])), cmp.get("angles_hold"), t_sketch, t_pca))
+        lines += [f"## M = {m:,} (stored {plan.M:,} columns, {args.blocks} blocks; sketching {t_sketch:.0f} s, "
+                  f"pca {t_pca:.0f} s)", format_table(cmp, every=10), ""]
+        print("\n".join(lines[-3:]), flush=True)
+        del res
+        if not args.keep:
+            shutil.rmtree(path, ignore_errors=True)
+    lines += ["## summary (top-100: max relative error of sigma, median stated relative half-width)",
+              f"{'M':>8} {'stored':>8} {'store MB':>9} {'coverage':>9} {'worst':>7} {'max rel err':>12} "
+              f"{'half-width':>11} {'angles ok':>10} {'sketch s':>9} {'pca s':>7}"]
+    for m, stored, nbytes, cov, worst, err, half, ang, ts, tp in summary:
+        mb = (nbytes or 0) / 1e6
+        lines.append(f"{m:>8} {stored:>8} {mb:>9.1f} {cov:>9.3f} {worst:>7.2f} {err:>12.4f} {half:>11.4f} "
+                     f"{str(ang):>10} {ts:>9.0f} {tp:>7.0f}")
+    lines.append(f"# peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
