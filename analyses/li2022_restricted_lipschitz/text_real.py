@@ -61,6 +61,22 @@ def real_scale(dataset: str, quick: bool = False) -> Scale:
                                long_retrain_steps=steps, ranks=RANKS)
 
 
+# --------------------------------------------------------------------------- collect
+def run_collect_to_end(scale: Scale, out: Path) -> Path:
+    """``text.run_collect``, but a run stopped part-way (a killed session) is resumed to its
+    ``collect_steps`` instead of being taken as it is."""
+    from gradspec.collect import collect, read_run_config
+    from gradspec.store import GradientStore
+
+    store = out / "collect" / "gradients.zarr"
+    if store.exists() and (out / "collect" / "checkpoint.pt").is_file():
+        s = GradientStore.open(store)
+        if s.status != "complete":
+            logger.info("collect: resuming %s at %d of %d rows", store, s.n_rows, scale.collect_steps)
+            collect(read_run_config(out / "collect"), out=out / "collect", resume=True)
+    return run_collect(scale, out)
+
+
 # --------------------------------------------------------------------------- Fig. 2a
 def run_fig2a(out: Path) -> dict[str, Any]:
     """Power-law fits of σ_k from H·Hᵀ and the spectrum figure (``fig2a.json``)."""
@@ -145,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     store = out / "collect" / "gradients.zarr"
     if "collect" in stages:
-        store = run_collect(scale, out)
+        store = run_collect_to_end(scale, out)
     if "pca" in stages:
         run_pca(store, out, max(scale.ranks))
     if "fig2a" in stages:
