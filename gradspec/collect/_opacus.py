@@ -57,7 +57,7 @@ import torch
 from torch import Tensor
 
 from gradspec.collect._recorder_base import RecorderBase
-from gradspec.collect._rows import DIVISOR_ACTUAL, ROW_EXAMPLE, ROW_MEAN
+from gradspec.collect._rows import DIVISOR_ACTUAL, ROW_EXAMPLE, ROW_MEAN, OwnedRows
 
 logger = logging.getLogger(__name__)
 
@@ -230,11 +230,7 @@ class OpacusRecording:
                 norms = torch.stack([x.to(per_param[0].device) for x in per_param], dim=1).norm(2, dim=1)
             if self.recorder.per_example:
                 factor = (opt.max_grad_norm / (norms + _OPACUS_EPS)).clamp(max=1.0)
-                params, parts = opt.params, []
-                for i in self._positions:
-                    g = grad_samples[i].to(params[i].dtype)
-                    parts.append((factor.to(g.device, g.dtype)[:, None] * g.reshape(b, -1)).to("cpu", torch.float32))
-                self._rows.append(torch.cat(parts, dim=1))
+                self._rows.append(self._clipped_rows(grad_samples, factor, b))
                 # kept beside each row: the factor Opacus applied, the recorded parameters' own norms
                 self._factors.append(factor.detach().to("cpu", torch.float64))
                 mine = [per_param[i].to("cpu", torch.float64) for i in self._positions] if b else []
@@ -247,6 +243,20 @@ class OpacusRecording:
             # place before the step hook runs, so the clipped sum so far is kept here
             self._local_sum = torch.cat([opt.params[i].summed_grad.detach().reshape(-1).to(torch.float64)
                                          for i in self._positions])
+
+    def _clipped_rows(self, grad_samples: list[Tensor], factor: Tensor, b: int) -> Tensor:
+        """The physical batch's clipped rows (b, p), float32 on the CPU: each recorded parameter's
+        ``factor * grad_sample`` (in the parameter's dtype, as Opacus forms it) written straight
+        into its columns, one pass and no concatenation."""
+        params, rows = self.optimizer.params, torch.empty(b, self.recorder.layout.p)
+        for i, spec in zip(self._positions, self.recorder.layout.params, strict=True):
+            g = grad_samples[i].to(params[i].dtype).reshape(b, -1)
+            f = factor.to(g.device, g.dtype)[:, None]
+            if g.dtype == torch.float32 and g.device.type == "cpu":
+                torch.mul(f, g, out=rows[:, spec.offset : spec.stop])
+            else:
+                rows[:, spec.offset : spec.stop].copy_(f * g)  # to the CPU and float32 in one copy
+        return rows
 
     def _on_step(self, optimizer: Any) -> None:
         if self._chained is not None:
@@ -265,13 +275,14 @@ class OpacusRecording:
         self._loss_mark = 0  # the noted losses are taken below
         c = float(opt.max_grad_norm)
         if rec.per_example:
-            rows = torch.cat(self._rows) if self._rows else torch.zeros(0, rec.layout.p)
+            rows = (self._rows[0] if len(self._rows) == 1 else torch.cat(self._rows)) if self._rows \
+                else torch.zeros(0, rec.layout.p)
             factors = torch.cat(self._factors) if self._factors else None
             per_param = torch.cat(self._param_norms) if self._param_norms else None
             self._rows.clear()
             self._factors.clear()
             self._param_norms.clear()
-            rec.record_examples(grads=rows, step=step, norms=norms, max_grad_norm=c, clip_factors=factors,
+            rec.record_examples(grads=OwnedRows(rows), step=step, norms=norms, max_grad_norm=c, clip_factors=factors,
                                 param_norms=per_param)
             return
         examples = self._global_examples(b, step) if rec.ranks.active else None

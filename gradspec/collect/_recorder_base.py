@@ -44,11 +44,15 @@ from gradspec.collect._recorder_setup import (
 )
 from gradspec.collect._rows import (
     Grad,
+    OwnedRows,
     as_tensor,
+    bound_owned_rows,
     example_norms,
+    example_rows_per_chunk,
     flat_rows,
     floats,
     norm_stats,
+    row_norms64,
     run_config,
 )
 from gradspec.privacy import bound_rows_
@@ -112,7 +116,8 @@ class RecorderBase:
             try:
                 self.store = open_store(self.out, layout=self.layout, per_example=self.per_example,
                                         run_config=self._run_config(config), user_config=config, dtype=dtype,
-                                        compressor=compressor, resume=resume, overwrite=overwrite)
+                                        compressor=compressor, resume=resume, overwrite=overwrite,
+                                        rows_per_chunk=example_rows_per_chunk(self.layout.p) if per_example else None)
             except BaseException:
                 _release_run_lock(self._lock)
                 raise
@@ -203,8 +208,8 @@ class RecorderBase:
         return float(values.mean()) if values.numel() else math.nan
 
     # ------------------------------------------------------------------ rows
-    def _finite(self, rows: Tensor, step: int) -> bool:
-        if bool(torch.isfinite(rows).all()):
+    def _finite(self, rows: Tensor, step: int, norms: Tensor | None = None) -> bool:
+        if bool(torch.isfinite(rows if norms is None else norms).all()):
             return True
         if not self.skip_nonfinite:
             raise ValueError(
@@ -215,18 +220,22 @@ class RecorderBase:
         self.steps_skipped += 1
         return False
 
-    def _bounded(self, rows: np.ndarray | Tensor) -> np.ndarray:
+    def _bounded(self, rows: np.ndarray | Tensor, norms: Tensor | None = None) -> np.ndarray:
         """The rows as the store will hold them: clipped per-example rows each with float64 norm
-        <= C (a rounding of the clip, or of the cast to a 16-bit store, never exceeds C)."""
-        if self.max_grad_norm is None or not self.per_example or self.store is None:
+        <= C (a rounding of the clip, or of the cast to a 16-bit store, never exceeds C).
+        ``norms``: the float64 norms of rows the recorder owns (`OwnedRows`), bounded in place."""
+        # (a sketched row is a projection of a clipped row: its norm is not bounded by C)
+        if self.max_grad_norm is None or not self.per_example or self.store is None or self.store.sketch is not None:
             return rows.numpy() if isinstance(rows, Tensor) else rows
+        if norms is not None and self.store.dtype == "float32":
+            return bound_owned_rows(rows, norms, self.max_grad_norm).numpy()
         t = torch.as_tensor(rows)
         stored = bound_rows_(t.clone() if t.dtype == STORE_TORCH_DTYPES[self.store.dtype] else t,
                              self.max_grad_norm, dtype=STORE_TORCH_DTYPES[self.store.dtype])
         return stored.to(torch.float32).numpy()  # exact: the store's cast gives these values back
 
-    def _put(self, rows: Tensor, meta: dict[str, np.ndarray], step: int) -> None:
-        self._writer.put(self._bounded(rows), meta)
+    def _put(self, rows: Tensor, meta: dict[str, np.ndarray], step: int, norms: Tensor | None = None) -> None:
+        self._writer.put(self._bounded(rows, norms), meta)
         if step != self._last_step:
             self._steps_since_commit += 1
         self._last_step = step
@@ -313,7 +322,8 @@ class RecorderBase:
 
         Args:
             grads: the rows: a (b, p) tensor/array, a mapping name -> (b, *shape)
-                (e.g. Opacus ``grad_sample``), or such tensors in layout order.
+                (e.g. Opacus ``grad_sample``), or such tensors in layout order (an adapter's
+                own float32 rows as `OwnedRows`: recorded without a copy).
             step: the step number (default: one after the last); steps must not decrease.
             epoch: the epoch (default: ``recorder.epoch``).
             loss: per-example losses (b,) or one value for all rows.
@@ -338,7 +348,9 @@ class RecorderBase:
         if not self.per_example:
             raise ValueError("this recorder stores one row per step (per_example=False): use record_step")
         step = self._take_step(step, same_ok=True)
-        rows = flat_rows(grads, layout=self.layout, names=self.names, params=self.params, batch=-1, step=step)
+        owned = isinstance(grads, OwnedRows)
+        rows = grads.rows if owned else flat_rows(grads, layout=self.layout, names=self.names, params=self.params,
+                                                  batch=-1, step=step)
         b = rows.shape[0]
         noted = self._take_losses(b)  # taken either way, so that none is left for later rows
         losses = np.asarray(noted if loss is None else floats(loss), dtype=np.float64).reshape(-1)
@@ -352,7 +364,8 @@ class RecorderBase:
                           ("clip_factors", factors if factors is not None else norms_arr)):
             if len(arr) != b:
                 raise ValueError(f"{name} has {len(arr)} values for the {b} rows of step {step}")
-        if b == 0 or not self._finite(rows, step):
+        own_norms = row_norms64(rows) if owned and b else None  # the finiteness check and the bound's norms
+        if b == 0 or not self._finite(rows, step, own_norms):
             return
         factors, per_param = example_norms(rows, norms_arr, factors, param_norms, clip=clip,
                                            clipped_rows=norms is not None, layout=self.layout, step=step)
@@ -364,7 +377,7 @@ class RecorderBase:
             "example_index": index, "pre_clip_norm": norms_arr, "clip_factor": factors,
             "param_norms": per_param,
         }
-        self._put(rows, meta, step)
+        self._put(rows, meta, step, own_norms)
 
     def put_rows(self, rows: np.ndarray, meta: Mapping[str, np.ndarray]) -> None:
         """Hand over rows (b, p) that a source computed with their metadata (gradspec's

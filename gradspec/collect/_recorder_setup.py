@@ -92,10 +92,10 @@ def resolve_layout(model, params, layout) -> tuple[list[str], list[Tensor] | Non
 
 def open_store(out: Path, *, layout: ParamLayout, per_example: bool, run_config: dict[str, Any],
                user_config: Mapping[str, Any] | None, dtype: str | None, compressor: str | None, resume: bool,
-               overwrite: bool) -> GradientStore:
+               overwrite: bool, rows_per_chunk: int | None = None) -> GradientStore:
     """A recorder's store in the run directory ``out``: continued (``resume``; its layout, row
     kind and dtype checked, ``user_config`` merged), or created with ``run_config`` (replacing
-    one with ``overwrite``)."""
+    one with ``overwrite``; ``rows_per_chunk``: the store's default when None)."""
     path = out / STORE_NAME
     exists = path.exists()
     if resume:
@@ -128,4 +128,5 @@ def open_store(out: Path, *, layout: ParamLayout, per_example: bool, run_config:
     return GradientStore.create(
         path, layout=layout, config=run_config, dtype=dtype or "float32",
         per_example=per_example, compressor=compressor, overwrite=overwrite,
+        **({} if rows_per_chunk is None else {"rows_per_chunk": rows_per_chunk}),
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -63,6 +63,51 @@ def run_config(*, per_example: bool, max_grad_norm: float | None, names: Sequenc
         "user": dict(user or {}),
         "versions": package_versions(),
     }
+
+
+#: Bytes of float32 rows a per-example store's row chunk holds at most (the writer's buffer).
+EXAMPLE_BLOCK_BYTES = 32 * 2**20
+
+
+def example_rows_per_chunk(p: int) -> int:
+    """Rows per chunk of a per-example store of p columns: 32 (a per-step store's) up to the
+    power of two whose float32 rows fill :data:`EXAMPLE_BLOCK_BYTES` (at most 2,048).
+
+    The writer writes one row chunk at a time, each with one write of every per-row metadata
+    array; a step of small-p per-example rows fills 32 rows many times over, and those
+    metadata writes, not the bytes, bounded recording (issue 22).
+    """
+    fit = EXAMPLE_BLOCK_BYTES // (4 * max(int(p), 1))
+    return max(32, min(2048, 1 << max(fit, 1).bit_length() - 1))
+
+
+class OwnedRows(NamedTuple):
+    """Rows an adapter formed and hands to ``record_examples`` (Opacus's clipped rows): float32,
+    CPU, contiguous, (b, p), not used by anyone else. They are recorded without a copy and, for a
+    float32 store, bounded in place."""
+
+    rows: Tensor
+
+
+def row_norms64(rows: Tensor) -> Tensor:
+    """Each row's norm accumulated in float64 (b,), as `gradspec.privacy.bound_rows_` takes it.
+
+    A norm is finite exactly when its row is (float32 squares summed in float64 cannot
+    overflow), so this one pass is also the rows' finiteness check.
+    """
+    return torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64)
+
+
+def bound_owned_rows(rows: Tensor, norms: Tensor, max_norm: float) -> Tensor:
+    """Float32 rows (b, p) of float64 norms ``norms`` (:func:`row_norms64`) bounded in place for
+    a float32 store: `gradspec.privacy.bound_rows_` runs on the rows above C only (it leaves the
+    others bit for bit), instead of on a copy of them all."""
+    from gradspec.privacy import bound_rows_
+
+    over = torch.nonzero(norms > max_norm).flatten()
+    if over.numel():
+        rows[over] = bound_rows_(rows[over], max_norm)
+    return rows
 
 
 def as_tensor(x: Tensor | np.ndarray | float | Sequence[float]) -> Tensor:

@@ -75,7 +75,8 @@ def bound_rows_(rows: Tensor, max_norm: float, *, dtype: torch.dtype | None = No
     Rows already under C are returned unchanged (bit for bit). A row whose stored values
     exceed C (rounding of an already clipped row) is scaled by ``C / norm * (1 - m)`` and
     re-rounded, with the margin m starting at the unit roundoff u of ``dtype`` and growing 4x a
-    pass until it holds (a few u at most). Memory: one row in float64 at a time.
+    pass until it holds (a few u at most), the offending rows together in passes of at most
+    256 MiB of float64.
 
     Args:
         rows: (B, p) rows (already clipped, or any rows: the result is bounded either way).
@@ -91,13 +92,19 @@ def bound_rows_(rows: Tensor, max_norm: float, *, dtype: torch.dtype | None = No
     if not torch.is_floating_point(out):
         raise TypeError(f"rows must be floating point, got {out.dtype}")
     u = _unit_roundoff(out.dtype)
-    for i in torch.nonzero(norms > c).flatten().tolist():
-        margin, norm = u, float(norms[i])
-        while norm > c:
+    every = torch.nonzero(norms > c).flatten()
+    per = max(1, (1 << 25) // max(1, out.shape[1]))  # rows a pass holds in float64: <= 256 MiB
+    for start in range(0, every.numel(), per):
+        idx = every[start : start + per]
+        over, margin = norms[idx], u  # each row over C takes the margins u, 4u, 16u, ... (vectorised)
+        while idx.numel():
             if margin > 256 * u:
-                raise RuntimeError(f"row {i} cannot be brought under C = {c} (norm {norm})")
-            out[i] = (out[i].double() * (c / norm * (1.0 - margin))).to(out.dtype)
-            norm = float(torch.linalg.vector_norm(out[i], dtype=torch.float64))
+                raise RuntimeError(f"row {int(idx[0])} cannot be brought under C = {c} (norm {float(over[0])})")
+            fixed = (out[idx].double() * ((c / over) * (1.0 - margin))[:, None].to(out.device)).to(out.dtype)
+            out[idx] = fixed
+            over = torch.linalg.vector_norm(fixed, dim=1, dtype=torch.float64)
+            still = over > c
+            idx, over = idx[still], over[still]
             margin *= 4
     return out
 
