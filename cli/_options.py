@@ -56,8 +56,8 @@ Optimizer = Annotated[str, typer.Option("--optimizer", help="sgd or adam (on the
 Lr = Annotated[float, typer.Option("--lr", help="Learning rate.")]
 Backend = Annotated[str, typer.Option(
     "--backend", help=f"Per-example engine, {choices(PerExampleBackend)}: vmap (torch.func), hooks (Opacus), "
-    "ghost (ghost clipping: norms and the clipped sum without per-example rows; --mode batch and optimizers "
-    "that use only the clipped sum; several times faster, a fraction of the memory), auto (the default: ghost "
+    "ghost (ghost clipping: norms and the clipped sum without per-example rows; --mode batch (or --sketch) and "
+    "optimizers that use only the clipped sum; several times faster, a fraction of the memory), auto (the default: ghost "
     "where it applies and every selected layer has a ghost rule, else vmap; the engine used is printed and "
     "recorded in the store as per_example_engine).")]
 Microbatch = Annotated[int, typer.Option(
@@ -69,6 +69,13 @@ TaskSeed = Annotated[int, typer.Option(
     "--task-seed", help="Seed of the task alone (its data, a random head); default --seed. Fix it to vary "
     "only the batches and the noise across --seed(s).")]
 Device = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
+Sketch = Annotated[int, typer.Option(
+    "--sketch", metavar="M", help="Store each clipped per-example gradient as an M-column seeded random projection "
+    "(Kronecker/CountSketch factors per layer, exact norms and clipping; needs --per-example and the ghost "
+    "backend; --params defaults to every trainable parameter). The plan is saved in the store.")]
+SketchSeed = Annotated[int, typer.Option("--sketch-seed", help="Seed of the --sketch plan's random factors.")]
+SketchBlocks = Annotated[int, typer.Option(
+    "--sketch-blocks", help="Independent blocks J >= 2 of the --sketch (each a full sketch with M/J columns).")]
 
 # Options that set a CollectConfig field: option parameter -> field ("sigma" is the
 # deprecated alias of --noise-multiplier). On --resume only the
@@ -82,6 +89,7 @@ SETTINGS = {
     "backend": "backend", "microbatch": "microbatch", "eval_every": "eval_every",
     "log_every": "log_every", "checkpoint_every": "checkpoint_every",
     "skip_nonfinite": "skip_nonfinite", "seed": "seed", "task_seed": "task_seed", "device": "device", "compressor": "compressor",
+    "sketch": "sketch", "sketch_seed": "sketch_seed", "sketch_blocks": "sketch_blocks",
 }
 
 

@@ -19,6 +19,7 @@ def collect_command(
     task_option: opt.TaskOption = [],  # noqa: B006 (typer copies it)
     params: opt.Params = [],  # noqa: B006
     mode: str = typer.Option(CollectMode.BATCH.value, help=f"{opt.choices(CollectMode)}: batch stores each step's average clipped gradient, per-example every clipped gradient."),
+    per_example: bool = typer.Option(False, "--per-example", help="Store every clipped per-example gradient (--mode per-example)."),
     every: int = typer.Option(1, help="Store every N-th step."),
     steps: opt.Steps = None,
     epochs: opt.Epochs = None,
@@ -44,6 +45,9 @@ def collect_command(
     task_seed: opt.TaskSeed = None,
     device: opt.Device = "cpu",
     compressor: str = typer.Option(None, help="Store compression: zstd or blosc (default none)."),
+    sketch: opt.Sketch = None,
+    sketch_seed: opt.SketchSeed = 0,
+    sketch_blocks: opt.SketchBlocks = 8,
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint. Options given with it must match the run, except the run's length (--steps/--epochs), --eval-every, --log-every, --checkpoint-every, --skip-nonfinite, --microbatch."),
     allow_larger_epsilon: bool = typer.Option(False, "--allow-larger-epsilon", help="With --resume: run more steps than the noise multiplier of an --epsilon run was calibrated for (its epsilon then exceeds the target)."),
     stop_after: int = typer.Option(None, "--stop-after", help="Stop (checkpointed) after N steps of this call; continue later with --resume."),
@@ -58,9 +62,18 @@ def collect_command(
     from gradspec.collect import collect, merge_resume, read_run_config
 
     noise_multiplier = opt.deprecated_alias(noise_multiplier, sigma, option="--noise-multiplier", alias="--sigma")
+    if per_example:
+        if opt.passed_options(ctx, ["mode"]) and mode != CollectMode.PER_EXAMPLE.value:
+            raise ValueError(f"--per-example and --mode {mode} contradict each other: give one of them")
+        mode = CollectMode.PER_EXAMPLE.value
+    if sketch is None and opt.passed_options(ctx, ["sketch_seed", "sketch_blocks"]):
+        raise ValueError("--sketch-seed and --sketch-blocks set up a --sketch M: add --sketch, or drop them")
     if resume:
         # (with --overwrite too, collect() refuses the pair before reading anything)
-        config = None if overwrite else merge_resume(read_run_config(out), opt.resume_settings(ctx, ctx.params))
+        given = opt.resume_settings(ctx, ctx.params)
+        if per_example:
+            given.setdefault("mode", CollectMode.PER_EXAMPLE.value)
+        config = None if overwrite else merge_resume(read_run_config(out), given)
     else:
         if allow_larger_epsilon:
             raise ValueError("--allow-larger-epsilon applies to --resume (extending a run); drop it")
@@ -71,6 +84,7 @@ def collect_command(
             optimizer=optimizer, lr=lr, dtype=dtype, backend=backend, microbatch=microbatch,
             eval_every=eval_every, log_every=log_every, checkpoint_every=checkpoint_every,
             skip_nonfinite=skip_nonfinite, seed=seed, task_seed=task_seed, device=device, compressor=compressor,
+            sketch=sketch, sketch_seed=sketch_seed, sketch_blocks=sketch_blocks,
         )
     result = collect(config, out=out, resume=resume, overwrite=overwrite, progress=not no_progress,
                      stop_after=stop_after, allow_larger_epsilon=allow_larger_epsilon)

@@ -67,8 +67,12 @@ def info_command(
         typer.echo(f"shape    {r} rows x {p:,} columns   dtype {summary['dtype']}   chunks {tuple(summary['chunks'])}")
         typer.echo(f"size     {_size(summary['size_on_disk'])} on disk   per-example rows: {summary['per_example']}")
         typer.echo(f"kind     {summary['row_kind_text']}")
+        sk = summary.get("sketch")
+        if sk:
+            typer.echo(f"sketch   {sk['kind']}  M = {sk['M']:,} columns ({sk['exact_columns']:,} exact, "
+                       f"{sk['blocks']} independent blocks)  of p = {sk['p']:,} unsketched  seed {sk['seed']}")
         lay = summary["layout"]
-        typer.echo(f"layout   {lay['parameters']} parameters, p = {lay['p']:,}")
+        typer.echo(f"layout   {lay['parameters']} {'column groups' if sk else 'parameters'}, p = {lay['p']:,}")
         for spec in lay["first"]:
             typer.echo(f"           {spec['name']}  {tuple(spec['shape'])}  @ {spec['offset']:,}")
         if lay["parameters"] > len(lay["first"]):

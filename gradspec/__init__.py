@@ -30,6 +30,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "BackgroundWriter", "GradientStore", "ParamLayout", "ParamSpec", "SpectrumStore",
         "StoreDamagedError", "open_store",
     ),
+    # sketched per-example rows: the plan, its seeded factors, the dense reference
+    "gradspec.sketch": ("SketchPlan", "make_plan", "sketch_rows"),
     # tasks
     "gradspec.tasks": (
         "Task", "TensorData", "available_tasks", "make_task", "register_task", "task_options",

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -247,6 +248,34 @@ def _source_store_layout(recorded: list[str | None], spectrum: str | os.PathLike
     return None
 
 
+def _refuse_sketched(spectrum: str | os.PathLike) -> None:
+    """Refuse a spectrum of a sketched gradient store (``gradspec collect --sketch``): its V
+    lives in the sketch's M columns, not in parameter space (one line)."""
+    import re
+
+    from gradspec.store import GradientStore, SpectrumStore
+
+    src = SpectrumStore.open(spectrum).source
+    sketched = None
+    candidates = [Path(r) for r in (src.get("path"), src.get("abspath")) if r]
+    for candidate in [*candidates, *(Path(spectrum).parent / c.name for c in candidates)]:
+        if candidate.exists():
+            try:
+                sketched = GradientStore.open(candidate, mode="r").sketch is not None
+                break
+            except (OSError, ValueError, KeyError):
+                continue
+    if sketched is None:  # the source is not here: its recorded columns say (sketch.exact, sketch.block<j>)
+        names = [d.get("name") for d in src.get("layout") or [] if isinstance(d, dict)]
+        sketched = bool(names) and all(isinstance(n, str) and re.fullmatch(r"sketch\.(exact|block\d+)", n)
+                                       for n in names)
+    if sketched:
+        raise ValueError(
+            f"the spectrum store {os.fspath(spectrum)!r} was computed on a sketched gradient store (gradspec "
+            "collect --sketch): its right singular vectors live in the sketch's columns, not in parameter space, "
+            "so they cannot project a run's gradients; use the spectrum of an unsketched store")
+
+
 def make_projector(
     kind: ProjectorKind | str, *, rank: int, spectrum: str | os.PathLike | None = None,
     basis: torch.Tensor | None = None, public_size: int = 100, period: int = 1, seed: int = 0,
@@ -279,6 +308,7 @@ def make_projector(
                              "(--projector PATH) or a basis")
         layout = None
         if spectrum is not None:
+            _refuse_sketched(spectrum)
             basis = spectrum_basis(spectrum, rank)
             _warn_unlike_rows(spectrum)
             layout = spectrum_layout(spectrum) if check_layout else None

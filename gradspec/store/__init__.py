@@ -2,6 +2,7 @@
 
 from gradspec._layout import ParamLayout, ParamSpec, match_names
 from gradspec.store._gradients import META_FIELDS, GradientStore
+from gradspec.store._gradients_schema import SKETCH_KEY
 from gradspec.store._integrity import StoreDamagedError
 from gradspec.store._lock import LOCK_NAME, DirectoryBusyError, RunLock
 from gradspec.store._precision import material as precision_material
@@ -32,6 +33,7 @@ __all__ = [
     "ParamSpec",
     "RowKind",
     "RunLock",
+    "SKETCH_KEY",
     "SpectrumStatus",
     "SpectrumStore",
     "StoreDamagedError",

@@ -58,6 +58,7 @@ from gradspec.store._gradients_schema import (
     PARAM_NORMS_ARRAY,
     PER_EXAMPLE_FIELDS,
     ROWS_KEY,
+    SKETCH_KEY,
     STATS_ARRAY,
     STATUS_KEY,
     _codecs,
@@ -153,6 +154,12 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             raise ValueError(
                 f"{self.path!r}: grads is stored as {self._grads.dtype} but the store says {self._dtype}: {damaged}"
             )
+        self._sketch = attrs.get(SKETCH_KEY)
+        if self._sketch is not None and not (
+                isinstance(self._sketch, dict) and self._sketch.get("M") == self._layout.p
+                and isinstance(self._sketch.get("params"), list) and self._per_example):
+            raise ValueError(f"{self.path!r} has a {SKETCH_KEY} attribute that does not describe its "
+                             f"{self._layout.p} per-example columns: {damaged}")
         norms = attrs.get(EXAMPLE_NORMS_KEY) is True
         self._meta_fields = dict(META_FIELDS, **(PER_EXAMPLE_FIELDS if self._per_example else {}),
                                  **(EXAMPLE_NORM_FIELDS if norms and self._per_example else {}))
@@ -193,6 +200,7 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
         cols_per_chunk: int | None = None,
         compressor: str | None = None,
         overwrite: bool = False,
+        sketch: dict[str, Any] | None = None,
     ) -> GradientStore:
         """Create an empty store for rows of ``layout.p`` columns.
 
@@ -207,7 +215,13 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             cols_per_chunk: columns per chunk; default fills 8 MiB chunks.
             compressor: ``None`` | ``"zstd"`` | ``"blosc"``.
             overwrite: replace an existing store at ``path``.
+            sketch: the plan of sketched per-example rows (``SketchPlan.to_dict()``, saved as
+                ``gradspec.sketch``); ``layout`` is then its stored columns and ``param_norms``
+                gets one column per parameter of the plan.
         """
+        if sketch is not None and (not per_example or sketch.get("M") != layout.p):
+            raise ValueError(f"a sketched store holds per-example rows of the plan's M = {sketch.get('M')} "
+                             f"columns (got per_example={per_example}, p = {layout.p})")
         if dtype not in DTYPES:
             raise ValueError(f"unknown gradient dtype {dtype!r}; choose float32, float16 or bfloat16")
         if rows_per_chunk < 1:
@@ -226,6 +240,7 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             STATUS_KEY: "writing",
             ALL_CHUNKS_KEY: True,
             **({EXAMPLE_NORMS_KEY: True} if per_example else {}),
+            **({SKETCH_KEY: sketch} if sketch is not None else {}),
         }
         group = create_group(path, KIND, attrs, overwrite)
         group.create_array(
@@ -241,9 +256,10 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
         for name, dt in fields.items():
             group.create_array(f"meta/{name}", shape=(0,), chunks=(4096,), dtype=dt, fill_value=0, compressors=None)
         if per_example:
-            n = len(layout.params)
+            columns = [q["name"] for q in sketch["params"]] if sketch is not None else layout.names
+            n = len(columns)
             group.create_array(PARAM_NORMS_ARRAY, shape=(0, n), chunks=(param_norms_chunk_rows(n), n),
-                               dtype="float64", fill_value=0, compressors=None, attributes={"columns": layout.names})
+                               dtype="float64", fill_value=0, compressors=None, attributes={"columns": columns})
         if dtype != "float32":
             group.create_array(
                 STATS_ARRAY, shape=(0, len(_precision.STATS_COLUMNS)), chunks=(4096, len(_precision.STATS_COLUMNS)),
@@ -295,6 +311,15 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
     @property
     def per_example(self) -> bool:
         return self._per_example
+
+    @property
+    def sketch(self) -> dict[str, Any] | None:
+        """The sketch plan of a sketched per-example store (attribute ``gradspec.sketch``,
+        docs/store-format.md; ``gradspec.sketch.SketchPlan.from_dict`` reads it), None for a
+        store of unsketched rows. Its columns are then not parameters: ``layout`` names them
+        ``sketch.exact``, ``sketch.block0``, ...
+        """
+        return None if self._sketch is None else dict(self._sketch)
 
     @property
     def status(self) -> str:
@@ -375,6 +400,10 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             "all_chunks_written": self._strict,
             "dtype_report": self.dtype_report,
             "example_norms": None,
+            "sketch": None if self._sketch is None else {
+                k: self._sketch.get(k) for k in ("kind", "M", "p", "seed")} | {
+                "blocks": len(self._sketch.get("blocks", [])),
+                "exact_columns": sum(b - a for a, b in self._sketch.get("exact", []))},
         }
         if meta_error:
             out["meta_error"] = meta_error

@@ -85,7 +85,7 @@ class GradientNorms:
         if not flag:
             return
         self._param_norms = array(PARAM_NORMS_ARRAY)
-        n_params = len(self._layout.params)
+        n_params = len(self._sketch["params"]) if self._sketch is not None else len(self._layout.params)
         for name, want in (*((f"meta/{k}", 1) for k in EXAMPLE_NORM_FIELDS), (PARAM_NORMS_ARRAY, 2)):
             arr = self._param_norms if name == PARAM_NORMS_ARRAY else self._meta[name[5:]]
             shape = tuple(arr.shape)
@@ -149,7 +149,7 @@ class GradientNorms:
 
     def param_norms(self, rows: RowSelection = None) -> np.ndarray:
         """Each selected row's pre-clip norm per parameter, (n, parameters) float64, columns in
-        ``layout.names`` order.
+        ``layout.names`` order (a sketched store: the order of its plan's ``params``).
 
         Raises:
             ValueError, StoreDamagedError: as :meth:`row_norms`.

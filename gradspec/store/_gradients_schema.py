@@ -39,6 +39,12 @@ PER_EXAMPLE_FIELDS: dict[str, str] = {"example_index": "int64"}
 EXAMPLE_NORMS_KEY = "gradspec.example_norms"
 EXAMPLE_NORM_FIELDS: dict[str, str] = {"pre_clip_norm": "float64", "clip_factor": "float64"}
 PARAM_NORMS_ARRAY = "param_norms"
+#: A sketched per-example store (``gradspec collect --sketch M``, issue 22): the plan that maps
+#: each unsketched row (p values) to the stored M columns, as ``gradspec.sketch.SketchPlan.to_dict``
+#: writes it (docs/store-format.md). Its ``gradspec.layout`` is then the stored columns as
+#: pseudo-parameters (``sketch.exact``, ``sketch.block0``, ...), and ``param_norms`` has one
+#: column per *model* parameter of the plan.
+SKETCH_KEY = "gradspec.sketch"
 
 RowSelection = slice | Sequence[int] | np.ndarray | None
 ColRanges = Sequence[tuple[int, int]] | None

@@ -82,7 +82,7 @@ class TrainConfig:
         momentum: SGD momentum.
         dtype: on-disk dtype of the rows.
         backend: per-example gradients by ``vmap`` or ``hooks`` (Opacus); ``ghost``: only their
-            norms and clipped sum (ghost clipping, ``mode="batch"`` only; about the cost of a
+            norms and clipped sum (ghost clipping, ``mode="batch"`` only, or with ``sketch``; about the cost of a
             plain step, see docs/bench_per_example.txt); ``auto`` (the default): ghost where it
             applies (batch mode, hooks that use only the clipped sum, every selected layer a
             type it handles and its batch-of-one check passed), else vmap. The engine a run
@@ -100,6 +100,14 @@ class TrainConfig:
         device: ``cpu`` | ``cuda`` | ``auto``.
         compressor: ``None`` | ``zstd`` | ``blosc`` for the store.
         writer_queue: rows that may wait for the background writer.
+        sketch: store each clipped per-example gradient as an M-column seeded random
+            projection (``gradspec.sketch``; issue 22) instead of its p values; None (the
+            default) stores the rows whole. Needs ``mode="per-example"`` and the ghost backend
+            (``ghost`` or ``auto``), which sketches linear-like layers without forming their
+            per-example gradients; the norms and clipping stay exact. With a sketch, ``params``
+            None means every trainable parameter of the task's model.
+        sketch_seed: the sketch plan's seed (every random factor derives from it).
+        sketch_blocks: J >= 2 independent blocks of the sketch (error estimates).
     """
 
     task: str = "text"
@@ -132,6 +140,9 @@ class TrainConfig:
     device: str = "cpu"
     compressor: str | None = None
     writer_queue: int = 64
+    sketch: int | None = None
+    sketch_seed: int = 0
+    sketch_blocks: int = 8
 
     def __post_init__(self) -> None:
         for name, (enum, what) in _ENUMS.items():
@@ -183,7 +194,9 @@ class TrainConfig:
             raise ValueError(f"the learning rate must be > 0, got {self.lr}")
         if self.microbatch is not None and self.microbatch < 1:
             raise ValueError(f"microbatch must be >= 1, got {self.microbatch}")
-        if self.backend == PerExampleBackend.GHOST and self.mode == CollectMode.PER_EXAMPLE:
+        if self.sketch is not None:
+            _check_sketch(self)
+        elif self.backend == PerExampleBackend.GHOST and self.mode == CollectMode.PER_EXAMPLE:
             raise ValueError(
                 "--backend ghost forms no per-example rows, so it cannot store them: use --mode batch, "
                 "or --backend vmap (or hooks) with --mode per-example"
@@ -228,6 +241,19 @@ class TrainConfig:
     def custom_task(self) -> bool:
         """The task was built in Python (``task = "custom:<name>"``), not by the registry."""
         return self.task.startswith(CUSTOM_PREFIX)
+
+
+def _check_sketch(c: TrainConfig) -> None:
+    """Refuse the settings a sketched collection does not take (one line each)."""
+    if c.sketch < 1:
+        raise ValueError(f"--sketch M must be a positive number of columns, got {c.sketch}")
+    if c.sketch_blocks < 2:
+        raise ValueError(f"--sketch-blocks must be >= 2 (independent blocks), got {c.sketch_blocks}")
+    if c.mode != CollectMode.PER_EXAMPLE:
+        raise ValueError("--sketch M sketches per-example rows: add --per-example (--mode per-example)")
+    if c.backend not in (PerExampleBackend.GHOST, PerExampleBackend.AUTO):
+        raise ValueError(f"--sketch needs the ghost backend (it sketches from ghost clipping's layer inputs and "
+                         f"output gradients), got --backend {c.backend}: use --backend ghost or auto")
 
 
 #: The name this class had while the trainer lived in ``gradspec.collect``; the public API keeps it.

@@ -27,6 +27,16 @@ layer inputs and output gradients kept from the one backward, ``sum_i c_i G_i =
 (c * e)^T a`` over all examples and positions, one matrix product per layer (an
 ``index_add`` for embeddings, the convolution's weight gradient for convolutions).
 
+Sketched rows (issue 22; `GhostClipping.set_sketch` with a `gradspec.sketch.SketchPlan`, then
+``__call__(..., sketch=True)``): from the same captured inputs and output gradients, each rule
+adds ``c_i Phi g_i`` to the example's M-column row. A linear map's Kronecker block is
+``vec(P0 G P1^T) = vec((e P0^T)^T (a P1^T))``: two small products with the J blocks' factors
+stacked and one batched product for all blocks (`kron_add`; Conv1D swaps the roles, a convolution's groups and attention's row blocks
+fill row blocks of P0's columns); an embedding's is a CountSketch of the vocabulary times a
+Gaussian, one scatter-add; parameters planned ``exact`` or ``dense`` (biases, normalisation
+weights) are formed per example (`Rule.per_example`) and copied or projected. The norms, and
+so the clip factors, stay the exact ghost norms.
+
 The one backward computes only the gradients with respect to the layers' outputs: each
 selected layer's output is passed through an identity autograd function tied to a
 zero-dimensional anchor, and ``torch.autograd.grad(sum_i l_i, anchor)`` is taken, so no
@@ -69,6 +79,7 @@ from torch import Tensor, nn
 
 from gradspec._modes import _modes
 from gradspec.privacy import clip_factors
+from gradspec.sketch import SketchFactors, SketchPlan
 from gradspec.train._engine import (
     Batch,
     EngineBase,
@@ -153,6 +164,10 @@ class GhostResult(NamedTuple):
     total: Tensor  # (p,) sum_i c_i g_i in layout order (c_i = 1 without clipping)
     norms: Tensor  # (B,) pre-clip norms ||g_i|| over all selected parameters
     losses: Tensor  # (B,) per-example losses, detached
+    # with sketch=True (a plan set by `GhostClipping.set_sketch`):
+    rows: Tensor | None = None  # (B, M) the sketched clipped rows c_i Phi g_i
+    factors: Tensor | None = None  # (B,) the clip factors c_i
+    param_norms: Tensor | None = None  # (B, parameters) float64 pre-clip norm per parameter
 
 
 class GhostClipping(EngineBase):
@@ -195,6 +210,7 @@ class GhostClipping(EngineBase):
         self._bind(model, forward, loss, names, microbatch)
         self._layers = self._build_layers()
         self.check = bool(check)
+        self._sketch: SketchFactors | None = None
         if not self.check:
             logger.warning("GhostClipping(check=False): the batch-of-one check is off, so %s are no longer "
                            "detected and give wrong per-example norms without an error", _UNCHECKED)
@@ -229,38 +245,81 @@ class GhostClipping(EngineBase):
             layer.params[attr] = (name, spec.offset, spec.stop)
         return list(layers.values())
 
+    # ------------------------------------------------------------------ sketches
+    def sketch_kinds(self) -> dict[str, str]:
+        """Per selected parameter, the sketch its layer's rule computes (`gradspec.sketch.make_plan`'s ``kinds``)."""
+        return {name: layer.rule.sketch_kind(layer.module, attr)
+                for layer in self._layers for attr, (name, _, _) in layer.params.items()}
+
+    def set_sketch(self, plan: SketchPlan) -> None:
+        """Sketch rows with ``plan`` from now on (``__call__(..., sketch=True)``); its factors
+        are drawn once, on the model's device, in the model's dtype.
+
+        Raises:
+            ValueError: a plan of other parameters, or one with a parameter kind the layer's
+                rule cannot compute (named).
+        """
+        if plan.names != self.names:
+            raise ValueError(f"the sketch plan covers {plan.names[:3]}... but the engine's parameters are "
+                             f"{self.names[:3]}...: build the plan from this engine's layout")
+        kinds = self.sketch_kinds()
+        for spec in plan.params:
+            if spec.kind not in ("exact", "dense", kinds[spec.name]):
+                raise ValueError(f"parameter {spec.name!r} is planned as {spec.kind!r} but its layer's rule "
+                                 f"sketches it as {kinds[spec.name]!r}")
+        self._sketch = SketchFactors(plan, dtype=self._dtype(), device=self._device())
+
     # ------------------------------------------------------------------ public
-    def __call__(self, batch: Batch, max_norm: float | None) -> GhostResult:
+    def __call__(self, batch: Batch, max_norm: float | None, *, sketch: bool = False) -> GhostResult:
         """Clipped sum, pre-clip norms and losses of ``batch``.
 
         Args:
             batch: the examples.
             max_norm: the clipping norm C (factors ``C / max(||g_i||, C)``, the trainer's
                 formula), or None for the plain sum (no clipping).
+            sketch: also return each example's sketched clipped row, its clip factor and its
+                pre-clip norm per parameter (`set_sketch` first).
         """
+        if sketch and self._sketch is None:
+            raise ValueError("GhostClipping(sketch=True) needs a plan: call set_sketch(plan) first")
         b = _batch_size(batch)
         if b >= 2 and self._unprobed:
             self._probe(batch)
         step = self.microbatch or max(b, 1)
         total = torch.zeros(self.p, dtype=self._dtype(), device=self._device())
-        norms, losses = [], []
+        norms, losses, rows, kept_factors, param_norms = [], [], [], [], []
         for start in range(0, b, step):
             part = {k: v[start : start + step] for k, v in batch.items()}
             loss = self._capture(part)
             try:
                 # per-parameter squared norms, summed in float64 (the clip factor's norm)
-                norm = self._norms2(part_size := loss.shape[0]).sum(1).clamp_(min=0).sqrt_()
+                norms2 = self._norms2(part_size := loss.shape[0])
+                norm = norms2.sum(1).clamp_(min=0).sqrt_()
                 factors = (clip_factors(norm, max_norm) if max_norm is not None
                            else torch.ones(part_size, dtype=norm.dtype, device=norm.device))
                 self._weighted_sum(factors, out=total)
+                if sketch:
+                    out = torch.zeros(part_size, self._sketch.plan.M, dtype=total.dtype, device=total.device)
+                    for layer in self._layers:
+                        layer.rule.add_sketch(layer, factors, self._sketch, out)
+                    rows.append(out)
+                    kept_factors.append(factors)
+                    param_norms.append(norms2.clamp(min=0).sqrt())
             finally:
                 self._release()
             norms.append(norm)
             losses.append(loss)
         if not norms:
             empty = torch.zeros(0, device=total.device)
-            return GhostResult(total, empty, empty)
-        return GhostResult(total, torch.cat(norms), torch.cat(losses))
+            if not sketch:
+                return GhostResult(total, empty, empty)
+            m, k = self._sketch.plan.M, len(self.names)
+            return GhostResult(total, empty, empty, torch.zeros(0, m, dtype=total.dtype, device=total.device),
+                               empty.double(), torch.zeros(0, k, dtype=torch.float64, device=total.device))
+        if not sketch:
+            return GhostResult(total, torch.cat(norms), torch.cat(losses))
+        return GhostResult(total, torch.cat(norms), torch.cat(losses), torch.cat(rows), torch.cat(kept_factors),
+                           torch.cat(param_norms))
 
     # ------------------------------------------------------------------ one pass
     def _dtype(self) -> torch.dtype:

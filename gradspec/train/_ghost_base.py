@@ -143,6 +143,31 @@ class Rule:
         """Add ``sum_i c_i G_i`` of each selected attribute to ``out`` (layout order)."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ sketches (gradspec.sketch)
+    def sketch_kind(self, module: nn.Module, attr: str) -> str:
+        """How ``attr``'s per-example gradient is sketched: ``"kronecker"`` or
+        ``"countsketch-kronecker"`` (never formed), or ``"dense"`` (formed by `per_example`)."""
+        return "dense"
+
+    def per_example(self, layer: Layer, b: int, attr: str) -> Tensor:
+        """(B, numel) each example's gradient of ``attr``, materialised (small parameters)."""
+        raise unsupported(layer.name, layer.kind, f"has no per-example gradient of {attr} for --sketch")
+
+    def sketch_structured(self, layer: Layer, attr: str, c: Tensor, factors: Any, out: Tensor) -> None:
+        """Add the sketch of each example's clipped gradient of ``attr`` to ``out`` (B, M), every
+        block at once (``factors``: `gradspec.sketch.StackedFactors`), without forming it."""
+        raise unsupported(layer.name, layer.kind, f"has no structured sketch of {attr} for --sketch")
+
+    def add_sketch(self, layer: Layer, c: Tensor, sk: Any, out: Tensor) -> None:
+        """Add ``c_i`` times the sketch of example i's gradient of every selected attribute to
+        row i of ``out`` (B, M); ``sk`` is the run's `gradspec.sketch.SketchFactors`."""
+        for attr, (name, _, _) in layer.params.items():
+            if sk.specs[name].kind in ("exact", "dense"):
+                g = self.per_example(layer, c.shape[0], attr)
+                sk.add_flat(name, g * c.to(g.dtype)[:, None], out)
+            else:
+                self.sketch_structured(layer, attr, c, sk.stacked[name], out)
+
 
 def count_call(layer: Layer) -> None:
     """Count a call of ``layer``; a second call in one forward is weight sharing, refused."""
@@ -179,3 +204,16 @@ def linear_weight_sum(a: Tensor, cg: Tensor) -> Tensor:
 def bias_norm2(g: Tensor) -> Tensor:
     """``||sum_t g_t||^2`` (float64) per example: the bias gradient's, from g (B, T, d_out)."""
     return g.sum(1).square().sum(1, dtype=torch.float64)
+
+
+def kron_add(x0: Tensor, x1: Tensor, f: Any, out: Tensor, rows: tuple[int, int] | None = None) -> None:
+    """Add ``vec((x0 P0_j^T)^T (x1 P1_j^T))`` to block j's columns of ``out``, for every block j:
+    the Kronecker sketch ``vec(P0 G P1^T)`` of each example's ``G = x0^T x1`` (x0 (B, T, d0), x1
+    (B, T, d1)), never forming G. Two products with the stacked factors (``f``,
+    `gradspec.sketch.StackedFactors`) and one batched product for all blocks. ``rows``: x0 fills
+    only rows ``[r0, r1)`` of G (a row block of a packed weight, a group of a convolution)."""
+    left = f.left if rows is None else f.left[:, rows[0] : rows[1]]
+    b, t, j = x0.shape[0], x0.shape[1], f.blocks
+    u = (x0 @ left.T.to(x0.dtype)).view(b, t, j, f.m0).permute(0, 2, 3, 1)  # (B, J, m0, T)
+    v = (x1 @ f.right.T.to(x1.dtype)).view(b, t, j, f.m1).transpose(1, 2)  # (B, J, T, m1)
+    f.add(u @ v, out)

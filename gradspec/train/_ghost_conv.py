@@ -14,13 +14,14 @@ matrix is kept between the norms and the sum.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn import grad as conv_grad
 
-from gradspec.train._ghost_base import Layer, Rule, linear_weight_norm2, unsupported
+from gradspec.train._ghost_base import Layer, Rule, kron_add, linear_weight_norm2, unsupported
 
 
 class ConvRule(Rule):
@@ -64,22 +65,60 @@ class ConvRule(Rule):
             g = torch.zeros(b, c_out, *spatial, dtype=xp.dtype, device=xp.device)
         out = {}
         if "weight" in layer.params:
-            if self.dims == 1:  # as a 2-d convolution of height 1
-                xp4 = xp.unsqueeze(2)
-                ks, dil, st = (1, *m.kernel_size), (1, *m.dilation), (1, *m.stride)
-            else:
-                xp4, ks, dil, st = xp, m.kernel_size, m.dilation, m.stride
-            patches = F.unfold(xp4, kernel_size=ks, dilation=dil, padding=0, stride=st)  # (B, C_in k, T)
-            if patches.shape[-1] != t:
-                raise unsupported(layer.name, layer.kind, f"has {patches.shape[-1]} patch positions but an "
-                                  f"output of {t}: its forward is not the convolution the rule models")
-            d_in, d_out = patches.shape[1] // groups, c_out // groups
-            a = patches.view(b, groups, d_in, t).transpose(2, 3).reshape(b * groups, t, d_in)
-            e = g.reshape(b, groups, d_out, t).transpose(2, 3).reshape(b * groups, t, d_out)
-            out["weight"] = linear_weight_norm2(a, e).view(b, groups).sum(1)
+            a, e = self._per_group(layer, xp, g, t)
+            out["weight"] = linear_weight_norm2(a.flatten(0, 1), e.flatten(0, 1)).view(b, groups).sum(1)
         if "bias" in layer.params:
             out["bias"] = g.reshape(b, c_out, t).sum(2).square().sum(1, dtype=torch.float64)
         return out
+
+    def _per_group(self, layer: Layer, xp: Tensor, g: Tensor, t: int) -> tuple[Tensor, Tensor]:
+        """(patches (B, G, T, C_in/G k), output gradients (B, G, T, C_out/G)) per group of channels."""
+        m, b = layer.module, xp.shape[0]
+        if self.dims == 1:  # as a 2-d convolution of height 1
+            xp4 = xp.unsqueeze(2)
+            ks, dil, st = (1, *m.kernel_size), (1, *m.dilation), (1, *m.stride)
+        else:
+            xp4, ks, dil, st = xp, m.kernel_size, m.dilation, m.stride
+        patches = F.unfold(xp4, kernel_size=ks, dilation=dil, padding=0, stride=st)  # (B, C_in k, T)
+        if patches.shape[-1] != t:
+            raise unsupported(layer.name, layer.kind, f"has {patches.shape[-1]} patch positions but an "
+                              f"output of {t}: its forward is not the convolution the rule models")
+        groups = m.groups
+        d_in, d_out = patches.shape[1] // groups, m.out_channels // groups
+        a = patches.view(b, groups, d_in, t).transpose(2, 3)
+        e = g.reshape(b, groups, d_out, t).transpose(2, 3)
+        return a, e
+
+    def _sketch_inputs(self, layer: Layer, b: int) -> tuple[Tensor, Tensor, int] | None:
+        xp, g, spatial = self._pairs(layer, b)
+        return None if g is None else (xp, g, math.prod(spatial))
+
+    def sketch_kind(self, module: nn.Module, attr: str) -> str:
+        # the weight as a matrix (C_out, C_in/G * k): Kronecker on out channels x patch entries
+        return "kronecker" if attr == "weight" else "dense"
+
+    def per_example(self, layer: Layer, b: int, attr: str) -> Tensor:
+        m = layer.module
+        got = self._sketch_inputs(layer, b)
+        numel = getattr(m, attr).numel()
+        if got is None:
+            return torch.zeros(b, numel, dtype=m.weight.dtype, device=m.weight.device)
+        xp, g, t = got
+        if attr == "bias":
+            return g.reshape(b, m.out_channels, t).sum(2)
+        a, e = self._per_group(layer, xp, g, t)
+        return (e.transpose(2, 3) @ a).reshape(b, numel)  # (B, G, C_out/G, C_in/G k)
+
+    def sketch_structured(self, layer: Layer, attr: str, c: Tensor, factors: Any, out: Tensor) -> None:
+        got = self._sketch_inputs(layer, c.shape[0])
+        if got is None:
+            return
+        xp, g, t = got
+        a, e = self._per_group(layer, xp, g, t)
+        e = e * c.to(e.dtype).view(-1, 1, 1, 1)
+        d_out = e.shape[-1]
+        for gi in range(a.shape[1]):  # group gi fills the weight's rows [gi d_out, (gi + 1) d_out)
+            kron_add(e[:, gi], a[:, gi], factors, out, rows=(gi * d_out, (gi + 1) * d_out))
 
     def add_sum(self, layer: Layer, c: Tensor, out: Tensor) -> None:
         m = layer.module

@@ -40,6 +40,7 @@ from gradspec.train._ghost_base import (
     Rule,
     bias_norm2,
     count_call,
+    kron_add,
     linear_weight_norm2,
     linear_weight_sum,
     unsupported,
@@ -215,6 +216,26 @@ class MultiheadAttentionRule(Rule):
                 layer.add(out, s.weight, linear_weight_sum(a, cg), start=s.rows[0] * a.shape[-1])
             if s.bias in layer.params:
                 layer.add(out, s.bias, cg.sum((0, 1)), start=s.bias_rows[0])
+
+    def sketch_kind(self, module: nn.Module, attr: str) -> str:
+        return "kronecker" if attr in _WEIGHTS else "dense"
+
+    def per_example(self, layer: Layer, b: int, attr: str) -> Tensor:
+        param = _get(layer.module, attr)
+        rows = torch.zeros(b, *param.shape, dtype=param.dtype, device=param.device)
+        for s in layer.cache["sites"]:
+            a, g = self._flat(s, b)
+            if s.weight == attr:
+                rows[:, s.rows[0] : s.rows[1]] += g.transpose(1, 2) @ a
+            if s.bias == attr:
+                rows[:, s.bias_rows[0] : s.bias_rows[1]] += g.sum(1)
+        return rows.reshape(b, -1)
+
+    def sketch_structured(self, layer: Layer, attr: str, c: Tensor, factors: Any, out: Tensor) -> None:
+        for s in layer.cache["sites"]:
+            if s.weight == attr:  # each call fills a row block of the (packed) weight
+                a, g = self._flat(s, c.shape[0])
+                kron_add(g * c.to(g.dtype)[:, None, None], a, factors, out, rows=s.rows)
 
 
 class _FastPathOff:

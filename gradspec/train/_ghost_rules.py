@@ -28,6 +28,7 @@ from gradspec.train._ghost_base import (
     Layer,
     Rule,
     bias_norm2,
+    kron_add,
     linear_weight_norm2,
     linear_weight_sum,
     unsupported,
@@ -70,6 +71,22 @@ class LinearRule(Rule):
             layer.add(out, "weight", w.T if self.transposed else w)
         if "bias" in layer.params:
             layer.add(out, "bias", cg.sum((0, 1)))
+
+    def sketch_kind(self, module: nn.Module, attr: str) -> str:
+        return "kronecker" if attr == "weight" else "dense"
+
+    def per_example(self, layer: Layer, b: int, attr: str) -> Tensor:
+        a, g = _flat(layer, b, self._d_out(layer.module))
+        if attr == "bias":
+            return g.sum(1)
+        w = g.transpose(1, 2) @ a  # (B, d_out, d_in)
+        return (w.transpose(1, 2) if self.transposed else w).reshape(b, -1)
+
+    def sketch_structured(self, layer: Layer, attr: str, c: Tensor, factors: Any, out: Tensor) -> None:
+        a, g = _flat(layer, c.shape[0], self._d_out(layer.module))
+        cg = g * c.to(g.dtype)[:, None, None]
+        # the weight's rows are d_out (Linear) or d_in (Conv1D, stored transposed)
+        kron_add(*((a, cg) if self.transposed else (cg, a)), factors, out)
 
 
 class EmbeddingRule(Rule):
@@ -122,6 +139,35 @@ class EmbeddingRule(Rule):
         _, lo, hi = layer.params["weight"]
         out[lo:hi].view(m.weight.shape).index_add_(0, ids, keep.to(out.dtype))
 
+    def sketch_kind(self, module: nn.Module, attr: str) -> str:
+        return "countsketch-kronecker"
+
+    def _kept(self, layer: Layer, b: int) -> tuple[Tensor, Tensor]:
+        """(ids, output gradients with padding rows zeroed), (B, T) and (B, T, D)."""
+        m = layer.module
+        ids, g = self._ids_grads(layer, b)
+        if m.padding_idx is not None:
+            g = g * (ids != m.padding_idx).unsqueeze(-1).to(g.dtype)
+        return ids, g
+
+    def per_example(self, layer: Layer, b: int, attr: str) -> Tensor:
+        m = layer.module
+        ids, g = self._kept(layer, b)
+        rows = torch.zeros(b, m.num_embeddings, m.embedding_dim, dtype=g.dtype, device=g.device)
+        rows.scatter_add_(1, ids.unsqueeze(-1).expand(-1, -1, m.embedding_dim), g)
+        return rows.reshape(b, -1)
+
+    def sketch_structured(self, layer: Layer, attr: str, c: Tensor, f: Any, out: Tensor) -> None:
+        ids, g = self._kept(layer, c.shape[0])
+        cg = g * c.to(g.dtype)[:, None, None]
+        # S G P1^T with S the CountSketch of the rows: sum_t sign(x_t) e_{hash(x_t)} (P1 g_t)^T, every block
+        b, t, j, m1 = cg.shape[0], cg.shape[1], f.blocks, f.m1
+        v = (cg @ f.right.T.to(cg.dtype)).view(b, t, j, m1)
+        v = (v * f.sign.to(cg.dtype)[:, ids].permute(1, 2, 0).unsqueeze(-1)).transpose(1, 2)  # (B, J, T, m1)
+        where = f.bucket[:, ids].permute(1, 0, 2).unsqueeze(-1).expand(-1, -1, -1, m1)  # (B, J, T, m1)
+        y = torch.zeros(b, j, f.m0, m1, dtype=v.dtype, device=v.device)
+        f.add(y.scatter_add_(2, where, v), out)
+
 
 class AffineNormRule(Rule):
     """An elementwise affine map after a per-example normalisation: LayerNorm, RMSNorm, GroupNorm."""
@@ -157,6 +203,9 @@ class AffineNormRule(Rule):
         for attr in layer.params:
             r = rows[attr].flatten(1)
             layer.add(out, attr, c.to(r.dtype) @ r)
+
+    def per_example(self, layer: Layer, b: int, attr: str) -> Tensor:
+        return self.rows(layer, b)[attr].flatten(1)
 
 
 class LayerNormRule(AffineNormRule):

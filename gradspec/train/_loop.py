@@ -200,8 +200,9 @@ def _setup(config: TrainConfig | None, task: Task | None, out: Path, lock, ranks
     store = None
     if write_store:
         store = GradientStore.create(
-            out / STORE_NAME, layout=run.layout, config=run.run_config(), dtype=str(config.dtype),
+            out / STORE_NAME, layout=run.store_layout, config=run.run_config(), dtype=str(config.dtype),
             per_example=config.mode == CollectMode.PER_EXAMPLE, compressor=config.compressor,
+            sketch=run.plan.to_dict() if run.plan is not None else None,
         )
     else:
         write_text_atomic(out / RUN_NAME, json.dumps(run.run_config(), indent=2, default=str))

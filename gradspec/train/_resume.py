@@ -70,7 +70,9 @@ def _prepare_resume(
 ):
     """Check everything a resume depends on, then (and only then) roll the run back to its checkpoint."""
     run, state, saved, run_cfg, config, task = _restore_run(config, task, out, progress, hooks, ranks)
-    store = open_resumable(out, state, saved, run.layout.to_list(), write_store=write_store, run_config=run_cfg)
+    store = open_resumable(out, state, saved, run.store_layout.to_list(), write_store=write_store, run_config=run_cfg)
+    if store is not None:
+        _check_sketch(store, run)
     if store is not None:  # verify what the resume keeps before training a single step
         kept = int(state["rows"])
         lost = [m for m in store.find_missing_chunks() if m["rows"][0] < kept]
@@ -134,3 +136,18 @@ def _prepare_resume(
     return run, store, task
 
 
+def _check_sketch(store, run) -> None:
+    """A sketched run resumes only with the plan its store was written with (regenerated from
+    the store's ``gradspec.sketch``, whose factors the new rows must share)."""
+    from gradspec.sketch import SketchPlan
+
+    have = store.sketch
+    want = run.plan.to_dict() if run.plan is not None else None
+    if have == want:
+        if have is not None:
+            run.ghost.set_sketch(SketchPlan.from_dict(have))
+        return
+    what = (lambda d: "no sketch" if d is None else  # noqa: E731
+            f"--sketch {d['requested_M']} --sketch-seed {d['seed']} --sketch-blocks {len(d['blocks'])}")
+    raise ValueError(f"the run's store holds rows of {what(have)} but this resume would write {what(want)}: "
+                     "resume with the store's sketch settings, or start a new run (--overwrite)")

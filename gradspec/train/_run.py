@@ -64,8 +64,12 @@ class _Run:
         self.device = resolve_device(config.device)
         self.model = task.model.to(self.device)
         self.model.eval()  # dropout off: gradients are deterministic and comparable across steps
-        patterns = config.params if config.params is not None else task.params
-        self.names = select_parameters(self.model, patterns)
+        if config.params is None and config.sketch is not None:  # a sketch: every trainable parameter
+            named = list(self.model.named_parameters())
+            self.names = [n for n, p in named if p.requires_grad] or [n for n, _ in named]
+        else:
+            patterns = config.params if config.params is not None else task.params
+            self.names = select_parameters(self.model, patterns)
         for name, param in self.model.named_parameters():
             param.requires_grad_(name in self.names)
         self.params = [self.model.get_parameter(n) for n in self.names]
@@ -116,6 +120,16 @@ class _Run:
         # logged once, at the first step (after every check of the run has passed)
         self._engine_note: str | None = f"per-example backend: {self.engine}" + (f" ({why})" if why else "")
         ghost = self.ghost is not None
+        #: The sketch plan of a ``--sketch`` run (None otherwise), and the stored row's layout.
+        self.plan = None
+        self.store_layout = self.layout
+        if config.sketch is not None:
+            from gradspec.sketch import make_plan
+
+            self.plan = make_plan(self.layout, self.ghost.sketch_kinds(), config.sketch, seed=config.sketch_seed,
+                                  blocks=config.sketch_blocks)
+            self.ghost.set_sketch(self.plan)
+            self.store_layout = self.plan.column_layout()
         self.grads = PerExampleGradients(
             self.model, task.forward, task.loss, self.names,
             backend=PerExampleBackend.HOOKS if self.engine == "hooks" else PerExampleBackend.VMAP,
@@ -147,6 +161,18 @@ class _Run:
         from gradspec.train._ghost import GhostClipping
 
         backend = config.backend
+        if config.sketch is not None:  # ghost or auto (the config refuses others), checked now
+            probe = None
+            if len(task.train) >= 2:
+                probe = {k: v.to(self.device) for k, v in task.train.batch(torch.arange(2)).items()}
+            try:
+                engine = GhostClipping(self.model, task.forward, task.loss, self.names,
+                                       microbatch=config.microbatch, probe_batch=probe)
+            except ValueError as err:  # vmap cannot sketch: the way out is to leave the layer out
+                raise ValueError(str(err).replace("; use backend='vmap'", "") + "; --sketch needs ghost clipping "
+                                 "for every selected parameter: leave it out of --params") from None
+            return (engine, PerExampleBackend.GHOST.value,
+                    "--sketch: the sketched rows come from ghost clipping's layer inputs and output gradients")
         if backend == PerExampleBackend.AUTO:
             vmap = PerExampleBackend.VMAP.value
             if config.mode != CollectMode.BATCH:
@@ -310,10 +336,15 @@ class _Run:
         factors, param_norms = [], []  # per-example rows: each example's clip factor, norm per parameter
         if local and self.ghost is not None:  # the clipped sum without per-example rows
             self.hooks.precondition(torch.zeros(local, 0, device=self.device))  # counts; rows: refused
-            part, norm, loss = self.ghost(batch, c.max_grad_norm if c.clip else None)
-            total += part
-            norms.append(norm)
-            losses.append(loss)
+            sketch = self.plan is not None and store_row
+            res = self.ghost(batch, c.max_grad_norm if c.clip else None, sketch=sketch)
+            total += res.total
+            norms.append(res.norms)
+            losses.append(res.losses)
+            if sketch:  # each clipped row sketched (c_i Phi g_i), its factor and exact norms
+                kept.append(res.rows.detach().to("cpu", torch.float32))
+                factors.append(res.factors.detach().cpu())
+                param_norms.append(res.param_norms.detach().cpu())
         elif local:
             keep = store_row and c.mode == CollectMode.PER_EXAMPLE
             for grads, loss in self.grads.iter_microbatches(batch):
@@ -432,6 +463,8 @@ class _Run:
 
 def _check_distributed(config: TrainConfig, hooks: StepHooks | None) -> None:
     """Refuse what a distributed run does not do yet (every rank refuses alike)."""
+    if config.sketch is not None:
+        raise ValueError("--sketch under torch.distributed is not supported yet: collect a sketch in one process")
     if hooks is not None and type(hooks) is not StepHooks:
         raise ValueError(
             f"{hooks.name} (a private optimizer's hooks) under torch.distributed is not supported: "

@@ -1,0 +1,201 @@
+"""Seeded regeneration of every sketch factor, and the factors of a plan on a device.
+
+Anyone can regenerate a plan's factors from its JSON (a store's ``gradspec.sketch``): the
+factor ``f`` of parameter ``name`` in block j is drawn by a CPU ``torch.Generator`` seeded
+with :func:`factor_seed` ``(seed, j, name, f)``, the first 8 bytes (little-endian, top bit
+cleared) of ``blake2b("<seed>:<j>:<name>:<f>", digest_size=8)``:
+
+* ``"left"``  (m0 x d0) and ``"right"`` (m1 x d1): ``torch.randn(m, d, dtype=float64,
+  generator=g) / sqrt(m)`` (kind ``kronecker``; ``countsketch-kronecker`` uses ``right`` only);
+* ``"hash"``: ``torch.randint(0, m0, (d0,), generator=g)`` then, from the same generator,
+  ``"sign"``: ``2 * torch.randint(0, 2, (d0,), generator=g) - 1`` (float64) — the CountSketch
+  ``S[hash[v], v] = sign[v]``;
+* ``"dense"`` (m x numel): ``torch.randn(m, numel, dtype=float64, generator=g) / sqrt(m)``.
+
+Factors are drawn in float64 on the CPU (the same on every machine) and then cast and moved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gradspec.sketch._plan import ParamSketch, SketchPlan
+
+#: The most entries of one dense factor (m x numel); a larger dense parameter is refused.
+DENSE_MAX = 2**24
+
+
+def factor_seed(seed: int, block: int, name: str, factor: str) -> int:
+    """The generator seed of one factor (see the module docstring)."""
+    digest = hashlib.blake2b(f"{int(seed)}:{int(block)}:{name}:{factor}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def _gen(seed: int, block: int, name: str, factor: str) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(factor_seed(seed, block, name, factor))
+
+
+def gaussian(seed: int, block: int, name: str, factor: str, m: int, d: int) -> Tensor:
+    """(m, d) float64 with entries N(0, 1/m): ``E[P^T P] = I``."""
+    g = _gen(seed, block, name, factor)
+    return torch.randn(m, d, dtype=torch.float64, generator=g) / math.sqrt(m)
+
+
+def countsketch(seed: int, block: int, name: str, m: int, d: int) -> tuple[Tensor, Tensor]:
+    """(hash (d,) int64 in [0, m), sign (d,) float64 in {-1, +1}) of a CountSketch ``S`` (m x d)."""
+    g = _gen(seed, block, name, "hash")
+    bucket = torch.randint(0, m, (d,), generator=g)
+    sign = (2 * torch.randint(0, 2, (d,), generator=g) - 1).to(torch.float64)
+    return bucket, sign
+
+
+def check_dense(spec: ParamSketch) -> None:
+    """Refuse a dense factor too large to hold (one line naming the parameter)."""
+    if spec.kind == "dense" and spec.dims[0] * spec.numel > DENSE_MAX:
+        raise ValueError(
+            f"parameter {spec.name!r} ({spec.numel:,} values) has no structured sketch and a dense one of "
+            f"{spec.dims[0]} x {spec.numel:,} exceeds {DENSE_MAX:,} entries: leave it out of --params "
+            "or use a smaller --sketch"
+        )
+
+
+@dataclass
+class BlockFactors:
+    """One parameter's factors in one block, as the fast path uses them."""
+
+    cols: tuple[int, int]
+    left: Tensor | None = None  # (m0, d0) kronecker
+    right: Tensor | None = None  # (m1, d1) kronecker, countsketch-kronecker
+    bucket: Tensor | None = None  # (d0,) countsketch-kronecker
+    sign: Tensor | None = None  # (d0,)
+    dense: Tensor | None = None  # (m, numel)
+
+
+def block_factors(plan: SketchPlan, spec: ParamSketch, block: int, *, dtype: torch.dtype = torch.float64,
+                  device: torch.device | str = "cpu") -> BlockFactors:
+    """The factors of ``spec`` in ``block``, scaled by ``1/sqrt(J)`` (folded into ``left``,
+    ``sign`` or ``dense``), cast to ``dtype`` on ``device``."""
+    if spec.kind == "exact":
+        raise ValueError(f"parameter {spec.name!r} is stored exactly: it has no factors")
+    scale = 1.0 / math.sqrt(plan.n_blocks)
+    d0, d1 = spec.matrix
+    out = BlockFactors(spec.columns[block])
+
+    def put(t: Tensor) -> Tensor:
+        return t.to(device=device, dtype=dtype)
+
+    if spec.kind == "kronecker":
+        out.left = put(gaussian(plan.seed, block, spec.name, "left", spec.dims[0], d0) * scale)
+        out.right = put(gaussian(plan.seed, block, spec.name, "right", spec.dims[1], d1))
+    elif spec.kind == "countsketch-kronecker":
+        bucket, sign = countsketch(plan.seed, block, spec.name, spec.dims[0], d0)
+        out.bucket, out.sign = bucket.to(device), put(sign * scale)
+        out.right = put(gaussian(plan.seed, block, spec.name, "right", spec.dims[1], d1))
+    else:
+        check_dense(spec)
+        out.dense = put(gaussian(plan.seed, block, spec.name, "dense", spec.dims[0], spec.numel) * scale)
+    return out
+
+
+def dense_left(plan: SketchPlan, spec: ParamSketch, block: int) -> Tensor:
+    """The (scaled) left factor of a Kronecker kind as a dense float64 matrix (m0, d0)."""
+    f = block_factors(plan, spec, block)
+    if spec.kind == "kronecker":
+        return f.left
+    s = torch.zeros(spec.dims[0], spec.matrix[0], dtype=torch.float64)
+    s[f.bucket, torch.arange(spec.matrix[0])] = f.sign
+    return s
+
+
+@dataclass
+class StackedFactors:
+    """One Kronecker-kind parameter's factors of all J blocks stacked, so that the fast path
+    takes one product per factor and one batched product for every block at once.
+
+    ``left`` (J m0, d0) and ``right`` (J m1, d1) stack the blocks' factors (``left`` None for
+    ``countsketch-kronecker``, which has ``bucket``, ``sign``: (J, d0)); block j's columns
+    start at ``start + j * stride``.
+    """
+
+    m0: int
+    m1: int
+    start: int
+    stride: int
+    right: Tensor
+    left: Tensor | None = None
+    bucket: Tensor | None = None
+    sign: Tensor | None = None
+
+    @property
+    def blocks(self) -> int:
+        return self.right.shape[0] // self.m1
+
+    def add(self, y: Tensor, out: Tensor) -> None:
+        """``out[:, cols of block j] += y[:, j]`` for y (B, J, m0, m1) (or (B, J, m0 m1))."""
+        b, j = y.shape[0], y.shape[1]
+        view = out.as_strided((b, j, self.m0 * self.m1), (out.stride(0), self.stride, 1),
+                              out.storage_offset() + self.start)
+        view += y.reshape(b, j, -1).to(out.dtype)
+
+
+def stack(factors: list[BlockFactors], spec: ParamSketch) -> StackedFactors:
+    """The blocks of a Kronecker-kind parameter stacked (`StackedFactors`)."""
+    m0, m1 = spec.dims
+    starts = [f.cols[0] for f in factors]
+    stride = starts[1] - starts[0] if len(starts) > 1 else 0
+    if any(b - a != stride for a, b in zip(starts, starts[1:], strict=False)):
+        raise ValueError(f"the blocks of {spec.name!r} are not evenly spaced: {starts}")
+    out = StackedFactors(m0, m1, starts[0], stride, torch.cat([f.right for f in factors]))
+    if spec.kind == "kronecker":
+        out.left = torch.cat([f.left for f in factors])
+    else:
+        out.bucket = torch.stack([f.bucket for f in factors])
+        out.sign = torch.stack([f.sign for f in factors])
+    return out
+
+
+class SketchFactors:
+    """Every factor of a plan, built once on the run's device (the fast path's cache).
+
+    ``factors[name]`` lists one :class:`BlockFactors` per block (empty for an exact parameter);
+    ``stacked[name]`` holds a Kronecker-kind parameter's blocks stacked (`StackedFactors`).
+    """
+
+    def __init__(self, plan: SketchPlan, *, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.plan = plan
+        self.specs = {s.name: s for s in plan.params}
+        for s in plan.params:
+            check_dense(s)
+        self.factors = {s.name: [] if s.kind == "exact" else
+                        [block_factors(plan, s, j, dtype=dtype, device=device) for j in range(plan.n_blocks)]
+                        for s in plan.params}
+        self.stacked = {s.name: stack(self.factors[s.name], s) for s in plan.params
+                        if s.kind in ("kronecker", "countsketch-kronecker")}
+
+    def add_flat(self, name: str, rows: Tensor, out: Tensor) -> None:
+        """Add the sketch of materialised per-example gradients ``rows`` (B, numel) of parameter
+        ``name`` (kinds ``exact`` and ``dense``; any kind, used for small parameters) to ``out`` (B, M)."""
+        spec = self.specs[name]
+        rows = rows.reshape(rows.shape[0], -1)
+        if spec.kind == "exact":
+            a, b = spec.columns[0]
+            out[:, a:b] += rows.to(out.dtype)
+            return
+        for f in self.factors[name]:
+            a, b = f.cols
+            if f.dense is not None:
+                out[:, a:b] += (rows.to(f.dense.dtype) @ f.dense.T).to(out.dtype)
+            else:
+                g = rows.reshape(rows.shape[0], *spec.matrix).to(f.right.dtype)
+                if f.left is not None:
+                    y = f.left @ g @ f.right.T
+                else:
+                    y = torch.zeros(g.shape[0], spec.dims[0], g.shape[2], dtype=g.dtype, device=g.device)
+                    y.index_add_(1, f.bucket, g * f.sign[:, None])
+                    y = y @ f.right.T
+                out[:, a:b] += y.reshape(rows.shape[0], -1).to(out.dtype)

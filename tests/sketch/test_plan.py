@@ -1,0 +1,139 @@
+"""The sketch plan: its columns (exact first, then J blocks, block-major), its JSON (what a
+store's ``gradspec.sketch`` holds) and the regeneration of every factor from it, the dense
+reference map, and the unbiasedness of the sketched Gram matrix, per block and overall."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from gradspec._layout import ParamLayout
+from gradspec.sketch import (
+    FAMILY,
+    SketchPlan,
+    block_factors,
+    factor_seed,
+    make_plan,
+    sketch_matrix,
+    sketch_rows,
+)
+
+SHAPES = [("emb", (40, 6)), ("w", (12, 10)), ("b", (12,)), ("ln", (6,)), ("head", (3, 12)), ("v", (30,))]
+KINDS = {"emb": "countsketch-kronecker", "w": "kronecker", "b": "dense", "ln": "dense", "head": "kronecker",
+         "v": "dense"}
+LAYOUT = ParamLayout.from_shapes(SHAPES)
+
+
+def _plan(m: int = 300, seed: int = 3, blocks: int = 4) -> SketchPlan:
+    return make_plan(LAYOUT, KINDS, m, seed=seed, blocks=blocks)
+
+
+def test_columns_are_exact_first_then_blocks_that_tile_the_row():
+    plan = _plan()
+    d = plan.to_dict()
+    assert d["kind"] == FAMILY and d["version"] == 1 and d["p"] == LAYOUT.p == plan.p
+    assert d["M"] == plan.M <= d["requested_M"] == 300
+    kinds = {s.name: s.kind for s in plan.params}
+    assert kinds == {"emb": "countsketch-kronecker", "w": "kronecker", "b": "exact", "ln": "exact",
+                     "head": "kronecker", "v": "dense"}
+    assert d["exact"] == [[0, 18]] and plan.exact_width == 18
+    assert [r for (r,) in d["blocks"]] == [[18 + j * plan.block_width, 18 + (j + 1) * plan.block_width]
+                                            for j in range(4)]
+    assert d["blocks"][-1][0][1] == plan.M
+    for j in range(4):  # every block holds every sketched parameter once, in layout order, tiling it
+        lo, hi = plan.block_range(j)
+        spans = [s.columns[j] for s in plan.params if s.kind != "exact"]
+        assert spans[0][0] == lo and spans[-1][1] == hi
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+        assert all(z - a == math.prod(s.dims) for s, (a, z) in
+                   zip([s for s in plan.params if s.kind != "exact"], spans, strict=True))
+    # the stored row as pseudo-parameters, so `--params sketch.block2` selects one block
+    assert plan.column_layout().names == ["sketch.exact", *(f"sketch.block{j}" for j in range(4))]
+    assert plan.column_layout().p == plan.M
+    # columns in proportion to size, Kronecker dims near the aspect
+    by = {s.name: s for s in plan.params}
+    assert by["emb"].width > by["w"].width > by["head"].width
+    assert by["emb"].dims[0] > by["emb"].dims[1] and by["head"].dims[0] <= by["head"].dims[1]
+
+
+def test_json_round_trip_regenerates_the_same_map():
+    plan = _plan()
+    again = SketchPlan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again == plan
+    assert torch.equal(sketch_matrix(again), sketch_matrix(plan))
+    other = _plan(seed=4)
+    assert not torch.equal(sketch_matrix(other), sketch_matrix(plan))
+    # the factors of one parameter differ between blocks (independent seeds)
+    w = next(s for s in plan.params if s.name == "w")
+    assert not torch.equal(block_factors(plan, w, 0).left, block_factors(plan, w, 1).left)
+    assert factor_seed(3, 0, "w", "left") != factor_seed(3, 1, "w", "left")
+    with pytest.raises(ValueError, match="kronecker-gaussian"):
+        SketchPlan.from_dict({**plan.to_dict(), "kind": "other"})
+
+
+def test_reference_is_the_linear_map_and_exact_columns_copy():
+    plan = _plan()
+    phi = sketch_matrix(plan)
+    rows = torch.randn(5, LAYOUT.p, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(sketch_rows(plan, rows), rows @ phi.T, rtol=1e-12, atol=1e-12)
+    b = LAYOUT["b"]
+    spec = next(s for s in plan.params if s.name == "b")
+    a, z = spec.columns[0]
+    assert torch.equal(sketch_rows(plan, rows)[:, a:z], rows[:, b.offset : b.stop])
+    with pytest.raises(ValueError, match="shape"):
+        sketch_rows(plan, rows[:, 1:])
+
+
+def test_block_gram_identity_and_unbiasedness_over_seeds():
+    """Y Y^T = Y_x Y_x^T + sum_j Y_j Y_j^T exactly; and over 300 seeds the mean of
+    Y_x Y_x^T + J Y_j Y_j^T (each j) and of Y Y^T is H H^T within a generous statistical bound
+    (the standard error of the mean is ~ 1/sqrt(300) of the single-sketch error)."""
+    gen = torch.Generator().manual_seed(1)
+    h = torch.randn(4, LAYOUT.p, dtype=torch.float64, generator=gen)
+    want = h @ h.T
+    j_blocks, seeds = 4, 300
+    per_block = torch.zeros(j_blocks, 4, 4, dtype=torch.float64)
+    overall = torch.zeros(4, 4, dtype=torch.float64)
+    single_err = 0.0
+    for seed in range(seeds):
+        plan = _plan(seed=seed, blocks=j_blocks)
+        y = sketch_rows(plan, h)
+        ex = y[:, : plan.exact_width]
+        gram_x = ex @ ex.T
+        blocks = [y[:, slice(*plan.block_range(j))] for j in range(j_blocks)]
+        gram = y @ y.T
+        torch.testing.assert_close(gram, gram_x + sum(b @ b.T for b in blocks), rtol=1e-12, atol=1e-9)
+        for j, b in enumerate(blocks):
+            per_block[j] += gram_x + j_blocks * (b @ b.T)
+        overall += gram
+        single_err += float((gram_x + j_blocks * blocks[0] @ blocks[0].T - want).norm())
+    scale = float(want.norm())
+    single_err /= seeds
+    for j in range(j_blocks):
+        err = float((per_block[j] / seeds - want).norm())
+        assert err < 5 * single_err / math.sqrt(seeds), (j, err, single_err)
+    assert float((overall / seeds - want).norm()) < 0.05 * scale
+    assert single_err > 0.05 * scale  # the test can fail: one sketch alone is far off
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="at least 2 independent blocks"):
+        _plan(blocks=1)
+    with pytest.raises(ValueError, match="--sketch >= "):
+        make_plan(LAYOUT, KINDS, 20, blocks=8)
+    with pytest.raises(ValueError, match="sketch kind"):
+        make_plan(LAYOUT, {**KINDS, "w": "magic"}, 300)
+
+
+def test_a_dense_factor_too_large_is_refused_by_name():
+    from gradspec.sketch import DENSE_MAX, SketchFactors
+
+    layout = ParamLayout.from_shapes([("big", (DENSE_MAX // 100,)), ("w", (4, 4))])
+    plan = make_plan(layout, {"big": "dense", "w": "kronecker"}, 400, blocks=2)
+    with pytest.raises(ValueError, match="'big'.*exceeds"):
+        SketchFactors(plan, dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="'big'"):
+        sketch_rows(plan, torch.zeros(1, layout.p))
