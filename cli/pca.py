@@ -112,6 +112,7 @@ def pca_command(
         f"{acc['reconstruction_error']:.4f}, explained variance {acc['explained_variance']:.4f}"
     )
     _check(acc)
+    _sketch(acc.get("sketch"))
     _rates(result.params)
     typer.echo(f"{result.passes} passes in {result.timings.get('total', 0):.1f}s -> {out}")
     if acc["max_residual"] > UNCONVERGED:
@@ -139,6 +140,20 @@ def _check(acc: dict) -> None:
             + f", rounding can add ~{acc.get('rounding', 0.0):.1e}"
             + (f", underflow up to {acc['underflow']:.1e}" if acc.get("underflow", 0.0) >= 1e-3 else "")
         )
+
+
+def _sketch(rep: dict | None) -> None:
+    """One line: the stated error of a spectrum of a sketched store (``_sketch_error``)."""
+    if not rep:
+        return
+    rel = [x for x in rep["relative_half_width"] if x is not None]
+    top = f"{rel[0]:.2%}" if rep["relative_half_width"][0] is not None else "unbounded"
+    med = f"{rep['median_relative_half_width']:.2%}" if rep.get("median_relative_half_width") is not None else "unbounded"
+    ang = ", ".join(f"k={a['k']}: " + ("vacuous" if a["vacuous"] else f"{a['bound']:.2g}") for a in rep["angles"])
+    typer.echo(
+        f"sketch: M={rep['M']} J={rep['J']} p={rep['p']}: sigma_1 within ±{top}, median ±{med} "
+        f"({len(rel)}/{rep['k']} bounded); sin(angle) of top-k U {ang}; V lives in sketch space"
+    )
 
 
 def _rates(params: dict) -> None:

@@ -9,6 +9,7 @@ from gradspec.linalg._kernels import GRAM_KERNELS
 from gradspec.linalg._operator import GradientOperator
 from gradspec.linalg._operator_base import ArraySink
 from gradspec.linalg._result import PcaResult, sign_fix
+from gradspec.linalg._sketch_error import compare_to_exact, format_table, sketch_error
 from gradspec.linalg._sources import ArraySource, DaskSource, StoreSource, make_source, parse_rows
 from gradspec.linalg.api import pca
 from gradspec.linalg.gram import gram_pca
@@ -38,6 +39,10 @@ __all__ = [
     "choose_method",
     "parse_memory",
     "sign_fix",
+    # the stated error of a sketched store's spectrum (issue 22)
+    "sketch_error",
+    "compare_to_exact",
+    "format_table",
     # the Gram kernels and this machine's choice among them
     "GRAM_KERNELS",
     "machine_kernels",

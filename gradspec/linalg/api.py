@@ -189,6 +189,9 @@ def pca(
     r, p = op.shape
     reason = f"{meth.value} as requested"
     explicit = meth is not PcaMethod.AUTO
+    sketch = _sketch_plan(op, meth, scheduler, budget)
+    if sketch is not None and sketch.whole and meth is PcaMethod.AUTO:
+        meth, reason = PcaMethod.GRAM, "a sketched store: the exact Gram method states the sketch error"
     if meth is PcaMethod.AUTO:
         meth, reason = choose_method(
             r=r,
@@ -222,17 +225,47 @@ def pca(
         "v_dtype": str(np.dtype(v_dtype)),
         "verify": mode,
     }
+    if sketch is not None:
+        run_params["sketch"] = sketch.describe()
+        run_params["right_vectors"] = "sketch space"
+        sketch = sketch if sketch.whole else None
     lock = _lock_output(out) if out is not None else None
     try:
         return _pca_into(out, op, meth, run_params, resume, overwrite, v_dtype, mode, it, tol,
-                         oversample, seed, k, t_start)
+                         oversample, seed, k, t_start, sketch)
     finally:
         if lock is not None:
             lock.release()
 
 
+def _sketch_plan(op: Any, meth: PcaMethod, scheduler: Any, budget: int) -> Any:
+    """The sketch plan of a sketched gradient store (None: not sketched); refuses, in one line,
+    what cannot state its error (another method, the Dask backend, too little memory)."""
+    from gradspec.linalg._sketch import check_sketch_memory, plan_for
+
+    plan = plan_for(getattr(op, "source", None))
+    if plan is None:
+        return None
+    if not plan.whole:
+        logger.warning(
+            "the selection takes %d of the %d sketch blocks whole: its spectrum is of those sketch "
+            "columns (in sketch space, not H's scale) and no sketch error is stated",
+            plan.blocks_selected, plan.J,
+        )
+        return plan
+    if meth not in (PcaMethod.AUTO, PcaMethod.GRAM):
+        raise ValueError(
+            f"{meth.value} does not state the error of a sketched store (it holds {plan.M} sketched "
+            "columns); use --method gram"
+        )
+    if scheduler is not None:
+        raise ValueError("the Dask backend does not state the error of a sketched store; drop --scheduler")
+    check_sketch_memory(plan, op.shape[0], budget)
+    return plan
+
+
 def _pca_into(out, op, meth, run_params, resume, overwrite, v_dtype, mode, it, tol, oversample, seed, k,
-              t_start):
+              t_start, sketch=None):
     """The rest of :func:`pca`, holding the output's lock: open (or resume) it, run, finish."""
     store = None
     final = None
@@ -255,7 +288,7 @@ def _pca_into(out, op, meth, run_params, resume, overwrite, v_dtype, mode, it, t
         before = store.passes_done if (store is not None and resume) else 0
         result = _run_method(
             meth, op, store=store, resume=resume, iters=it, tol=tol,
-            oversample=oversample, seed=seed, before=before, **common,
+            oversample=oversample, seed=seed, before=before, sketch=sketch, **common,
         )
         if sink is not None:
             sink.close()
@@ -339,6 +372,7 @@ def _run_method(
     oversample: int,
     seed: int,
     before: int = 0,
+    sketch: Any = None,
     **common: Any,
 ) -> PcaResult:
     """Run one method; iterative ones checkpoint to ``store`` and, with ``resume``, start from its state."""
@@ -347,7 +381,7 @@ def _run_method(
     if meth is PcaMethod.GRAM:
         from gradspec.linalg.gram import gram_pca
 
-        return gram_pca(op, **common)
+        return gram_pca(op, sketch=sketch, **common)
     if meth is PcaMethod.LANCZOS:
         from gradspec.linalg.lanczos import lanczos_pca
 

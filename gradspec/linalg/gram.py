@@ -24,11 +24,14 @@ logger = logging.getLogger(__name__)
 
 
 def gram_svd(
-    op: Any, k: int
+    op: Any, k: int, consumer: Any = None
 ) -> tuple[np.ndarray, np.ndarray, dict[str, float], np.ndarray]:
-    """-> (U r×k, σ k, timings, the Gram) from one pass over H and an r×r eigendecomposition."""
+    """-> (U r×k, σ k, timings, the Gram) from one pass over H and an r×r eigendecomposition.
+
+    ``consumer``: the Gram pass's consumer instead of the plain one (a sketched store's
+    ``SketchGram``, which keeps each sketch block's Gram too)."""
     t0 = time.perf_counter()
-    g = op.gram()
+    g = op.gram() if consumer is None else op.fused([consumer])[0]
     t1 = time.perf_counter()
     r = g.shape[0]
     lam, w = scipy.linalg.eigh(g, subset_by_index=[r - k, r - 1], driver="evr", check_finite=False)
@@ -39,7 +42,8 @@ def gram_svd(
 
 
 def gram_pca(
-    op: Any, *, k: int, sink: Any = None, verify: bool | str = True, out_dtype: Any = np.float32
+    op: Any, *, k: int, sink: Any = None, verify: bool | str = True, out_dtype: Any = np.float32,
+    sketch: Any = None,
 ) -> PcaResult:
     """Exact top-k singular triplets of H (two passes).
 
@@ -51,12 +55,20 @@ def gram_pca(
             H·V, the Gram's eigen-residual, rounding terms), ``"full"`` (the products H·V and
             VᵀV, a second GEMM the size of V's) or ``"none"`` (or False); see ``_verify``.
         out_dtype: dtype V is written in.
+        sketch: the ``SketchPlan`` of a sketched store (``_sketch``): the Gram pass keeps
+            each sketch block's Gram, and the accuracy report gets a ``sketch`` section
+            (``_sketch_error``: intervals for σ, bounds on the subspace angles).
 
     Returns:
         PcaResult with σ descending, U (r×k), V (p×k or None when streamed), and the Gram
         matrix H·Hᵀ it was computed from (``gram``).
     """
-    u, sigma, timings, g = gram_svd(op, k)
+    consumer = None
+    if sketch is not None:
+        from gradspec.linalg._sketch import SketchGram
+
+        consumer = SketchGram(op, sketch)
+    u, sigma, timings, g = gram_svd(op, k) if consumer is None else gram_svd(op, k, consumer)
     result = finalize(
         op,
         u,
@@ -70,4 +82,11 @@ def gram_pca(
         gram=g,
     )
     result.gram = g
+    if consumer is not None:
+        from gradspec.linalg._sketch_error import sketch_report
+
+        t0 = time.perf_counter()
+        result.check["sketch"] = sketch_report(consumer, op, result.k)
+        result.params["right_vectors"] = "sketch space"
+        result.timings["sketch_error"] = time.perf_counter() - t0
     return result
