@@ -34,7 +34,12 @@ from typing import Any
 import numpy as np
 
 from analyses._common import json_safe, log_to_stderr
-from analyses.li2022_restricted_lipschitz.text import retrain_config, run_collect, run_pca, run_untrained
+from analyses.li2022_restricted_lipschitz.text import (
+    retrain_config,
+    run_collect,
+    run_pca,
+    run_untrained,
+)
 from analyses.li2022_restricted_lipschitz.text_appendix import _fit
 from analyses.li2022_restricted_lipschitz.text_scale import FULL, QUICK, Scale
 

