@@ -94,6 +94,7 @@ def make_step(method: str, model, batch, names):
         from opacus.optimizers import DPOptimizerFastGradientClipping
         from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
+        model.train()  # Opacus records activations only in train mode (every dropout here is 0)
         b, t = batch["input_ids"].shape
         pos = torch.arange(t).repeat(b, 1)  # per-example position ids (Opacus's embedding sampler)
         gsm = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="sum",
