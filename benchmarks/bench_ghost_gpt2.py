@@ -166,10 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     for m, e in errors.items():
         lines.append(f"{m:<14} refused/failed: {e}")
     lines.append(f"# load average after: {os.getloadavg()[0]:.1f}")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    from _emit import emit  # benchmarks/_emit.py (this script's folder is on sys.path)
+
+    emit(lines, args.out)
     return 0
 
 

@@ -130,10 +130,9 @@ def main(argv: list[str] | None = None) -> int:
               f"goals: time <= 3x plain: {'met' if med['sketched'] <= 3 * med['plain'] else 'missed'} "
               f"({med['sketched'] / med['plain']:.2f}x); store <= 2 GB: "
               f"{'met' if sk.get('store_bytes', 0) <= 2e9 else 'missed'}"]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    from _emit import emit  # benchmarks/_emit.py (this script's folder is on sys.path)
+
+    emit(lines, args.out)
     return 0
 
 

@@ -117,10 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"{m:>8} {stored:>8} {mb:>9.1f} {cov:>9.3f} {worst:>7.2f} {err:>12.4f} {half:>11.4f} "
                      f"{str(ang):>10} {ts:>9.0f} {tp:>7.0f}")
     lines.append(f"# peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    from _emit import emit  # benchmarks/_emit.py (this script's folder is on sys.path)
+
+    emit(lines, args.out)
     return 0
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
@@ -22,15 +20,6 @@ from opacus.utils.batch_memory_manager import BatchMemoryManager  # noqa: E402
 
 C = 0.5  # small enough that most examples are clipped, so clipping is exercised
 N, D, K = 48, 5, 3
-
-
-@pytest.fixture(autouse=True)
-def _quiet_opacus():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=UserWarning, module="opacus")
-        warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
-        warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
-        yield
 
 
 def make_model() -> nn.Module:

@@ -4,8 +4,6 @@ writer error surfaces as one line."""
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
@@ -23,15 +21,6 @@ from opacus.utils.batch_memory_manager import BatchMemoryManager  # noqa: E402
 
 C = 0.3  # most examples are clipped, so the clip and the bound re-check both act
 N, D, K, B = 90, 12, 4, 10
-
-
-@pytest.fixture(autouse=True)
-def _quiet_opacus():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=UserWarning, module="opacus")
-        warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
-        warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
-        yield
 
 
 def _private(batch: int = B, dtype: torch.dtype = torch.float32):
