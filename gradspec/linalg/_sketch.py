@@ -68,22 +68,21 @@ class SketchPlan:
     segments: tuple[tuple[int, int, int], ...]
     exact_cols: int
     blocks_selected: int = 0
-    #: Every sketched column is selected: the J blocks are whole, and their error is stated.
+    #: Every sketched column is selected: the J blocks are whole (pca refuses anything else).
     whole: bool = True
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "seed": self.seed, "M": self.M, "p": self.p, "J": self.J,
-                "exact_columns": self.exact_cols, "error_stated": self.whole,
-                **({} if self.whole else {"whole_blocks_selected": self.blocks_selected})}
+                "exact_columns": self.exact_cols}
 
 
 def sketch_plan(attr: dict[str, Any], selected: list[tuple[int, int]], stored_cols: int) -> SketchPlan | None:
     """Check a ``gradspec.sketch`` attribute and map its blocks onto the selected column ranges.
 
-    The error is stated only when every sketched column is selected (fewer blocks, or a
-    block cut short, no longer estimate H·Hᵀ at its scale: ``whole`` is False, and the
-    spectrum is that of the selected sketch columns, in sketch space); the exact columns
-    may be selected in part. None: only exactly stored columns are selected.
+    The error can be stated only when every sketched column is selected (fewer blocks, or a
+    block cut short, no longer estimate H·Hᵀ at its scale: ``whole`` is False, and ``pca``
+    refuses the selection); the exact columns may be selected in part. None: only exactly
+    stored columns are selected.
 
     Raises:
         ValueError: a malformed attribute.

@@ -190,7 +190,7 @@ def pca(
     reason = f"{meth.value} as requested"
     explicit = meth is not PcaMethod.AUTO
     sketch = _sketch_plan(op, meth, scheduler, budget)
-    if sketch is not None and sketch.whole and meth is PcaMethod.AUTO:
+    if sketch is not None and meth is PcaMethod.AUTO:
         meth, reason = PcaMethod.GRAM, "a sketched store: the exact Gram method states the sketch error"
     if meth is PcaMethod.AUTO:
         meth, reason = choose_method(
@@ -228,7 +228,6 @@ def pca(
     if sketch is not None:
         run_params["sketch"] = sketch.describe()
         run_params["right_vectors"] = "sketch space"
-        sketch = sketch if sketch.whole else None
     lock = _lock_output(out) if out is not None else None
     try:
         return _pca_into(out, op, meth, run_params, resume, overwrite, v_dtype, mode, it, tol,
@@ -240,19 +239,19 @@ def pca(
 
 def _sketch_plan(op: Any, meth: PcaMethod, scheduler: Any, budget: int) -> Any:
     """The sketch plan of a sketched gradient store (None: not sketched); refuses, in one line,
-    what cannot state its error (another method, the Dask backend, too little memory)."""
+    what cannot state its error (part of the blocks, another method, the Dask backend, too
+    little memory)."""
     from gradspec.linalg._sketch import check_sketch_memory, plan_for
 
     plan = plan_for(getattr(op, "source", None))
     if plan is None:
         return None
-    if not plan.whole:
-        logger.warning(
-            "the selection takes %d of the %d sketch blocks whole: its spectrum is of those sketch "
-            "columns (in sketch space, not H's scale) and no sketch error is stated",
-            plan.blocks_selected, plan.J,
+    if not plan.whole:  # its σ would be of some sketch columns, not of H: plausible and wrong
+        raise ValueError(
+            f"the selection takes {plan.blocks_selected} of the {plan.J} sketch blocks whole: the spectrum "
+            "of part of a sketch is not H's (another scale, no stated error); select every sketch block "
+            "(no --params), or only sketch.exact"
         )
-        return plan
     if meth not in (PcaMethod.AUTO, PcaMethod.GRAM):
         raise ValueError(
             f"{meth.value} does not state the error of a sketched store (it holds {plan.M} sketched "

@@ -208,6 +208,9 @@ def test_other_methods_refuse_and_unsketched_stores_are_unchanged(tmp_path):
     write_sketched(tmp_path / "sk.zarr", y, attr)
     with pytest.raises(ValueError, match="use --method gram"):
         pca(source=tmp_path / "sk.zarr", k=5, method="krylov")
+    m = attr["M"] // case.J  # block 0 alone: a spectrum at another scale, refused
+    with pytest.raises(ValueError, match="1 of the 2 sketch blocks"):
+        pca(source=tmp_path / "sk.zarr", k=5, method="gram", col_ranges=[(0, m)])
     write_sketched(tmp_path / "plain.zarr", y, None)
     plain = pca(source=tmp_path / "plain.zarr", k=5, method="gram")
     sk = pca(source=tmp_path / "sk.zarr", k=5, method="gram")
