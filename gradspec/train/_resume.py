@@ -71,9 +71,8 @@ def _prepare_resume(
     """Check everything a resume depends on, then (and only then) roll the run back to its checkpoint."""
     run, state, saved, run_cfg, config, task = _restore_run(config, task, out, progress, hooks, ranks)
     store = open_resumable(out, state, saved, run.store_layout.to_list(), write_store=write_store, run_config=run_cfg)
-    if store is not None:
+    if store is not None:  # the same sketch, and what the resume keeps verified, before training a step
         _check_sketch(store, run)
-    if store is not None:  # verify what the resume keeps before training a single step
         kept = int(state["rows"])
         lost = [m for m in store.find_missing_chunks() if m["rows"][0] < kept]
         if lost:
