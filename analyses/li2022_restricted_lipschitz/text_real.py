@@ -118,8 +118,26 @@ def _arms(spectrum: Path, ranks: tuple[int, int, int]) -> list[tuple[str, list[A
             ("nonprivate", ["dp-sgd"], None)]
 
 
-def run_fig2b(scale: Scale, seeds: list[int], out: Path) -> None:
-    """Every Fig. 2b run under ``out/retrain/<group>/``, seed by seed (finished runs are reused)."""
+def arm_name(group: str, rank: int | None) -> str:
+    """``dpsgd``, ``nonprivate``, ``topk-100``, ``complement-10``, ...: what ``--arms`` selects."""
+    return group if rank is None else f"{group}-{rank}"
+
+
+def select_arms(names: str | None, ranks: tuple[int, int, int]) -> set[str] | None:
+    """The ``--arms`` names as a set (None: every arm); an unknown name is refused in one line."""
+    if not names:
+        return None
+    known = [arm_name(g, k) for g, _, k in _arms(Path("."), ranks)]
+    chosen = {n.strip() for n in names.split(",") if n.strip()}
+    if bad := sorted(chosen - set(known)):
+        raise SystemExit(f"unknown arm(s) {bad}; choose from {', '.join(known)}")
+    return chosen
+
+
+def run_fig2b(scale: Scale, seeds: list[int], out: Path, arms: set[str] | None = None) -> None:
+    """Every Fig. 2b run under ``out/retrain/<group>/``, seed by seed (finished runs are reused);
+    ``arms`` (names from :func:`arm_name`) restricts the runs, e.g. to the k = 100 arms on a
+    larger task."""
     from gradspec.optim import sweep
 
     root = out / "retrain"
@@ -127,6 +145,8 @@ def run_fig2b(scale: Scale, seeds: list[int], out: Path) -> None:
     spectrum = out / "spectrum.zarr"
     for seed in seeds:
         for group, algorithms, rank in _arms(spectrum, scale.ranks):
+            if arms is not None and arm_name(group, rank) not in arms:
+                continue
             if group == "nonprivate":
                 cfg = retrain_config(scale, target_epsilon=None, noise_multiplier=0.0, clip=False, backend="vmap")
                 sweep(config=cfg, out=root / group, algorithms=algorithms, seeds=[seed], train_metrics=False)
@@ -155,12 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="run directory (default runs/analyses/li2022_<dataset>)")
     ap.add_argument("--seeds", default="0,1,2", help="retraining seeds (comma-separated)")
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
+    ap.add_argument("--arms", default=None,
+                    help="retraining arms to run (comma-separated, e.g. dpsgd,topk-100,complement-100,"
+                         "random-100; default: all 11)")
     args = ap.parse_args(argv)
     log_to_stderr(fmt="%(asctime)s %(levelname)s %(name)s: %(message)s")
     scale = real_scale(args.dataset, args.quick)
     out = args.out or Path("runs/analyses") / f"li2022_{scale.name}"
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    arms = select_arms(args.arms, scale.ranks)
     if bad := [s for s in stages if s not in STAGES]:
         raise SystemExit(f"unknown stage(s) {bad}; choose from {', '.join(STAGES)}")
     t0 = time.perf_counter()
@@ -172,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if "fig2a" in stages:
         run_fig2a(out)
     if "retrain" in stages:
-        run_fig2b(scale, seeds, out)
+        run_fig2b(scale, seeds, out, arms)
     if "report" in stages:
         report(scale, out, seeds)
     logger.info("done in %.1f min", (time.perf_counter() - t0) / 60)
