@@ -47,10 +47,18 @@ class TensorData:
         ids: optional example ids (n,), distinct integers naming each example in the
             task's pool (e.g. its index in the original dataset). With ids, the splits
             of a task are checked disjoint by id; without, by exact content.
+        sequences: optional names of (n, T) token-aligned tensors, the first a 0/1 mask
+            of real tokens (e.g. ``("attention_mask", "input_ids", "token_type_ids")``).
+            A batch then drops the trailing positions that are padding in every one of
+            its rows, so it costs its own longest example, not the split's. Exact for a
+            model that masks padded keys and reads positions from the left (BERT, GPT-2
+            with right padding): the real tokens' outputs, the loss and every gradient
+            are unchanged up to rounding.
     """
 
     tensors: dict[str, Tensor]
     ids: Tensor | None = None
+    sequences: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         sizes = {k: v.shape[0] for k, v in self.tensors.items()}
@@ -66,6 +74,11 @@ class TensorData:
             if ids.unique().numel() != ids.numel():
                 raise ValueError("example ids must be distinct within a dataset")
             self.ids = ids
+        if self.sequences:
+            self.sequences = tuple(self.sequences)
+            shapes = {k: tuple(self.tensors[k].shape) if k in self.tensors else None for k in self.sequences}
+            if any(v is None or len(v) != 2 for v in shapes.values()) or len({v[1] for v in shapes.values()}) != 1:
+                raise ValueError(f"sequences must name (n, T) tensors of one length T, got {shapes}")
 
     def __len__(self) -> int:
         return next(iter(self.tensors.values())).shape[0]
@@ -74,13 +87,29 @@ class TensorData:
         """The examples at ``index`` as a batch."""
         if not isinstance(index, slice):
             index = torch.as_tensor(index, dtype=torch.long)
-        return {k: v[index] for k, v in self.tensors.items()}
+        out = {k: v[index] for k, v in self.tensors.items()}
+        if self.sequences:
+            out.update(trim_padding({k: out[k] for k in self.sequences}, self.sequences[0]))
+        return out
 
     def subset(self, index: Tensor | Sequence[int] | slice) -> TensorData:
         """The examples at ``index`` as a dataset, with their ids."""
         if not isinstance(index, slice):
             index = torch.as_tensor(index, dtype=torch.long)
-        return TensorData(self.batch(index), None if self.ids is None else self.ids[index])
+        return TensorData(self.batch(index), None if self.ids is None else self.ids[index], self.sequences)
+
+
+def trim_padding(sequences: dict[str, Tensor], mask: str) -> dict[str, Tensor]:
+    """``sequences`` (b, T) without the trailing positions where ``sequences[mask]`` is 0 in
+    every row (at least one position is kept)."""
+    m = sequences[mask]
+    if m.ndim != 2 or m.shape[1] <= 1 or m.shape[0] == 0:
+        return sequences
+    real = (m != 0).any(0).nonzero()
+    keep = int(real.max()) + 1 if len(real) else 1
+    if keep == m.shape[1]:
+        return sequences
+    return {k: v[:, :keep] for k, v in sequences.items()}
 
 
 def permutation(n: int, seed: int) -> Tensor:

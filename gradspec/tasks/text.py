@@ -112,7 +112,9 @@ def tokenize_texts(
         texts: the examples.
         labels: their integer classes, >= 0.
         max_length: truncation length.
-        padding: ``"longest"`` (pad to the longest example here) or ``"max_length"``.
+        padding: ``"longest"`` (pad to the longest example here; a batch is then cut to its
+            own longest example, see ``TensorData.sequences``) or ``"max_length"`` (every
+            batch ``max_length`` long).
     """
     if padding not in ("longest", "max_length"):
         raise ValueError(f"padding must be 'longest' or 'max_length', got {padding!r}")
@@ -128,7 +130,11 @@ def tokenize_texts(
     )
     tensors = {k: enc[k] for k in _INPUT_KEYS if k in enc}
     tensors["labels"] = labels_t
-    return TensorData(tensors)
+    # "longest" padding: each batch is trimmed to its own longest example (exact: padded keys
+    # are masked); "max_length" asks for one fixed shape, which is kept
+    trim = padding == "longest" and "attention_mask" in tensors and getattr(tokenizer, "padding_side", None) == "right"
+    sequences = ("attention_mask", *(k for k in _INPUT_KEYS if k in tensors and k != "attention_mask"))
+    return TensorData(tensors, sequences=sequences if trim else ())
 
 
 def dataset_to_tensordata(
@@ -269,7 +275,8 @@ def text_task(
             (synthetic: their own stream; a dataset: carved from the training split);
             0 for none.
         max_length: truncation length in tokens.
-        padding: ``"longest"`` (per split) or ``"max_length"``.
+        padding: ``"longest"`` (per split, each batch cut to its longest example) or
+            ``"max_length"`` (one fixed length).
         train_head: also train :data:`HEAD_PATTERNS` (else they stay as initialised).
         params: explicit parameter patterns, overriding the two options above.
         dropout: overrides the model's dropout probabilities (``None`` keeps them).
@@ -368,9 +375,10 @@ def text_task(
         train = dataset_to_tensordata(train_ds, tokenizer, **kwargs)
         held_out = dataset_to_tensordata(eval_ds, tokenizer, **kwargs)
         public = dataset_to_tensordata(public_ds, tokenizer, **kwargs) if n_public else None
-    train, held_out = TensorData(train.tensors, train_ids), TensorData(held_out.tensors, eval_ids)
+    train = TensorData(train.tensors, train_ids, train.sequences)
+    held_out = TensorData(held_out.tensors, eval_ids, held_out.sequences)
     if public is not None:
-        public = TensorData(public.tensors, public_ids)
+        public = TensorData(public.tensors, public_ids, public.sequences)
     if head == "public":
         extra["head"] = fit_head_on(net, _TextForward(net), public, l2=head_l2)
     else:
