@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 
 _STOP = object()
 
+#: Bytes of rows that may wait for the writer thread by default.
+QUEUE_BYTES = 1 << 30
+
 
 class WriterError(OSError):
     """The background writer failed; committed rows are intact."""
@@ -36,8 +39,12 @@ class BackgroundWriter:
 
     Args:
         store: a store open for writing; rows go after its committed rows.
-        max_queue: rows (or commits) that may wait in the queue; the trainer
-            blocks only when it is full. Bounds memory to ``max_queue`` rows.
+        max_queue: rows that may wait for the thread; the trainer blocks when
+            another hand-off would pass it (a batch of per-example rows counts each
+            row), or pass ``max_bytes``. A hand-off into an empty queue always goes
+            through, so one batch larger than either bound is still written.
+        max_bytes: bytes of rows that may wait (default 1 GiB: at p = 22M, 64
+            waiting float32 rows would hold 5.6 GB).
         background: ``False`` writes synchronously in the caller (for tests
             and for measuring what the thread saves).
 
@@ -46,7 +53,8 @@ class BackgroundWriter:
         >>> w.put(rows, meta); w.commit(); w.close()  # doctest: +SKIP
     """
 
-    def __init__(self, store: GradientStore, *, max_queue: int = 64, background: bool = True) -> None:
+    def __init__(self, store: GradientStore, *, max_queue: int = 64, max_bytes: int = QUEUE_BYTES,
+                 background: bool = True) -> None:
         self.store = store
         self._next = store.n_rows  # next row index to write (writer side)
         self._handed = store.n_rows  # rows handed over by the caller (caller side)
@@ -56,6 +64,9 @@ class BackgroundWriter:
         self._error: BaseException | None = None
         self._background = background
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, max_queue))
+        self._max_rows, self._max_bytes = max(1, int(max_queue)), max(1, int(max_bytes))
+        self._waiting = [0, 0]  # rows, bytes handed over and not yet written (background only)
+        self._room = threading.Condition()
         self._thread: threading.Thread | None = None
         if background:
             self._thread = threading.Thread(target=self._run, name="gradspec-writer", daemon=True)
@@ -82,11 +93,37 @@ class BackgroundWriter:
         else:
             self._handle(item)
 
+    def _reserve(self, n: int, nbytes: int) -> None:
+        """Wait until ``n`` rows of ``nbytes`` fit within the bounds (an empty queue takes any)."""
+        with self._room:
+            while self._waiting[0] and (self._waiting[0] + n > self._max_rows
+                                        or self._waiting[1] + nbytes > self._max_bytes):
+                self._room.wait(0.5)
+                self._raise_if_failed()
+            self._waiting[0] += n
+            self._waiting[1] += nbytes
+
+    def _release(self, n: int, nbytes: int) -> None:
+        with self._room:
+            self._waiting[0] -= n
+            self._waiting[1] -= nbytes
+            self._room.notify_all()
+
     def put(self, rows: np.ndarray, meta: dict[str, Any]) -> None:
         """Queue rows (float32, (b, p)) with their metadata (arrays of length b, or (b, k))."""
         n = 1 if np.ndim(rows) == 1 else len(rows)
-        self._submit(("rows", rows, meta))
+        nbytes = int(getattr(rows, "nbytes", 0))
+        if self._background:
+            self._raise_if_failed()
+            self._reserve(n, nbytes)
+        self._submit(("rows", rows, meta, n, nbytes))
         self._handed += n
+
+    @property
+    def waiting(self) -> tuple[int, int]:
+        """(rows, bytes) handed over and not yet written by the thread."""
+        with self._room:
+            return self._waiting[0], self._waiting[1]
 
     def commit(self, callback: Callable[[int], None] | None = None, *, wait: bool = False) -> None:
         """Flush queued rows, advance the committed count, then run ``callback(n_committed)``."""
@@ -129,22 +166,25 @@ class BackgroundWriter:
             item = self._queue.get()
             if item is _STOP:
                 return
-            if self._error is not None:
-                if item[0] == "commit":
-                    item[2].set()
-                continue
             try:
+                if self._error is not None:
+                    if item[0] == "commit":
+                        item[2].set()
+                    continue
                 self._handle(item)
             except BaseException as exc:  # noqa: BLE001 - reported to the caller
                 logger.debug("writer failed", exc_info=True)
                 self._error = exc
                 if item[0] == "commit":
                     item[2].set()
+            finally:
+                if item[0] == "rows":
+                    self._release(item[3], item[4])
 
     def _handle(self, item: tuple) -> None:
         kind = item[0]
         if kind == "rows":
-            _, rows, meta = item
+            rows, meta = item[1], item[2]
             rows = np.asarray(rows, dtype=np.float32)
             if rows.ndim == 1:
                 rows = rows[None]

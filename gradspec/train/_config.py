@@ -99,7 +99,7 @@ class TrainConfig:
             with other batches and noise (as papers' "seeds" usually mean).
         device: ``cpu`` | ``cuda`` | ``auto``.
         compressor: ``None`` | ``zstd`` | ``blosc`` for the store.
-        writer_queue: rows that may wait for the background writer.
+        writer_queue: rows that may wait for the background writer (at most 1 GiB of them).
         sketch: store each clipped per-example gradient as an M-column seeded random
             projection (``gradspec.sketch``; issue 22) instead of its p values; None (the
             default) stores the rows whole. Needs ``mode="per-example"`` and the ghost backend

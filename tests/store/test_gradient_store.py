@@ -200,3 +200,49 @@ def test_arrays_of_unequal_capacity_after_a_kill_between_resizes(tmp_path):
     w.append(np.ones((10, lay.p), np.float32), meta(10, 4))
     r = GradientStore.open(tmp_path / "g.zarr")
     np.testing.assert_array_equal(r.row_meta()["step"], np.arange(14))
+
+
+def test_the_writer_queue_bounds_rows_and_bytes_not_hand_offs(tmp_path):
+    """A batch of per-example rows counts each row: at most max_queue rows (or max_bytes)
+    wait for the thread, yet one batch larger than the bound still goes through."""
+    import threading
+    import time
+
+    lay = layout(300)
+    s = GradientStore.create(tmp_path / "g.zarr", layout=lay, rows_per_chunk=4)
+    gate = threading.Event()
+    real_write = s.write_rows
+
+    def slow(*args, **kwargs):
+        gate.wait()  # the disk stalls until the caller has tried to queue too much
+        return real_write(*args, **kwargs)
+
+    s.write_rows = slow
+    w = BackgroundWriter(s, max_queue=10, max_bytes=10**9)
+    data = np.arange(40 * lay.p, dtype=np.float32).reshape(40, lay.p)
+    peak = []
+    done = threading.Event()
+
+    def producer():
+        for i in range(5):  # 5 batches of 8 rows: 8 fit, 16 would not
+            w.put(data[8 * i : 8 * i + 8], meta(8, 8 * i))
+            peak.append(w.waiting[0])
+        done.set()
+
+    t = threading.Thread(target=producer)
+    t.start()
+    time.sleep(0.5)
+    assert not done.is_set()  # blocked on the second batch, not 64 hand-offs later
+    assert max(peak) <= 10
+    gate.set()
+    t.join(10)
+    w.close()
+    np.testing.assert_array_equal(GradientStore.open(tmp_path / "g.zarr").read(), data)
+    assert w.waiting == (0, 0)
+    # bytes: one 30-row batch exceeds a 1 kB budget but enters the empty queue
+    s2 = GradientStore.create(tmp_path / "h.zarr", layout=lay, rows_per_chunk=4)
+    w2 = BackgroundWriter(s2, max_queue=64, max_bytes=1000)
+    w2.put(data[:30], meta(30))
+    w2.put(data[30:], meta(10))
+    w2.close()
+    np.testing.assert_array_equal(GradientStore.open(tmp_path / "h.zarr").read(), data)
