@@ -98,7 +98,7 @@ def run_fig2a(out: Path) -> dict[str, Any]:
            "fit_all": {k: v for k, v in _fit(sigma, r).items() if k != "object"},
            "energy_top_k": {str(k): float((sigma[:k] ** 2).sum() / frob2) for k in (1, 10, 100, 1000) if k <= r}}
     fig = plot_spectrum({f"H ({r} steps)": sigma}, fits={f"H ({r} steps)": half["object"]},
-                        title=f"Fig. 2a on {out.name}: singular values of the average clipped gradients")
+                        title=f"Fig. 2a on {out.name}:\nsingular values of the average clipped gradients")
     save_figure(fig, out / "figures", "fig2a_spectrum", formats=("png",))
     (out / "fig2a.json").write_text(json.dumps(json_safe(res), indent=2))
     logger.info("fig2a: sigma_k ~ k^-%.3f (ranks 1..%d), R2 %.3f", half["c"], r // 2, half["r2"])
