@@ -379,7 +379,7 @@ def plot_fig2b(retrain: dict[str, Any] | None, budget: str, figures: Path, name:
             series[label] = {"x": [ranks[0], ranks[-1]], "mean": [a["mean"]] * 2, "std": [a["std"] or 0.0] * 2,
                              "linestyle": style}
     fig = plot_lines_errorbars(series, xlabel="subspace dimension k", ylabel="held-out accuracy", logx=True,
-                               title=f"Fig. 2b: fixed-subspace retraining, ε = 8\n({budget}; mean ± std over seeds)")
+                               title=f"Fig. 2b: fixed-subspace retraining, ε = 8\n{budget}\n(mean ± std over seeds)")
     return save_figure(fig, figures, name, formats=("png",))
 
 
