@@ -29,19 +29,24 @@ def _one_thread():  # many small products: one intra-op thread is faster on a bu
 SIZES = {"bert": (3000, 3), "gpt2": (3000, 2), "embed_ln": (300, 2), "convs": (1200, 2), "attention": (900, 2)}
 
 
-@pytest.mark.parametrize("name", sorted(SIZES))
-def test_sketched_rows_equal_the_reference_float64(name):
-    ref = _case(name)
-    names = select_parameters(ref.model, ["*"])
-    rows, _ = reference(ref, names)
-    ghost = GhostClipping(ref.model, ref.forward, ref.loss, names)
+def _sketched(case, batch, names, name, rows):
+    """Ghost clipping of ``case`` with SIZES[name]'s plan, clipped at the median reference norm:
+    (engine, plan, result, clip factors of the float64 reference rows)."""
+    ghost = GhostClipping(case.model, case.forward, case.loss, names)
     m, blocks = SIZES[name]
     plan = make_plan(ghost.layout, ghost.sketch_kinds(), m, seed=7, blocks=blocks)
     ghost.set_sketch(plan)
     norms = rows.norm(dim=1)
     c = float(norms.median())
-    res = ghost(ref.batch, c, sketch=True)
-    factors = clip_factors(norms, c)
+    return ghost, plan, ghost(batch, c, sketch=True), clip_factors(norms, c)
+
+
+@pytest.mark.parametrize("name", sorted(SIZES))
+def test_sketched_rows_equal_the_reference_float64(name):
+    ref = _case(name)
+    names = select_parameters(ref.model, ["*"])
+    rows, _ = reference(ref, names)
+    ghost, plan, res, factors = _sketched(ref, ref.batch, names, name, rows)
     want = sketch_rows(plan, factors[:, None] * rows)
     assert res.rows.shape == (rows.shape[0], plan.M)
     torch.testing.assert_close(res.rows, want, rtol=1e-9, atol=1e-11 * float(want.norm()))
@@ -59,14 +64,8 @@ def test_sketched_rows_float32_within_rounding(name):
     rows, _ = reference(ref, names)
     case = _case(name, torch.float32)
     case.batch = {k: (v.float() if v.is_floating_point() else v) for k, v in ref.batch.items()}
-    ghost = GhostClipping(case.model, case.forward, case.loss, names)
-    m, blocks = SIZES[name]
-    plan = make_plan(ghost.layout, ghost.sketch_kinds(), m, seed=7, blocks=blocks)
-    ghost.set_sketch(plan)
-    norms = rows.norm(dim=1)
-    c = float(norms.median())
-    res = ghost(case.batch, c, sketch=True)
-    want = sketch_rows(plan, clip_factors(norms, c)[:, None] * rows)
+    _, plan, res, factors = _sketched(case, case.batch, names, name, rows)
+    want = sketch_rows(plan, factors[:, None] * rows)
     assert res.rows.dtype == torch.float32
     assert float((res.rows.double() - want).norm() / want.norm()) < 1e-5
     for spec in plan.params:  # each parameter's columns too, not only the whole
