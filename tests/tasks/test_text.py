@@ -225,7 +225,7 @@ def _objective_grad(task, l2):
     loss = torch.nn.functional.cross_entropy(x @ w.T + b, y) + 0.5 * l2 * (w * w).sum()
     loss.backward()
     at_zero = torch.nn.functional.cross_entropy(torch.zeros(len(y), 2, dtype=torch.float64), y)
-    return float(torch.cat([w.grad.flatten(), b.grad.flatten()]).norm()), float(loss), float(at_zero)
+    return float(torch.cat([w.grad.flatten(), b.grad.flatten()]).norm()), float(loss.detach()), float(at_zero)
 
 
 def test_public_head_is_the_regularised_logistic_fit_of_the_public_split_only():
