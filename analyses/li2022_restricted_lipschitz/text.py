@@ -106,7 +106,7 @@ def run_retrain(scale: Scale, seeds: list[int], out: Path, groups: list[str], ra
                                algorithms=[("subspace", {"projector": "random"})], ranks=ranks,
                                seeds=seeds, epsilons=[scale.epsilon], train_metrics=False)
         elif group == "nonprivate":
-            cfg = retrain_config(scale, target_epsilon=None, noise_multiplier=0.0, clip=False, backend="vmap")
+            cfg = retrain_config(scale, target_epsilon=None, noise_multiplier=0.0, clip=False)  # ghost: the plain sum
             res[group] = sweep(config=cfg, out=out / group, algorithms=["dp-sgd"], seeds=seeds,
                                train_metrics=False)
         elif group == "topk":

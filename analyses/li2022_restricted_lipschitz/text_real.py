@@ -148,7 +148,7 @@ def run_fig2b(scale: Scale, seeds: list[int], out: Path, arms: set[str] | None =
             if arms is not None and arm_name(group, rank) not in arms:
                 continue
             if group == "nonprivate":
-                cfg = retrain_config(scale, target_epsilon=None, noise_multiplier=0.0, clip=False, backend="vmap")
+                cfg = retrain_config(scale, target_epsilon=None, noise_multiplier=0.0, clip=False)  # ghost: the plain sum
                 sweep(config=cfg, out=root / group, algorithms=algorithms, seeds=[seed], train_metrics=False)
                 continue
             sweep(config=retrain_config(scale), out=root / group, algorithms=algorithms,
