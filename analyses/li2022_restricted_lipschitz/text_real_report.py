@@ -40,6 +40,16 @@ def _diff(entry: dict[str, Any] | None) -> tuple[str, str]:
     return f"{entry['mean']:+.3f} (2 s.e. {two_se:.3f}, n = {entry['n']})", verdict
 
 
+def _gain(arms: dict[str, Any], key: str) -> str:
+    """'; 89% of DP-SGD's gain over the untrained model': (arm − untrained) / (DP-SGD − untrained)
+    of the means, or '' when an arm is missing or DP-SGD gained nothing."""
+    mean = {k: ((arms.get(k) or {}).get("accuracy") or {}).get("mean") for k in (key, "dpsgd", "untrained")}
+    if any(v is None for v in mean.values()) or mean["dpsgd"] <= mean["untrained"]:
+        return ""
+    share = (mean[key] - mean["untrained"]) / (mean["dpsgd"] - mean["untrained"])
+    return f"; {share:.0%} of DP-SGD's gain over the untrained model"
+
+
 def claims(results: dict[str, Any]) -> list[list[str]]:
     rows: list[list[str]] = []
     fig2a = results.get("fig2a") or {}
@@ -65,7 +75,7 @@ def claims(results: dict[str, Any]) -> list[list[str]]:
         rows.append([f"Fig. 2b: top-{k} retraining ≈ full DP-SGD (3 epochs)",
                      "k = 100 ≈ original accuracy" if k == 100 else "close to full for k ≥ 100",
                      f"top-{k} {_acc(arms, key)}; random-{k} {_acc(arms, f'random-k{k}')}; "
-                     f"paired full − top-{k} {d}", verdict])
+                     f"paired full − top-{k} {d}{_gain(arms, key)}", verdict])
     for k in ranks:
         key = f"complement-k{k}"
         if key not in arms:
