@@ -83,7 +83,7 @@ def claims(results: dict[str, Any]) -> list[list[str]]:
         d, _ = _diff(paired.get(f"topk-k{k}", {}).get(key))
         rows.append([f"control: training in the complement of the top-{k} subspace",
                      "Song, Ahn & Yun 2025 (Hessian subspace): complement ≈ SGD, subspace stalls",
-                     f"complement-{k} {_acc(arms, key)}; paired complement − top-{k} {d}",
+                     f"complement-{k} {_acc(arms, key)}; paired complement − top-{k} {d}{_gain(arms, key)}",
                      "see README: what it means"])
     rows.append(["baselines", "DP-SGD ≈ 90%, non-private 92% (SST-2, n ≈ 67k)",
                  f"full DP-SGD {_acc(arms, 'dpsgd')}; non-private {_acc(arms, 'nonprivate')}; "

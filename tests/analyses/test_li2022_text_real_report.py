@@ -19,7 +19,7 @@ def _paired(*diffs: float) -> dict:
 
 def test_rows_say_the_gain_recovered_and_what_did_not_run() -> None:
     arms = {"dpsgd": _arm(0.76, 0.76, 0.76), "untrained": _arm(0.52), "topk-k100": _arm(0.70, 0.70, 0.70),
-            "random-k100": _arm(0.52, 0.53, 0.51), "topk-k10": _arm(0.40)}
+            "random-k100": _arm(0.52, 0.53, 0.51), "topk-k10": _arm(0.40), "complement-k100": _arm(0.64, 0.64)}
     paired = {"topk-k100": {"dpsgd": _paired(0.06, 0.06, 0.06)}, "topk-k10": {"dpsgd": _paired(0.36)}}
     rows = claims({"scale": {"ranks": [10, 100, 1000]}, "retrain": {"arms": arms, "paired": paired}})
     by = {r[2].split(" ")[0]: r for r in rows if r[0].startswith("Fig. 2b")}
@@ -29,6 +29,8 @@ def test_rows_say_the_gain_recovered_and_what_did_not_run() -> None:
     assert "-50% of DP-SGD's gain" in by["top-10"][2]  # below the untrained model: said, not hidden
     assert by["top-10"][3] == "pending (1 seed)"
     assert "random-10 not run" in by["top-10"][2]
+    comp = [r for r in rows if r[0].startswith("control")]
+    assert len(comp) == 1 and "50% of DP-SGD's gain" in comp[0][2]  # (0.64-0.52)/(0.76-0.52)
     base = [r for r in rows if r[0] == "baselines"][0][2]
     assert "non-private not run" in base and "full DP-SGD 0.760 ± 0.000 (n = 3)" in base
 
