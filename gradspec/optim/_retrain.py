@@ -4,7 +4,8 @@
 the optimizer's hooks and no gradient store, and writes ``retrain.json`` (algorithm,
 options, epsilon, final metrics) next to the run's ``metrics.jsonl``. :func:`sweep`
 runs a grid over algorithms, ranks, seeds and noise multiplier or epsilon, one directory each,
-and writes ``summary.csv`` and ``summary.json``.
+and writes ``summary.csv`` and ``summary.json`` of every finished run in its folder (an
+earlier sweep's into the same folder too).
 
 ``retrain.json`` also records what the optimizer used (``hooks``: the public examples'
 ids into the task's pool under ``public_ids``, the random projector's seed, the fixed
@@ -424,7 +425,8 @@ def sweep(
         train_metrics: report ``train_*`` metrics (see :func:`retrain`).
 
     Returns:
-        The summary rows (also in ``out/summary.csv`` and ``out/summary.json``).
+        This sweep's summary rows (``out/summary.csv`` and ``out/summary.json`` list these and
+        the folder's other finished runs).
     """
     if noise_multipliers and epsilons:
         raise ValueError("sweep over noise multipliers or over epsilons, not both")
@@ -477,8 +479,24 @@ def sweep(
                                       task=task_factory(seed) if task_factory else None,
                                       overwrite=True, progress=progress, train_metrics=train_metrics)
                     rows.append(res.to_row())
-    write_summary(rows, out)
+    write_summary(rows + _earlier_runs(out, rows), out)
     return rows
+
+
+def _earlier_runs(out: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of finished runs in ``out`` that this sweep did not run or reuse (an earlier
+    sweep's, e.g. other arms), so the folder's summary lists every run in it; a damaged one
+    is left out with a warning (the sweep's own runs are done by then)."""
+    mine = {Path(r["out"]).resolve() for r in rows if r.get("out")}
+    extra = []
+    for result in sorted(out.glob(f"*/{RESULT_NAME}")):
+        if result.parent.resolve() in mine:
+            continue
+        try:
+            extra.append(_read_result(result.parent).to_row())
+        except ValueError as err:
+            logger.warning("summary.csv leaves out %s: %s", result.parent.name, err)
+    return extra
 
 
 def write_summary(rows: list[dict[str, Any]], out: Path) -> None:

@@ -57,6 +57,10 @@ def test_sweep_writes_one_run_per_point_and_a_summary(tmp_path):
     again = sweep(config=config(steps=4), algorithms=["dp-sgd"], seeds=[0, 1],
                   noise_multipliers=[0.5], out=tmp_path)  # finished runs are reused
     assert [r["eval_loss"] for r in again] == [r["eval_loss"] for r in rows[:2]]
+    with open(tmp_path / "summary.csv") as f:  # the folder's summary still lists every run in it
+        table = list(csv.DictReader(f))
+    assert len(again) == 2 and len(table) == 6
+    assert sorted(r["out"] for r in table) == sorted(str(r["out"]) for r in rows)
 
 
 def test_spectrum_store_projector(tmp_path):
