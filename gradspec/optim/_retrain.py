@@ -23,7 +23,6 @@ seeds differ in it.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
 import json
@@ -39,6 +38,7 @@ from typing import Any
 from gradspec._json import describe_jsonable as _jsonable
 from gradspec.optim._projectors import Projector
 from gradspec.optim._registry import PROJECTED, Algorithm, algorithm_options, make_algorithm
+from gradspec.optim._summary import write_summary
 from gradspec.tasks import Task
 from gradspec.train import StepHooks, TrainConfig
 
@@ -47,7 +47,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["RetrainResult", "retrain", "sweep"]
 
 RESULT_NAME = "retrain.json"
-SUMMARY_CSV, SUMMARY_JSON = "summary.csv", "summary.json"
 
 
 @dataclass(frozen=True)
@@ -479,35 +478,5 @@ def sweep(
                                       task=task_factory(seed) if task_factory else None,
                                       overwrite=True, progress=progress, train_metrics=train_metrics)
                     rows.append(res.to_row())
-    write_summary(rows + _earlier_runs(out, rows), out)
+    write_summary(rows, out, read_row=lambda run_dir: _read_result(run_dir).to_row(), result_name=RESULT_NAME)
     return rows
-
-
-def _earlier_runs(out: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of finished runs in ``out`` that this sweep did not run or reuse (an earlier
-    sweep's, e.g. other arms), so the folder's summary lists every run in it; a damaged one
-    is left out with a warning (the sweep's own runs are done by then)."""
-    mine = {Path(r["out"]).resolve() for r in rows if r.get("out")}
-    extra = []
-    for result in sorted(out.glob(f"*/{RESULT_NAME}")):
-        if result.parent.resolve() in mine:
-            continue
-        try:
-            extra.append(_read_result(result.parent).to_row())
-        except ValueError as err:
-            logger.warning("summary.csv leaves out %s: %s", result.parent.name, err)
-    return extra
-
-
-def write_summary(rows: list[dict[str, Any]], out: Path) -> None:
-    """``summary.csv`` (columns: the union of the rows' keys) and ``summary.json``."""
-    keys: list[str] = []
-    for row in rows:
-        keys += [k for k in row if k not in keys]
-    with open(out / SUMMARY_CSV, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-    clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
-             for r in rows]
-    (out / SUMMARY_JSON).write_text(json.dumps(clean, indent=2))
