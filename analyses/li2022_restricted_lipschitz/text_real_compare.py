@@ -30,13 +30,13 @@ def _private_n(run: Path) -> int:
 
     splits = (GradientStore.open(run / "collect" / "gradients.zarr").config.get("task_config") or {}).get("splits") or {}
     if "n_train" not in splits:
-        raise SystemExit(f"{run}: the gradient store records no task split (n_train); pass n yourself")
+        raise SystemExit(f"{run}: the gradient store records no task split (n_train): not a gradspec collect run?")
     return int(splits["n_train"])
 
 
 def spectrum_row(run: Path, n: int | None = None) -> dict[str, Any]:
     """The comparison's numbers for one run; ``n`` (the private examples) is read from the
-    run's task when not given."""
+    run's gradient store when not given."""
     from gradspec.spectrum import gram_eigh
 
     gram_path = run / "gram.npy"
