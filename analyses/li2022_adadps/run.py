@@ -100,16 +100,15 @@ def _sigma(exp: Experiment, n_train: int) -> float:
 def _finished(out: Path, config, method: Method):
     """The finished run in ``out`` if it was asked for with this very config and algorithm (an
     interrupted analysis resumes without retraining), else None."""
-    from gradspec.optim import RetrainResult
+    from gradspec.optim import read_result
 
-    path = out / "retrain.json"
-    if not path.is_file():
+    if not (out / "retrain.json").is_file():
         return None
-    saved = json.loads(path.read_text())
+    saved = read_result(out)  # a damaged file: a one-line ValueError, not a traceback
     asked = json.loads(json.dumps(config.to_dict(), default=str))
-    if saved.get("settings", {}).get("config") != asked or saved["settings"].get("algorithm") != method.algorithm:
+    if saved.settings.get("config") != asked or saved.settings.get("algorithm") != method.algorithm:
         return None
-    return RetrainResult.from_dict(saved)
+    return saved
 
 
 def _paper_delta_epsilons(exp: Experiment, sigma: float, n_train: int) -> dict[str, Any]:

@@ -45,7 +45,8 @@ from gradspec.optim._registry import (
     spectrum_basis,
     spectrum_layout,
 )
-from gradspec.optim._retrain import RetrainResult, retrain, sweep
+from gradspec.optim._result import RetrainResult, read_result
+from gradspec.optim._retrain import retrain, sweep
 from gradspec.optim._subspace import ComplementRetrain, NoiseSpace, SubspaceRetrain
 
 __all__ = [
@@ -90,6 +91,7 @@ __all__ = [
     "spectrum_layout",
     # experiments
     "RetrainResult",
+    "read_result",
     "retrain",
     "sweep",
 ]

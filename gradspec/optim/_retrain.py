@@ -30,7 +30,6 @@ import logging
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -38,109 +37,14 @@ from typing import Any
 from gradspec._json import describe_jsonable as _jsonable
 from gradspec.optim._projectors import Projector
 from gradspec.optim._registry import PROJECTED, Algorithm, algorithm_options, make_algorithm
+from gradspec.optim._result import RESULT_NAME, RetrainResult, read_result
 from gradspec.optim._summary import write_summary
 from gradspec.tasks import Task
 from gradspec.train import StepHooks, TrainConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RetrainResult", "retrain", "sweep"]
-
-RESULT_NAME = "retrain.json"
-
-
-@dataclass(frozen=True)
-class RetrainResult:
-    """What one :func:`retrain` run produced."""
-
-    out: Path
-    algorithm: str
-    options: dict[str, Any]
-    rank: int | None
-    seed: int
-    noise_multiplier: float
-    epsilon: float
-    delta: float
-    steps: int
-    final_metrics: dict[str, float]
-    metrics: Path
-    hooks: dict[str, Any] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
-    accounting: str = ""
-    dp_guarantee: bool = True
-    dp_caveat: str | None = None
-
-    def to_row(self) -> dict[str, Any]:
-        """A flat summary-table row."""
-        return {
-            "algorithm": self.algorithm, "rank": self.rank, "seed": self.seed,
-            "noise_multiplier": self.noise_multiplier, "epsilon": self.epsilon,
-            "delta": self.delta, "steps": self.steps, "accounting": self.accounting,
-            "dp_guarantee": self.dp_guarantee, "dp_caveat": self.dp_caveat,
-            **self.final_metrics, "out": str(self.out),
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
-                "out": str(self.out), "metrics": str(self.metrics)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RetrainResult:
-        """The result that :meth:`to_dict` wrote (a ``retrain.json``), every field of its type.
-
-        Raises:
-            ValueError: ``d`` is not such a dict: a field is missing or of another JSON type.
-        """
-        if not isinstance(d, dict):
-            raise ValueError(f"a retrain result is a JSON object, not {type(d).__name__}")
-        d = {k: v for k, v in d.items() if k in _RESULT_TYPES}
-        missing = sorted(n for n in _RESULT_TYPES if n not in d and n not in _RESULT_DEFAULTS)
-        if missing:
-            raise ValueError(f"a retrain result lacks {missing}")
-        for name, value in d.items():
-            kinds = _RESULT_TYPES[name]
-            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-                raise ValueError(f"the retrain result's {name!r} is {value!r:.40}, not of type "
-                                 f"{' or '.join(k.__name__ for k in kinds)}")
-        if not all(isinstance(v, (*_NUMBER, type(None))) for v in d["final_metrics"].values()):
-            raise ValueError("the retrain result's 'final_metrics' are not all numbers")
-        d["out"], d["metrics"] = Path(d["out"]), Path(d["metrics"])
-        return cls(**d)
-
-
-_NUMBER = (int, float)
-#: The JSON types of a retrain.json's fields (what :meth:`RetrainResult.from_dict` accepts).
-_RESULT_TYPES: dict[str, tuple[type, ...]] = {
-    "out": (str,), "metrics": (str,), "algorithm": (str,), "options": (dict,), "rank": (int, type(None)),
-    "seed": (int,), "noise_multiplier": _NUMBER, "epsilon": _NUMBER, "delta": _NUMBER, "steps": (int,),
-    "final_metrics": (dict,), "hooks": (dict,), "settings": (dict,), "accounting": (str,),
-    "dp_guarantee": (bool,), "dp_caveat": (str, type(None)),
-}
-_RESULT_DEFAULTS = ("hooks", "settings", "accounting", "dp_guarantee", "dp_caveat")
-
-
-def _read_result(run_dir: Path) -> RetrainResult:
-    """The finished run in ``run_dir`` (its ``retrain.json``), checked before a sweep reuses it;
-    ``out`` and ``metrics`` are the run's own files, whatever the file recorded (a moved or
-    shared sweep must not send the figures to another folder's metrics). One-line ValueError."""
-    path = run_dir / RESULT_NAME
-    damaged = (f"{str(path)!r} is not a readable retrain result (%s); rerun the sweep with --overwrite "
-               "(it reruns this run), or delete that run's folder")
-    try:
-        saved = json.loads(path.read_text())
-    except RecursionError:
-        raise ValueError(damaged % "it nests too deeply") from None
-    except (OSError, ValueError) as exc:
-        raise ValueError(damaged % f"not JSON: {str(exc).splitlines()[0][:80]}") from None
-    try:
-        result = RetrainResult.from_dict(saved)
-        settings = result.settings
-        if settings and not (isinstance(settings.get("config"), dict) and isinstance(settings.get("options"), dict)):
-            raise ValueError("its settings lack the config or the options it was asked for")
-    except ValueError as exc:
-        raise ValueError(damaged % str(exc)) from None
-    return dataclasses.replace(result, out=run_dir, metrics=run_dir / "metrics.jsonl")
-
+__all__ = ["retrain", "sweep"]
 
 def _rank(hooks: StepHooks, options: dict[str, Any]) -> int | None:
     projector = getattr(hooks, "projector", None)
@@ -468,7 +372,7 @@ def sweep(
                         run_dir = legacy  # finished under the old name: reuse it (checked below)
                     done = run_dir / RESULT_NAME
                     if done.is_file() and not overwrite:
-                        res = _read_result(run_dir)
+                        res = read_result(run_dir)
                         _check_reusable(res.to_dict(), {"config": cfg.to_dict(), "algorithm": name,
                                                         "options": _jsonable(options)}, run_dir)
                         logger.info("reusing finished run %s", run_dir)
@@ -478,5 +382,5 @@ def sweep(
                                       task=task_factory(seed) if task_factory else None,
                                       overwrite=True, progress=progress, train_metrics=train_metrics)
                     rows.append(res.to_row())
-    write_summary(rows, out, read_row=lambda run_dir: _read_result(run_dir).to_row(), result_name=RESULT_NAME)
+    write_summary(rows, out)
     return rows

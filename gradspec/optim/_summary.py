@@ -6,37 +6,37 @@ import csv
 import json
 import logging
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from gradspec.optim._result import RESULT_NAME, read_result
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_CSV, SUMMARY_JSON = "summary.csv", "summary.json"
 
 
-def _earlier_runs(out: Path, rows: list[dict[str, Any]], read_row: Callable[[Path], dict[str, Any]],
-                  result_name: str) -> list[dict[str, Any]]:
+def _earlier_runs(out: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of finished runs in ``out`` that this sweep did not run or reuse (an earlier
     sweep's, e.g. other arms), so the folder's summary lists every run in it; a damaged one
     is left out with a warning (the sweep's own runs are done by then)."""
     mine = {Path(r["out"]).resolve() for r in rows if r.get("out")}
     extra = []
-    for result in sorted(out.glob(f"*/{result_name}")):
+    for result in sorted(out.glob(f"*/{RESULT_NAME}")):
         if result.parent.resolve() in mine:
             continue
         try:
-            extra.append(read_row(result.parent))
+            extra.append(read_result(result.parent).to_row())
         except ValueError as err:
             logger.warning("summary.csv leaves out %s: %s", result.parent.name, err)
     return extra
 
 
-def write_summary(rows: list[dict[str, Any]], out: Path, *, read_row: Callable[[Path], dict[str, Any]],
-                  result_name: str) -> None:
+def write_summary(rows: list[dict[str, Any]], out: Path) -> None:
     """``summary.csv`` (columns: the union of the rows' keys) and ``summary.json``: ``rows``, then
-    the folder's other finished runs (``<run>/<result_name>``, each read by ``read_row``)."""
-    rows = rows + _earlier_runs(out, rows, read_row, result_name)
+    the folder's other finished runs (``<run>/retrain.json``, each checked as a resumed sweep checks
+    it)."""
+    rows = rows + _earlier_runs(out, rows)
     keys: list[str] = []
     for row in rows:
         keys += [k for k in row if k not in keys]

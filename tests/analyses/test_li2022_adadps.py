@@ -89,3 +89,7 @@ def test_finished_runs_are_reused_only_with_the_same_settings(tmp_path):
     other = type(config).from_dict({**config.to_dict(), "lr": 0.1})
     assert adadps._finished(tmp_path, other, method) is None
     assert adadps._finished(tmp_path, config, exp.methods[4]) is None  # DP-Adam
+    (tmp_path / "retrain.json").write_text('{"algorithm": "dp-sgd"')  # cut short by a crash
+    with pytest.raises(ValueError, match="not a readable retrain result") as err:
+        adadps._finished(tmp_path, config, method)
+    assert "\n" not in str(err.value)
