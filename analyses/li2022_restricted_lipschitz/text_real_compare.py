@@ -1,4 +1,5 @@
-"""Fig. 2a across the real-text tasks: how the gradient spectrum moves with n (issue 23).
+"""Fig. 2a and 2b across the real-text tasks: how the spectrum and the top-k gap move with n
+(issue 23).
 
 Run: ``python -m analyses.li2022_restricted_lipschitz.text_real_compare RUN_DIR [RUN_DIR ...]
 --out DIR``, where each ``RUN_DIR`` is a ``text_real`` run whose ``fig2a`` stage is done
@@ -6,6 +7,12 @@ Run: ``python -m analyses.li2022_restricted_lipschitz.text_real_compare RUN_DIR 
 each divided by its ‖H‖_F so the slopes compare) and ``fig2a_by_n.md`` / ``.json``: per run
 the private n, r, the power-law exponent over ranks 1..r/2 with its 95% CI and R², the share
 of ‖H‖_F² in the top 10/100/1000 directions and the collection's held-out accuracy.
+
+Runs whose ``report`` stage is done (``results.json`` with retraining arms) also go into
+``fig2b_by_n.md`` / ``.json``: per run and rank k, full DP-SGD, top-k, the paired gap
+full − top-k with twice its standard error over seeds, the share of DP-SGD's gain over the
+untrained model that top-k recovers, random-k and complement-k, and non-private — the
+question being whether the gap closes as n grows at fixed ε.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import numpy as np
 
 from analyses._common import json_safe
 from analyses.li2022_restricted_lipschitz.text_appendix import _fit
+from analyses.li2022_restricted_lipschitz.text_real_report import acc_text, gain_share, paired_text
 from analyses.li2022_restricted_lipschitz.text_scale import final_eval
 
 ENERGY_RANKS = (10, 100, 1000)
@@ -67,6 +75,46 @@ def table_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def fig2b_rows(run: Path, n: int) -> list[dict[str, Any]]:
+    """One row per rank k with a top-k arm in the run's ``results.json``; [] when the run has
+    no report (or no retraining in it) yet."""
+    path = run / "results.json"
+    if not path.is_file():
+        return []
+    try:
+        results = json.loads(path.read_text())
+        arms, paired, scale = results["retrain"]["arms"], results["retrain"]["paired"], results["scale"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"{path}: not a text_real report ({type(exc).__name__}: {exc}); rerun its report stage") from None
+    rows = []
+    for k in scale["ranks"]:
+        key = f"topk-k{k}"
+        if key not in arms:
+            continue
+        gap = (paired.get(key) or {}).get("dpsgd") or {"n": 0}
+        two_se = (2 * gap["std"] / gap["n"] ** 0.5) if gap["n"] >= 2 and gap["std"] is not None else None
+        rows.append({"run": run.name, "n": n, "steps": scale["retrain_steps"], "batch": scale["retrain_batch"],
+                     "epsilon": scale.get("epsilon"), "k": k, "gap": gap.get("mean"), "gap_two_se": two_se,
+                     "gap_seeds": gap["n"], "gain_share": gain_share(arms, key),
+                     "text": {name: acc_text(arms, name) for name in
+                              ("dpsgd", key, f"random-k{k}", f"complement-k{k}", "nonprivate", "untrained")},
+                     "gap_text": paired_text(gap)[0]})
+    return rows
+
+
+def fig2b_markdown(rows: list[dict[str, Any]]) -> str:
+    head = ("| run | private n | steps × batch | k | full DP-SGD | top-k | full − top-k (paired) | "
+            "top-k's share of DP-SGD's gain | random-k | complement-k | non-private |")
+    lines = [head, "|" + "---|" * 11]
+    for row in sorted(rows, key=lambda x: (x["k"], x["n"])):
+        t, k = row["text"], row["k"]
+        share = "—" if row["gain_share"] is None else f"{row['gain_share']:.0%}"
+        lines.append(f"| {row['run']} | {row['n']:,} | {row['steps']:,} × {row['batch']} | {k} | {t['dpsgd']} | "
+                     f"{t[f'topk-k{k}']} | {row['gap_text']} | {share} | {t[f'random-k{k}']} | "
+                     f"{t[f'complement-k{k}']} | {t['nonprivate']} |")
+    return "\n".join(lines)
+
+
 def compare(runs: list[Path], out: Path) -> list[dict[str, Any]]:
     """The table and the figure for ``runs``, written under ``out``."""
     from gradspec.plot import plot_spectrum, save_figure
@@ -84,6 +132,12 @@ def compare(runs: list[Path], out: Path) -> list[dict[str, Any]]:
     keep = [{k: v for k, v in row.items() if k not in ("fit_object", "sigma_over_frob")} for row in rows]
     (out / "fig2a_by_n.json").write_text(json.dumps(json_safe(keep), indent=2))
     print(md)
+    fig2b = [row for run, r in zip(runs, rows, strict=True) for row in fig2b_rows(run, r["n"])]
+    if fig2b:
+        md2 = fig2b_markdown(fig2b)
+        (out / "fig2b_by_n.md").write_text(md2 + "\n")
+        (out / "fig2b_by_n.json").write_text(json.dumps(json_safe(fig2b), indent=2))
+        print(md2)
     return rows
 
 

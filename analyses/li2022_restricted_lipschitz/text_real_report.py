@@ -21,7 +21,7 @@ from analyses.li2022_restricted_lipschitz.text_report import (
 from analyses.li2022_restricted_lipschitz.text_scale import PAPER, Scale, final_eval, versions
 
 
-def _acc(arms: dict[str, Any], key: str) -> str:
+def acc_text(arms: dict[str, Any], key: str) -> str:
     a = (arms.get(key) or {}).get("accuracy") or {"n": 0}
     if not a["n"]:
         return "not run"
@@ -29,7 +29,7 @@ def _acc(arms: dict[str, Any], key: str) -> str:
     return f"{a['mean']:.3f}{std} (n = {a['n']})"
 
 
-def _diff(entry: dict[str, Any] | None) -> tuple[str, str]:
+def paired_text(entry: dict[str, Any] | None) -> tuple[str, str]:
     """'+0.012 (2 s.e. 0.020, n = 3)' and a verdict for a paired (other − top-k) difference."""
     if not entry or not entry["n"]:
         return "not run", "pending"
@@ -40,14 +40,19 @@ def _diff(entry: dict[str, Any] | None) -> tuple[str, str]:
     return f"{entry['mean']:+.3f} (2 s.e. {two_se:.3f}, n = {entry['n']})", verdict
 
 
-def _gain(arms: dict[str, Any], key: str) -> str:
-    """'; 89% of DP-SGD's gain over the untrained model': (arm − untrained) / (DP-SGD − untrained)
-    of the means, or '' when an arm is missing or DP-SGD gained nothing."""
+def gain_share(arms: dict[str, Any], key: str) -> float | None:
+    """(arm − untrained) / (DP-SGD − untrained) of the means: the share of DP-SGD's gain over
+    the untrained model that the arm recovers; None when an arm is missing or DP-SGD gained nothing."""
     mean = {k: ((arms.get(k) or {}).get("accuracy") or {}).get("mean") for k in (key, "dpsgd", "untrained")}
     if any(v is None for v in mean.values()) or mean["dpsgd"] <= mean["untrained"]:
-        return ""
-    share = (mean[key] - mean["untrained"]) / (mean["dpsgd"] - mean["untrained"])
-    return f"; {share:.0%} of DP-SGD's gain over the untrained model"
+        return None
+    return (mean[key] - mean["untrained"]) / (mean["dpsgd"] - mean["untrained"])
+
+
+def _gain(arms: dict[str, Any], key: str) -> str:
+    """'; 89% of DP-SGD's gain over the untrained model', or '' (see :func:`gain_share`)."""
+    share = gain_share(arms, key)
+    return "" if share is None else f"; {share:.0%} of DP-SGD's gain over the untrained model"
 
 
 def claims(results: dict[str, Any]) -> list[list[str]]:
@@ -71,23 +76,23 @@ def claims(results: dict[str, Any]) -> list[list[str]]:
         key = f"topk-k{k}"
         if key not in arms:
             continue
-        d, verdict = _diff(paired.get(key, {}).get("dpsgd"))
+        d, verdict = paired_text(paired.get(key, {}).get("dpsgd"))
         rows.append([f"Fig. 2b: top-{k} retraining ≈ full DP-SGD (3 epochs)",
                      "k = 100 ≈ original accuracy" if k == 100 else "close to full for k ≥ 100",
-                     f"top-{k} {_acc(arms, key)}; random-{k} {_acc(arms, f'random-k{k}')}; "
+                     f"top-{k} {acc_text(arms, key)}; random-{k} {acc_text(arms, f'random-k{k}')}; "
                      f"paired full − top-{k} {d}{_gain(arms, key)}", verdict])
     for k in ranks:
         key = f"complement-k{k}"
         if key not in arms:
             continue
-        d, _ = _diff(paired.get(f"topk-k{k}", {}).get(key))
+        d, _ = paired_text(paired.get(f"topk-k{k}", {}).get(key))
         rows.append([f"control: training in the complement of the top-{k} subspace",
                      "Song, Ahn & Yun 2025 (Hessian subspace): complement ≈ SGD, subspace stalls",
-                     f"complement-{k} {_acc(arms, key)}; paired complement − top-{k} {d}{_gain(arms, key)}",
+                     f"complement-{k} {acc_text(arms, key)}; paired complement − top-{k} {d}{_gain(arms, key)}",
                      "see README: what it means"])
     rows.append(["baselines", "DP-SGD ≈ 90%, non-private 92% (SST-2, n ≈ 67k)",
-                 f"full DP-SGD {_acc(arms, 'dpsgd')}; non-private {_acc(arms, 'nonprivate')}; "
-                 f"untrained {_acc(arms, 'untrained')}", "—"])
+                 f"full DP-SGD {acc_text(arms, 'dpsgd')}; non-private {acc_text(arms, 'nonprivate')}; "
+                 f"untrained {acc_text(arms, 'untrained')}", "—"])
     return rows
 
 

@@ -52,3 +52,43 @@ def test_a_run_without_its_gram_is_refused_in_one_line(tmp_path) -> None:
     (tmp_path / "bare").mkdir()
     with pytest.raises(SystemExit, match=r"bare: no gram.npy; run its pca and fig2a stages first"):
         cmp.spectrum_row(tmp_path / "bare")
+
+
+def _report(run, dpsgd: list[float], top: list[float], untrained: float = 0.5) -> None:
+    """A text_real results.json with a DP-SGD arm, a top-100 arm and the untrained model (made up)."""
+    from analyses.li2022_restricted_lipschitz.text_report import mean_std
+
+    gaps = [d - t for d, t in zip(dpsgd, top, strict=True)]
+    arms = {"dpsgd": {"accuracy": mean_std(dpsgd)}, "topk-k100": {"accuracy": mean_std(top)},
+            "untrained": {"accuracy": mean_std([untrained])}}
+    (run / "results.json").write_text(json.dumps({
+        "scale": {"ranks": [10, 100], "retrain_steps": 50, "retrain_batch": 8, "epsilon": 8.0},
+        "retrain": {"arms": arms, "paired": {"topk-k100": {"dpsgd": mean_std(gaps)}}}}))
+
+
+def test_fig2b_gap_by_n_from_each_runs_report(tmp_path) -> None:
+    small, _ = _run(tmp_path, "small", 0.45, 900)
+    large, _ = _run(tmp_path, "large", 0.6, 2000)
+    _report(small, dpsgd=[0.80, 0.82, 0.78], top=[0.70, 0.74, 0.72])
+    _report(large, dpsgd=[0.90], top=[0.88])
+    cmp.compare([large, small], tmp_path / "out")
+    rows = {r["run"]: r for r in json.loads((tmp_path / "out" / "fig2b_by_n.json").read_text())}
+    assert set(rows) == {"small", "large"}  # k = 10 has no top-k arm: no row
+    s = rows["small"]
+    assert s["k"] == 100 and s["n"] == 900 and s["gap_seeds"] == 3
+    assert s["gap"] == pytest.approx(0.08)
+    assert s["gap_two_se"] == pytest.approx(2 * np.std([0.10, 0.08, 0.06], ddof=1) / np.sqrt(3))
+    assert s["gain_share"] == pytest.approx((0.72 - 0.5) / (0.80 - 0.5))
+    assert rows["large"]["gap_two_se"] is None and rows["large"]["gap_text"] == "+0.020 (one seed)"
+    md = (tmp_path / "out" / "fig2b_by_n.md").read_text().splitlines()
+    assert len({line.count("|") for line in md}) == 1
+    assert md[2].startswith("| small | 900 | 50 × 8 | 100 |") and "not run" in md[2]  # no random arm
+
+
+def test_fig2b_skips_runs_without_a_report_and_refuses_a_broken_one(tmp_path) -> None:
+    run, _ = _run(tmp_path, "plain", 0.5, 900)
+    cmp.compare([run], tmp_path / "out")
+    assert not (tmp_path / "out" / "fig2b_by_n.md").exists()
+    (run / "results.json").write_text('{"scale": {}}')
+    with pytest.raises(SystemExit, match=r"not a text_real report \(KeyError"):
+        cmp.compare([run], tmp_path / "out")
