@@ -59,7 +59,7 @@ def retrain_config(scale: Scale, **changes: Any):
     base = dict(task="text", task_options=dict(scale.task_options), steps=scale.retrain_steps,
                 batch_size=scale.retrain_batch, target_epsilon=scale.epsilon, noise_multiplier=None,
                 optimizer="adam", lr=scale.retrain_lr, eval_every=0, log_every=10,
-                checkpoint_every=10_000, seed=0, task_seed=0, backend="ghost")
+                checkpoint_every=100, seed=0, task_seed=0, backend="ghost")  # a killed sweep loses <= 100 steps
     base.update(changes)
     return TrainConfig(**base)
 

@@ -40,7 +40,7 @@ from gradspec.optim._registry import PROJECTED, Algorithm, algorithm_options, ma
 from gradspec.optim._result import RESULT_NAME, RetrainResult, read_result
 from gradspec.optim._summary import write_summary
 from gradspec.tasks import Task
-from gradspec.train import StepHooks, TrainConfig
+from gradspec.train import BOOKKEEPING, StepHooks, TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,9 @@ def retrain(
         options: options of :func:`make_algorithm` when ``algorithm`` is a name; ``seed``
             (random projector, public examples) defaults to ``config.seed``.
         task: a user's own task (default: built from ``config``).
-        resume: continue the run in ``out`` from its last checkpoint.
+        resume: continue the run in ``out`` from its last checkpoint (an interrupted run);
+            refused for a run started with another algorithm or options, or settings that a
+            resume may not change (see :func:`gradspec.train.train`).
         overwrite: replace a run in ``out``.
         progress: progress bar on stderr.
         train_metrics: also report loss and metrics on the private training set at the
@@ -233,8 +235,8 @@ def retrain(
         logger.warning("%s: the reported epsilon is NOT a DP guarantee: %s", hooks.name, dp_caveat)
     settings = {"config": requested, "options": _jsonable(options),
                 "algorithm": hooks.name if isinstance(algorithm, StepHooks) else str(algorithm)}
-    result = train(config, out=out, task=task, resume=resume, overwrite=overwrite,
-                   progress=progress, hooks=hooks, write_store=False)
+    result = train(config, out=out, task=task, resume=resume, overwrite=overwrite, progress=progress,
+                   hooks=hooks, write_store=False, run_info=_run_info(settings))
     final = dict(result.final_metrics)
     final.update(_held_out_report(task, final))
     if train_metrics and result.steps:
@@ -249,6 +251,33 @@ def retrain(
     )
     (Path(out) / RESULT_NAME).write_text(json.dumps(res.to_dict(), indent=2, default=str))
     return res
+
+
+def _run_info(settings: dict[str, Any]) -> dict[str, Any]:
+    """What a run records of the algorithm it was started with (its run config's ``run_info``),
+    so that a resume with another is refused (the trainer checks the config itself)."""
+    return {"retrain": {"algorithm": settings["algorithm"], "options": settings["options"]}}
+
+
+def _resumable(run_dir: Path, settings: dict[str, Any]) -> str | None:
+    """Why the interrupted run in ``run_dir`` cannot be continued as this sweep's run, or None
+    when it can: it has a checkpoint, and was started with these very settings (config up to
+    :data:`~gradspec.train.BOOKKEEPING`, algorithm and options)."""
+    from gradspec.train import BOOKKEEPING, read_run_config
+    from gradspec.train._checkpoint import CHECKPOINT_NAME, saved_run_config
+
+    if not (run_dir / CHECKPOINT_NAME).is_file():
+        return "no checkpoint"
+    try:
+        started = read_run_config(run_dir).to_dict()
+        info = saved_run_config(run_dir).get("run_info") or {}
+    except (OSError, ValueError) as exc:
+        return str(exc).splitlines()[0]
+    asked = json.loads(json.dumps(settings, default=str))
+    diff = [k for k, v in asked["config"].items() if k not in BOOKKEEPING and started.get(k) != v]
+    if info.get("retrain") != _run_info(asked)["retrain"]:
+        diff.append("algorithm or options")
+    return f"other settings ({', '.join(diff)})" if diff else None
 
 
 def _run_name(algorithm: str, rank: int | None, seed: int, noise_multiplier: float | None,
@@ -278,7 +307,7 @@ def _check_reusable(saved: dict[str, Any], settings: dict[str, Any], run_dir: Pa
         raise ValueError(f"{str(run_dir)!r} holds a run that does not record its settings, so it "
                          "cannot be reused safely; pass overwrite=True (CLI --overwrite) or another out")
     diff = [f"{k}: {old['config'].get(k)!r} -> {v!r}" for k, v in settings["config"].items()
-            if old.get("config", {}).get(k) != v]
+            if k not in BOOKKEEPING and old.get("config", {}).get(k) != v]
     if old.get("algorithm") != settings["algorithm"]:
         diff.append(f"algorithm: {old.get('algorithm')!r} -> {settings['algorithm']!r}")
     if old.get("options") != settings["options"]:
@@ -377,10 +406,18 @@ def sweep(
                                                         "options": _jsonable(options)}, run_dir)
                         logger.info("reusing finished run %s", run_dir)
                     else:
-                        logger.info("sweep run %s", run_dir.name)
+                        resume = False
+                        if run_dir.is_dir() and not overwrite:  # an interrupted run: continue it if it is this one
+                            why = _resumable(run_dir, {"config": cfg.to_dict(), "algorithm": name,
+                                                       "options": _jsonable(options)})
+                            resume = why is None
+                            logger.info("sweep run %s: %s", run_dir.name, "continuing the interrupted run"
+                                        if resume else f"replacing the interrupted run ({why})")
+                        else:
+                            logger.info("sweep run %s", run_dir.name)
                         res = retrain(config=cfg, algorithm=name, options=options, out=run_dir,
-                                      task=task_factory(seed) if task_factory else None,
-                                      overwrite=True, progress=progress, train_metrics=train_metrics)
+                                      task=task_factory(seed) if task_factory else None, resume=resume,
+                                      overwrite=not resume, progress=progress, train_metrics=train_metrics)
                     rows.append(res.to_row())
     write_summary(rows, out)
     return rows

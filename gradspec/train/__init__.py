@@ -7,6 +7,7 @@ Recording gradients into a store is ``gradspec.collect``'s; this package trains.
 from gradspec._attention import additive_attention_mask, attention_is_causal, attention_mask_4d
 from gradspec.train._checkpoint import is_run_dir, read_run_config
 from gradspec.train._config import (
+    BOOKKEEPING,
     RESUMABLE,
     CollectConfig,
     TrainConfig,
@@ -38,6 +39,7 @@ __all__ = [
     "TrainResult",
     "CollectConfig",
     "CollectResult",
+    "BOOKKEEPING",
     "RESUMABLE",
     "merge_resume",
     "resume_conflicts",

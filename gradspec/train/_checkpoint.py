@@ -331,7 +331,7 @@ def clear_run(out: str | os.PathLike) -> list[str]:
 #: What a resume reads from the run config a run wrote, and the JSON types each may have.
 _RUN_CONFIG_KINDS: dict[str, tuple[type, ...]] = {
     "run_id": (str, type(None)), "steps": (int, type(None)), "noise_multiplier": (int, float, type(None)),
-    "collect": (dict, type(None)), "resumes": (list,),
+    "collect": (dict, type(None)), "resumes": (list,), "run_info": (dict, type(None)),
 }
 
 
@@ -340,7 +340,7 @@ def saved_run_config(out: Path) -> dict[str, Any]:
 
     Raises:
         ValueError: run.json exists but is not a JSON object, or an entry a resume reads
-            (``run_id``, ``steps``, ``noise_multiplier``, ``collect``, ``resumes``) has
+            (``run_id``, ``steps``, ``noise_multiplier``, ``collect``, ``resumes``, ``run_info``) has
             the wrong type.
     """
     from gradspec.store import GradientStore

@@ -45,6 +45,10 @@ RESUMABLE = frozenset(
      "microbatch", "writer_queue"}
 )
 
+#: Settings that change neither what a run computes nor what it reports at its end: a
+#: finished run (or an interrupted one, to continue) may be reused under other values.
+BOOKKEEPING = frozenset({"checkpoint_every", "writer_queue"})
+
 # Command-line names of the settings whose flag is not --<name-with-dashes>.
 _FLAGS = {
     "target_epsilon": "--epsilon",

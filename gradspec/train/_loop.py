@@ -83,6 +83,7 @@ def train(
     write_store: bool = False,
     allow_larger_epsilon: bool = False,
     sink: RowSinkFactory | None = None,
+    run_info: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Train with DP-SGD in the run directory ``out``; with ``write_store``, also stream the
     clipped gradients into ``out/gradients.zarr`` through ``sink`` (what
@@ -117,6 +118,9 @@ def train(
             ``GradientRecorder.for_trainer``); required then.
         allow_larger_epsilon: on resume, allow more steps than a target-epsilon run's
             sigma was calibrated for (its epsilon then exceeds the target; it is reported).
+        run_info: a caller's own settings (JSON-able), recorded in the run config as
+            ``run_info`` and kept across resumes; a resume given one refuses a run that was
+            started with another (``gradspec.optim.retrain`` records its algorithm and options).
 
     Returns:
         A :class:`TrainResult`.
@@ -149,7 +153,7 @@ def train(
             try:
                 run, store, task = _setup(config, task, out, lock, ranks, resume=resume, overwrite=overwrite,
                                           progress=progress, hooks=hooks, write_store=write_store,
-                                          allow_larger_epsilon=allow_larger_epsilon)
+                                          allow_larger_epsilon=allow_larger_epsilon, run_info=run_info)
             except BaseException as err:
                 ranks.agree(err, what="setting up the run")  # every rank stops with this error
                 raise
@@ -165,7 +169,7 @@ def train(
 
 def _setup(config: TrainConfig | None, task: Task | None, out: Path, lock, ranks: Ranks, *, resume: bool,
            overwrite: bool, progress: bool, hooks: StepHooks | None, write_store: bool,
-           allow_larger_epsilon: bool) -> tuple[_Run, Any, Task]:
+           allow_larger_epsilon: bool, run_info: dict[str, Any] | None = None) -> tuple[_Run, Any, Task]:
     """The writer's run: checked, and the run directory created, replaced or rolled back to its
     checkpoint, under ``lock`` (taken here, released by the caller)."""
     from gradspec.store import GradientStore
@@ -181,10 +185,13 @@ def _setup(config: TrainConfig | None, task: Task | None, out: Path, lock, ranks
     if out.is_dir():
         lock.acquire()
     if resume:
-        return _prepare_resume(config, task, out, progress, hooks, write_store, allow_larger_epsilon, ranks)
+        return _prepare_resume(config, task, out, progress, hooks, write_store, allow_larger_epsilon, ranks,
+                               run_info)
     config, task = bind_task(config or TrainConfig(), task)
     torch.manual_seed(config.seed)
     run = _Run(config, task, out, progress, hooks, ranks=ranks)
+    if run_info is not None:
+        run.run_info = json.loads(json.dumps(run_info, default=str))
     if write_store and config.every >= run.steps > 1:
         raise ValueError(
             f"--every {config.every} with {run.steps} steps stores step 0 only: "

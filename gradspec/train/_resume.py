@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 def _restore_run(
     config: TrainConfig | None, task: Task | None, out: Path, progress: bool, hooks: StepHooks | None,
-    ranks: Ranks | None = None,
+    ranks: Ranks | None = None, run_info: dict[str, Any] | None = None,
 ):
     """The run in ``out`` rebuilt at its last checkpoint, reading only: (run, checkpoint state,
     saved settings, saved run config, settings, task). Every rank of a distributed resume
@@ -57,19 +58,35 @@ def _restore_run(
     required = ("step", "rows", "model", "optimizer", "metrics_offset", "layout")
     state = load_checkpoint(out / CHECKPOINT_NAME, required=required)
     run_cfg = saved_run_config(out)
+    run_info = _same_run_info(run_cfg.get("run_info"), run_info, out)
     sigma = state.get("noise_multiplier", run_cfg.get("noise_multiplier"))
     torch.manual_seed(config.seed)
     run = _Run(config, task, out, progress, hooks, sigma=sigma, ranks=ranks)
     run.restore(state)
+    run.run_info = run_info
     return run, state, saved, run_cfg, config, task
+
+
+def _same_run_info(saved: dict[str, Any] | None, given: dict[str, Any] | None, out: Path) -> dict[str, Any] | None:
+    """The run's recorded ``run_info``, after checking that a resume given one was started with it."""
+    if given is None:
+        return saved
+    given, saved = json.loads(json.dumps(given, default=str)), saved or {}  # as it was saved
+    keys = sorted(k for k in {*saved, *given} if saved.get(k) != given.get(k))
+    if keys:
+        raise ValueError(f"{str(out)!r} was started with other caller settings (run_info {keys[0]!r}: "
+                         f"{saved.get(keys[0])!r:.80} -> {given.get(keys[0])!r:.80}); resume it as it was "
+                         "started, or start it anew with --overwrite")
+    return saved
 
 
 def _prepare_resume(
     config: TrainConfig | None, task: Task | None, out: Path, progress: bool, hooks: StepHooks | None,
     write_store: bool, allow_larger_epsilon: bool, ranks: Ranks | None = None,
+    run_info: dict[str, Any] | None = None,
 ):
     """Check everything a resume depends on, then (and only then) roll the run back to its checkpoint."""
-    run, state, saved, run_cfg, config, task = _restore_run(config, task, out, progress, hooks, ranks)
+    run, state, saved, run_cfg, config, task = _restore_run(config, task, out, progress, hooks, ranks, run_info)
     store = open_resumable(out, state, saved, run.store_layout.to_list(), write_store=write_store, run_config=run_cfg)
     if store is not None:  # the same sketch, and what the resume keeps verified, before training a step
         _check_sketch(store, run)

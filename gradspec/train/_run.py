@@ -138,6 +138,8 @@ class _Run:
         self.step = 0
         self.n = n
         self.run_id = uuid.uuid4().hex
+        #: a caller's own settings (``train(run_info=...)``), kept in the run config across resumes
+        self.run_info: dict[str, Any] | None = None
         self.last_eval: dict[str, float] = {}
         # What a private step divides the noised clipped sum by: the expected batch size.
         denominator = self.q * n if config.sampling == Sampling.POISSON else float(config.batch_size)
@@ -242,6 +244,7 @@ class _Run:
                 else "shuffled fixed-size batches, accounted as one Gaussian mechanism per epoch (no amplification)"
             ),
             "versions": package_versions(),
+            **({"run_info": self.run_info} if self.run_info is not None else {}),
         }
 
     # ------------------------------------------------------------------ checkpoint

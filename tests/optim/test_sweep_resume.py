@@ -1,0 +1,97 @@
+"""An interrupted sweep continues its unfinished run from the run's last checkpoint (a long
+retraining killed at a session's end loses at most ``checkpoint_every`` steps) and ends
+exactly as an uninterrupted sweep; an interrupted run asked for with other settings is
+replaced, and a resume under another algorithm or options is refused."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from gradspec.optim import retrain, sweep
+
+from ._cases import config, lowrank_task
+
+ALGORITHMS = {
+    "dp-sgd": ("dp-sgd", {}),
+    "noisy-adagrad": ("noisy-adagrad", {"rank": 3, "projector": "random", "diagonal": True,
+                                        "precond_noise_multiplier": 5.0}),
+}
+
+
+def _killed_after(monkeypatch, steps: int) -> None:
+    """Every later training step raises, as a kill at that point would stop the process."""
+    from gradspec.train._run import _Run
+
+    real, calls = _Run.train_step, {"n": 0}
+
+    def step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > steps:
+            raise KeyboardInterrupt("killed")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(_Run, "train_step", step)
+
+
+def _metrics(run_dir) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k != "time"} for line in open(run_dir / "metrics.jsonl")]
+
+
+def _sweep(out, algorithm, **kw):
+    return sweep(config=config(steps=12, checkpoint_every=5, **kw), algorithms=[algorithm], seeds=[0],
+                 noise_multipliers=[1.0], out=out, task_factory=lambda s: lowrank_task(seed=s))
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_an_interrupted_run_continues_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch, caplog, name):
+    reference = _sweep(tmp_path / "ref", ALGORITHMS[name])[0]
+    with monkeypatch.context() as m:
+        _killed_after(m, 8)  # checkpoint at step 5, steps 6-8 done and lost
+        with pytest.raises(KeyboardInterrupt):
+            _sweep(tmp_path / "cut", ALGORITHMS[name])
+    run_dir = tmp_path / "cut" / f"{name}-seed0-nm1"
+    assert not (run_dir / "retrain.json").exists()
+    with caplog.at_level(logging.INFO, logger="gradspec.optim._retrain"):
+        again = _sweep(tmp_path / "cut", ALGORITHMS[name])[0]
+    assert "continuing the interrupted run" in caplog.text
+    for key in ("eval_loss", "epsilon", "steps", "train_loss"):
+        assert again[key] == reference[key], key  # exact: the same steps, noise and sampling
+    assert _metrics(run_dir) == _metrics(tmp_path / "ref" / f"{name}-seed0-nm1")
+
+
+def test_an_interrupted_run_with_other_settings_is_replaced(tmp_path, monkeypatch, caplog):
+    with monkeypatch.context() as m:
+        _killed_after(m, 8)
+        with pytest.raises(KeyboardInterrupt):
+            _sweep(tmp_path / "cut", ALGORITHMS["dp-sgd"])
+    with caplog.at_level(logging.INFO, logger="gradspec.optim._retrain"):
+        again = _sweep(tmp_path / "cut", ALGORITHMS["dp-sgd"], lr=0.1)[0]
+    assert "replacing the interrupted run (other settings (lr))" in caplog.text
+    fresh = _sweep(tmp_path / "fresh", ALGORITHMS["dp-sgd"], lr=0.1)[0]
+    assert again["eval_loss"] == fresh["eval_loss"]
+
+
+def test_a_resume_under_other_options_is_refused_in_one_line(tmp_path, monkeypatch):
+    name, options = ALGORITHMS["noisy-adagrad"]
+    cfg = config(steps=12, checkpoint_every=5)
+    with monkeypatch.context() as m:
+        _killed_after(m, 8)
+        with pytest.raises(KeyboardInterrupt):
+            retrain(config=cfg, algorithm=name, options=options, out=tmp_path, task=lowrank_task())
+    with pytest.raises(ValueError, match="started with other caller settings") as err:
+        retrain(config=cfg, algorithm=name, options={**options, "precond_noise_multiplier": 4.0}, out=tmp_path,
+                task=lowrank_task(), resume=True)
+    assert "\n" not in str(err.value)
+    done = retrain(config=cfg, algorithm=name, options=options, out=tmp_path, task=lowrank_task(), resume=True)
+    assert done.steps == 12
+
+
+def test_a_finished_run_is_reused_under_other_bookkeeping(tmp_path, caplog):
+    first = _sweep(tmp_path, ALGORITHMS["dp-sgd"])[0]
+    with caplog.at_level(logging.INFO, logger="gradspec.optim._retrain"):
+        again = sweep(config=config(steps=12, checkpoint_every=7, writer_queue=3), algorithms=["dp-sgd"], seeds=[0],
+                      noise_multipliers=[1.0], out=tmp_path)[0]
+    assert "reusing finished run" in caplog.text and again["eval_loss"] == first["eval_loss"]
