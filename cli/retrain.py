@@ -86,6 +86,7 @@ def retrain_command(
     device: opt.Device = "cpu",
     train_metrics: bool = typer.Option(True, "--train-metrics/--no-train-metrics", help="Also report loss and accuracy on the training set at the end."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing runs."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run in --out from its last checkpoint (give the settings it was started with; other ones are refused). A sweep continues its interrupted runs by itself."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Write figures of a sweep."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
@@ -104,6 +105,9 @@ def retrain_command(
     if steps is not None and epochs is not None:
         raise ValueError("give --steps or --epochs, not both")
     names = [str(parse_choice(Algorithm, a, "algorithm")) for a in algorithm]
+    if resume and sweep:
+        raise ValueError("--resume is for one run: a --sweep reuses its finished runs and continues its interrupted "
+                         "ones by itself")
     if not sweep:
         if len(names) != 1:
             raise ValueError("give one --algorithm, or --sweep to run several")
@@ -161,7 +165,7 @@ def retrain_command(
         return opts
 
     if not sweep:
-        res = run_retrain(config=config, algorithm=names[0], options=options(names[0]), out=out,
+        res = run_retrain(config=config, algorithm=names[0], options=options(names[0]), out=out, resume=resume,
                           overwrite=overwrite, progress=not no_progress, train_metrics=train_metrics)
         eps = "inf (non-private)" if res.epsilon == float("inf") else f"{res.epsilon:.3f}"
         if not res.dp_guarantee and res.epsilon != float("inf"):

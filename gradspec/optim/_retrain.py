@@ -201,8 +201,12 @@ def retrain(
     """
     from gradspec.train import is_run_dir, train
 
-    if not (resume or overwrite) and is_run_dir(out):  # train's own refusal advises --resume, which `gradspec retrain` lacks
-        raise FileExistsError(f"{str(out)!r} already holds a run: pass --overwrite to replace it or choose another --out (from Python, retrain(resume=True) continues it)")
+    if not (resume or overwrite) and is_run_dir(out):  # what to advise depends on whether the run finished
+        if (Path(out) / RESULT_NAME).is_file():
+            raise FileExistsError(f"{str(out)!r} already holds a finished run: pass --overwrite to replace it or "
+                                  "choose another --out")
+        raise FileExistsError(f"{str(out)!r} holds an interrupted run: pass --resume to continue it (with the "
+                              "settings it was started with), --overwrite to replace it, or choose another --out")
     options = dict(options or {})
     requested = config.to_dict()
     if isinstance(algorithm, StepHooks):

@@ -1,5 +1,6 @@
 """`gradspec retrain --out` into a folder that already holds a run: the refusal advises what
-`retrain` supports (--overwrite, another --out), not --resume, which it lacks (issue 25)."""
+applies (issue 25) — --overwrite or another --out for a finished run, and --resume as well for
+an interrupted one, which then continues it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ RETRAIN = ["retrain", "--algorithm", "dp-sgd", "--task", "lowrank", "-t", "n=200
            "--batch-size", "20", "--steps", "3", "--no-progress", "--no-train-metrics", "--no-plot"]
 
 
-def test_retrain_into_a_run_advises_overwrite_not_resume(tmp_path):
+def test_retrain_into_a_finished_run_advises_overwrite_not_resume(tmp_path):
     out = str(tmp_path / "run")
     assert runner.invoke(app, [*RETRAIN, "--out", out]).exit_code == 0
     before = (tmp_path / "run" / "retrain.json").read_text()
@@ -20,9 +21,37 @@ def test_retrain_into_a_run_advises_overwrite_not_resume(tmp_path):
     assert res.exit_code == 2 and "Traceback" not in res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    assert "already holds a run: pass --overwrite to replace it or choose another --out" in lines[0]
+    assert "already holds a finished run: pass --overwrite to replace it or choose another --out" in lines[0]
     assert "--resume" not in lines[0]
     assert (tmp_path / "run" / "retrain.json").read_text() == before
     # what it advises works
     assert runner.invoke(app, [*RETRAIN, "--out", out, "--overwrite"]).exit_code == 0
-    assert "--resume" not in runner.invoke(app, ["retrain", "--help"]).output  # the flag it must not advise
+
+
+def test_an_interrupted_run_is_continued_with_resume(tmp_path, monkeypatch):
+    from gradspec.train._run import _Run
+
+    real, calls = _Run.train_step, {"n": 0}
+
+    def killed_at_step_56(self, *args, **kwargs):  # the CLI checkpoints every 50 steps
+        calls["n"] += 1
+        if calls["n"] > 55:
+            raise KeyboardInterrupt("killed")
+        return real(self, *args, **kwargs)
+
+    out = str(tmp_path / "run")
+    longer = [*RETRAIN[:RETRAIN.index("--steps")], "--steps", "60", "--eval-every", "0", *RETRAIN[-3:]]
+    with monkeypatch.context() as m:
+        m.setattr(_Run, "train_step", killed_at_step_56)
+        assert runner.invoke(app, [*longer, "--out", out]).exit_code != 0
+    res = runner.invoke(app, [*longer, "--out", out])
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and "holds an interrupted run: pass --resume" in lines[0]
+    res = runner.invoke(app, [*longer, "--out", out, "--resume"])
+    assert res.exit_code == 0, res.output
+    assert "60 steps" in res.output
+    fresh = runner.invoke(app, [*longer, "--out", str(tmp_path / "fresh")])
+    eval_line = [line for line in res.output.splitlines() if line.startswith("eval")]
+    assert eval_line == [line for line in fresh.output.splitlines() if line.startswith("eval")]
+    with_sweep = runner.invoke(app, [*longer, "--out", out, "--resume", "--sweep"])
+    assert with_sweep.exit_code == 2 and "--resume is for one run" in with_sweep.stderr
