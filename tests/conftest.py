@@ -1,7 +1,8 @@
-"""Shared fixtures: seeded RNGs, devices (CPU always, CUDA when present)."""
+"""Shared fixtures: seeded RNGs, devices (CPU always, CUDA when present), a killed run."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -23,6 +24,31 @@ def device(request) -> str:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def killed_after(monkeypatch):
+    """``with killed_after(n): ...``: every training step after the n-th raises
+    KeyboardInterrupt, as a kill at that point would stop the process (what was
+    checkpointed stays, the steps after it are lost)."""
+
+    @contextlib.contextmanager
+    def patch(steps: int):
+        from gradspec.train._run import _Run
+
+        real, calls = _Run.train_step, {"n": 0}
+
+        def step(self, *args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] > steps:
+                raise KeyboardInterrupt("killed")
+            return real(self, *args, **kwargs)
+
+        with monkeypatch.context() as m:
+            m.setattr(_Run, "train_step", step)
+            yield
+
+    return patch
 
 
 def pytest_collection_modifyitems(config, items):

@@ -28,21 +28,10 @@ def test_retrain_into_a_finished_run_advises_overwrite_not_resume(tmp_path):
     assert runner.invoke(app, [*RETRAIN, "--out", out, "--overwrite"]).exit_code == 0
 
 
-def test_an_interrupted_run_is_continued_with_resume(tmp_path, monkeypatch):
-    from gradspec.train._run import _Run
-
-    real, calls = _Run.train_step, {"n": 0}
-
-    def killed_at_step_56(self, *args, **kwargs):  # the CLI checkpoints every 50 steps
-        calls["n"] += 1
-        if calls["n"] > 55:
-            raise KeyboardInterrupt("killed")
-        return real(self, *args, **kwargs)
-
+def test_an_interrupted_run_is_continued_with_resume(tmp_path, killed_after):
     out = str(tmp_path / "run")
     longer = [*RETRAIN[:RETRAIN.index("--steps")], "--steps", "60", "--eval-every", "0", *RETRAIN[-3:]]
-    with monkeypatch.context() as m:
-        m.setattr(_Run, "train_step", killed_at_step_56)
+    with killed_after(55):  # the CLI checkpoints every 50 steps: resumes from step 50
         assert runner.invoke(app, [*longer, "--out", out]).exit_code != 0
     res = runner.invoke(app, [*longer, "--out", out])
     lines = res.stderr.strip().splitlines()

@@ -21,21 +21,6 @@ ALGORITHMS = {
 }
 
 
-def _killed_after(monkeypatch, steps: int) -> None:
-    """Every later training step raises, as a kill at that point would stop the process."""
-    from gradspec.train._run import _Run
-
-    real, calls = _Run.train_step, {"n": 0}
-
-    def step(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] > steps:
-            raise KeyboardInterrupt("killed")
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(_Run, "train_step", step)
-
-
 def _metrics(run_dir) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k != "time"} for line in open(run_dir / "metrics.jsonl")]
 
@@ -46,12 +31,10 @@ def _sweep(out, algorithm, **kw):
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
-def test_an_interrupted_run_continues_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch, caplog, name):
+def test_an_interrupted_run_continues_and_ends_as_an_uninterrupted_one(tmp_path, killed_after, caplog, name):
     reference = _sweep(tmp_path / "ref", ALGORITHMS[name])[0]
-    with monkeypatch.context() as m:
-        _killed_after(m, 8)  # checkpoint at step 5, steps 6-8 done and lost
-        with pytest.raises(KeyboardInterrupt):
-            _sweep(tmp_path / "cut", ALGORITHMS[name])
+    with killed_after(8), pytest.raises(KeyboardInterrupt):  # checkpoint at step 5, steps 6-8 done and lost
+        _sweep(tmp_path / "cut", ALGORITHMS[name])
     run_dir = tmp_path / "cut" / f"{name}-seed0-nm1"
     assert not (run_dir / "retrain.json").exists()
     with caplog.at_level(logging.INFO, logger="gradspec.optim._retrain"):
@@ -62,11 +45,9 @@ def test_an_interrupted_run_continues_and_ends_as_an_uninterrupted_one(tmp_path,
     assert _metrics(run_dir) == _metrics(tmp_path / "ref" / f"{name}-seed0-nm1")
 
 
-def test_an_interrupted_run_with_other_settings_is_replaced(tmp_path, monkeypatch, caplog):
-    with monkeypatch.context() as m:
-        _killed_after(m, 8)
-        with pytest.raises(KeyboardInterrupt):
-            _sweep(tmp_path / "cut", ALGORITHMS["dp-sgd"])
+def test_an_interrupted_run_with_other_settings_is_replaced(tmp_path, killed_after, caplog):
+    with killed_after(8), pytest.raises(KeyboardInterrupt):
+        _sweep(tmp_path / "cut", ALGORITHMS["dp-sgd"])
     with caplog.at_level(logging.INFO, logger="gradspec.optim._retrain"):
         again = _sweep(tmp_path / "cut", ALGORITHMS["dp-sgd"], lr=0.1)[0]
     assert "replacing the interrupted run (other settings (lr))" in caplog.text
@@ -74,13 +55,11 @@ def test_an_interrupted_run_with_other_settings_is_replaced(tmp_path, monkeypatc
     assert again["eval_loss"] == fresh["eval_loss"]
 
 
-def test_a_resume_under_other_options_is_refused_in_one_line(tmp_path, monkeypatch):
+def test_a_resume_under_other_options_is_refused_in_one_line(tmp_path, killed_after):
     name, options = ALGORITHMS["noisy-adagrad"]
     cfg = config(steps=12, checkpoint_every=5)
-    with monkeypatch.context() as m:
-        _killed_after(m, 8)
-        with pytest.raises(KeyboardInterrupt):
-            retrain(config=cfg, algorithm=name, options=options, out=tmp_path, task=lowrank_task())
+    with killed_after(8), pytest.raises(KeyboardInterrupt):
+        retrain(config=cfg, algorithm=name, options=options, out=tmp_path, task=lowrank_task())
     with pytest.raises(ValueError, match="started with other caller settings") as err:
         retrain(config=cfg, algorithm=name, options={**options, "precond_noise_multiplier": 4.0}, out=tmp_path,
                 task=lowrank_task(), resume=True)
