@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +42,19 @@ def write_summary(rows: list[dict[str, Any]], out: Path) -> None:
     keys: list[str] = []
     for row in rows:
         keys += [k for k in row if k not in keys]
-    with open(out / SUMMARY_CSV, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(rows)
+    _replace(out / SUMMARY_CSV, table.getvalue())
     clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
              for r in rows]
-    (out / SUMMARY_JSON).write_text(json.dumps(clean, indent=2))
+    _replace(out / SUMMARY_JSON, json.dumps(clean, indent=2))
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: two sweeps finishing into one folder (other seeds,
+    other arms) each leave a complete summary, the later one's."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    tmp.write_text(text, newline="")
+    os.replace(tmp, path)
