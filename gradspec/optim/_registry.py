@@ -73,6 +73,26 @@ PROJECTED = {
     Algorithm.NOISY_ADAGRAD: ProjectorKind.PUBLIC,
 }
 
+#: The hooks class of each algorithm (what :func:`make_algorithm` builds).
+_HOOKS: dict[Algorithm, type[StepHooks]] = {
+    Algorithm.DP_SGD: StepHooks, Algorithm.SUBSPACE: SubspaceRetrain, Algorithm.COMPLEMENT: ComplementRetrain,
+    Algorithm.PDP_SGD: PDPSGD, Algorithm.RPDP_SGD: PDPSGD, Algorithm.NOISY_ADAGRAD: NoisyAdaGrad,
+    Algorithm.ADADPS: AdaDPS, Algorithm.DP_ADAM: DPAdam,
+}
+
+
+def outer_config(algorithm: Algorithm | str | StepHooks, config):
+    """The config a run of ``algorithm`` trains with: an algorithm that computes its own update
+    direction (noisy AdaGrad, DP-Adam) steps with plain SGD without momentum, so its optimizer
+    and momentum become ``sgd`` and 0 (what :func:`gradspec.optim.retrain` runs and saves)."""
+    import dataclasses
+
+    hooks = algorithm if isinstance(algorithm, StepHooks) else _HOOKS[parse_choice(Algorithm, algorithm, "algorithm")]
+    if getattr(hooks, "own_direction", False) and (config.optimizer != "sgd" or config.momentum):
+        return dataclasses.replace(config, optimizer="sgd", momentum=0.0)
+    return config
+
+
 _PROJECTOR_OPTIONS = ("projector", "rank", "spectrum", "basis", "public_size", "period", "seed",
                       "check_layout")
 _OPTIONS: dict[Algorithm, tuple[str, ...]] = {

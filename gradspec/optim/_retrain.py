@@ -36,7 +36,13 @@ from typing import Any
 
 from gradspec._json import describe_jsonable as _jsonable
 from gradspec.optim._projectors import Projector
-from gradspec.optim._registry import PROJECTED, Algorithm, algorithm_options, make_algorithm
+from gradspec.optim._registry import (
+    PROJECTED,
+    Algorithm,
+    algorithm_options,
+    make_algorithm,
+    outer_config,
+)
 from gradspec.optim._result import RESULT_NAME, RetrainResult, read_result
 from gradspec.optim._summary import write_summary
 from gradspec.tasks import Task
@@ -219,9 +225,9 @@ def retrain(
             raise ValueError(f"noise_seed={options['noise_seed']} is the seed of the gradient noise "
                              f"(run seed + 2): the preconditioner noise would repeat it; choose another")
         hooks = make_algorithm(algorithm, **options)
-    if getattr(hooks, "own_direction", False) and (config.optimizer != "sgd" or config.momentum):
+    if outer_config(hooks, config) is not config:
         logger.info("%s computes its own direction: outer optimizer set to sgd, momentum 0", hooks.name)
-        config = dataclasses.replace(config, optimizer="sgd", momentum=0.0)
+        config = outer_config(hooks, config)
     if getattr(hooks, "extra_privacy", False) and config.target_epsilon is not None:
         raise ValueError(
             f"{hooks.name} spends privacy beyond the gradient noise, so a target epsilon cannot be "
@@ -263,11 +269,11 @@ def _run_info(settings: dict[str, Any]) -> dict[str, Any]:
     return {"retrain": {"algorithm": settings["algorithm"], "options": settings["options"]}}
 
 
-def _resumable(run_dir: Path, settings: dict[str, Any]) -> str | None:
+def _resumable(run_dir: Path, config: TrainConfig, algorithm: str, options: dict[str, Any]) -> str | None:
     """Why the interrupted run in ``run_dir`` cannot be continued as this sweep's run, or None
-    when it can: it has a checkpoint, and was started with these very settings (config up to
-    :data:`~gradspec.train.BOOKKEEPING`, algorithm and options)."""
-    from gradspec.train import BOOKKEEPING, read_run_config
+    when it can: it has a checkpoint, and was started with these very settings (the config it
+    ran with up to :data:`~gradspec.train.BOOKKEEPING`, the algorithm and its options)."""
+    from gradspec.train import read_run_config
     from gradspec.train._checkpoint import CHECKPOINT_NAME, saved_run_config
 
     if not (run_dir / CHECKPOINT_NAME).is_file():
@@ -277,8 +283,9 @@ def _resumable(run_dir: Path, settings: dict[str, Any]) -> str | None:
         info = saved_run_config(run_dir).get("run_info") or {}
     except (OSError, ValueError) as exc:
         return str(exc).splitlines()[0]
-    asked = json.loads(json.dumps(settings, default=str))
-    diff = [k for k, v in asked["config"].items() if k not in BOOKKEEPING and started.get(k) != v]
+    ran = json.loads(json.dumps(outer_config(algorithm, config).to_dict(), default=str))
+    diff = [k for k, v in ran.items() if k not in BOOKKEEPING and started.get(k) != v]
+    asked = json.loads(json.dumps({"algorithm": algorithm, "options": options}, default=str))
     if info.get("retrain") != _run_info(asked)["retrain"]:
         diff.append("algorithm or options")
     return f"other settings ({', '.join(diff)})" if diff else None
@@ -412,8 +419,7 @@ def sweep(
                     else:
                         resume = False
                         if run_dir.is_dir() and not overwrite:  # an interrupted run: continue it if it is this one
-                            why = _resumable(run_dir, {"config": cfg.to_dict(), "algorithm": name,
-                                                       "options": _jsonable(options)})
+                            why = _resumable(run_dir, cfg, name, _jsonable(options))
                             resume = why is None
                             logger.info("sweep run %s: %s", run_dir.name, "continuing the interrupted run"
                                         if resume else f"replacing the interrupted run ({why})")

@@ -18,7 +18,10 @@ ALGORITHMS = {
     "dp-sgd": ("dp-sgd", {}),
     "noisy-adagrad": ("noisy-adagrad", {"rank": 3, "projector": "random", "diagonal": True,
                                         "precond_noise_multiplier": 5.0}),
+    "dp-adam": ("dp-adam", {}),  # asked for with Adam, run with plain SGD (its own direction)
 }
+#: what each sweep is asked for beyond the common config
+ASKED = {"dp-adam": {"optimizer": "adam", "momentum": 0.9}}
 
 
 def _metrics(run_dir) -> list[dict]:
@@ -32,13 +35,14 @@ def _sweep(out, algorithm, **kw):
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_an_interrupted_run_continues_and_ends_as_an_uninterrupted_one(tmp_path, killed_after, caplog, name):
-    reference = _sweep(tmp_path / "ref", ALGORITHMS[name])[0]
+    asked = ASKED.get(name, {})
+    reference = _sweep(tmp_path / "ref", ALGORITHMS[name], **asked)[0]
     with killed_after(8), pytest.raises(KeyboardInterrupt):  # checkpoint at step 5, steps 6-8 done and lost
-        _sweep(tmp_path / "cut", ALGORITHMS[name])
+        _sweep(tmp_path / "cut", ALGORITHMS[name], **asked)
     run_dir = tmp_path / "cut" / f"{name}-seed0-nm1"
     assert not (run_dir / "retrain.json").exists()
     with caplog.at_level(logging.INFO, logger="gradspec.optim._retrain"):
-        again = _sweep(tmp_path / "cut", ALGORITHMS[name])[0]
+        again = _sweep(tmp_path / "cut", ALGORITHMS[name], **asked)[0]
     assert "continuing the interrupted run" in caplog.text
     for key in ("eval_loss", "epsilon", "steps", "train_loss"):
         assert again[key] == reference[key], key  # exact: the same steps, noise and sampling
