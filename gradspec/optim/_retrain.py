@@ -273,14 +273,13 @@ def _resumable(run_dir: Path, config: TrainConfig, algorithm: str, options: dict
     """Why the interrupted run in ``run_dir`` cannot be continued as this sweep's run, or None
     when it can: it has a checkpoint, and was started with these very settings (the config it
     ran with up to :data:`~gradspec.train.BOOKKEEPING`, the algorithm and its options)."""
-    from gradspec.train import read_run_config
-    from gradspec.train._checkpoint import CHECKPOINT_NAME, saved_run_config
+    from gradspec.train import CHECKPOINT_NAME, read_run_config, read_run_info
 
     if not (run_dir / CHECKPOINT_NAME).is_file():
         return "no checkpoint"
     try:
         started = read_run_config(run_dir).to_dict()
-        info = saved_run_config(run_dir).get("run_info") or {}
+        info = read_run_info(run_dir)
     except (OSError, ValueError) as exc:
         return str(exc).splitlines()[0]
     ran = json.loads(json.dumps(outer_config(algorithm, config).to_dict(), default=str))

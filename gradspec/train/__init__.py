@@ -5,7 +5,7 @@ Recording gradients into a store is ``gradspec.collect``'s; this package trains.
 """
 
 from gradspec._attention import additive_attention_mask, attention_is_causal, attention_mask_4d
-from gradspec.train._checkpoint import is_run_dir, read_run_config
+from gradspec.train._checkpoint import CHECKPOINT_NAME, is_run_dir, read_run_config, read_run_info
 from gradspec.train._config import (
     BOOKKEEPING,
     RESUMABLE,
@@ -44,7 +44,9 @@ __all__ = [
     "merge_resume",
     "resume_conflicts",
     "is_run_dir",
+    "CHECKPOINT_NAME",
     "read_run_config",
+    "read_run_info",
     "resolve_device",
     "package_versions",
     # under torch.distributed (torchrun): which process this is, the process group

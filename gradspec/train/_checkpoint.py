@@ -335,6 +335,15 @@ _RUN_CONFIG_KINDS: dict[str, tuple[type, ...]] = {
 }
 
 
+def read_run_info(out: str | os.PathLike) -> dict[str, Any]:
+    """What a caller recorded about the run in ``out`` (``train(run_info=...)``), {} if nothing.
+
+    Raises:
+        ValueError: the run config is damaged (see :func:`saved_run_config`).
+    """
+    return saved_run_config(Path(out)).get("run_info") or {}
+
+
 def saved_run_config(out: Path) -> dict[str, Any]:
     """The run config a run wrote (the store's attributes, or run.json of a training-only run).
 
