@@ -346,7 +346,10 @@ def sweep(
     Projected algorithms run once per rank; the others (DP-SGD, DP-Adam, AdaDPS) once
     per seed and privacy level, as the full-dimensional baselines. Finished runs
     (with ``retrain.json``) are reused unless ``overwrite``, so a sweep resumes; a
-    finished run asked for with other settings is refused, not reused. The optimizer's
+    finished run asked for with other settings is refused, not reused. An interrupted run
+    (a checkpoint, no ``retrain.json``) continues from its last checkpoint when it was
+    started with the same settings (up to :data:`~gradspec.train.BOOKKEEPING`), and is
+    replaced otherwise; either is logged. The optimizer's
     ``seed`` follows each run's seed unless an entry's options fix it. An algorithm
     listed twice (with different options) gets an options tag in its run names.
 
@@ -362,7 +365,7 @@ def sweep(
         noise_multipliers: noise multipliers z (or give ``epsilons``; neither: the config's).
         epsilons: target epsilons (the noise multiplier calibrated per run).
         task_factory: builds the task for a seed (default: from the config).
-        overwrite: rerun finished runs.
+        overwrite: rerun finished and interrupted runs from the start.
         progress: progress bar per run.
         train_metrics: report ``train_*`` metrics (see :func:`retrain`).
 
