@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -85,8 +86,6 @@ def outer_config(algorithm: Algorithm | str | StepHooks, config):
     """The config a run of ``algorithm`` trains with: an algorithm that computes its own update
     direction (noisy AdaGrad, DP-Adam) steps with plain SGD without momentum, so its optimizer
     and momentum become ``sgd`` and 0 (what :func:`gradspec.optim.retrain` runs and saves)."""
-    import dataclasses
-
     hooks = algorithm if isinstance(algorithm, StepHooks) else _HOOKS[parse_choice(Algorithm, algorithm, "algorithm")]
     if getattr(hooks, "own_direction", False) and (config.optimizer != "sgd" or config.momentum):
         return dataclasses.replace(config, optimizer="sgd", momentum=0.0)

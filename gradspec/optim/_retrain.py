@@ -225,9 +225,10 @@ def retrain(
             raise ValueError(f"noise_seed={options['noise_seed']} is the seed of the gradient noise "
                              f"(run seed + 2): the preconditioner noise would repeat it; choose another")
         hooks = make_algorithm(algorithm, **options)
-    if outer_config(hooks, config) is not config:
+    outer = outer_config(hooks, config)
+    if outer is not config:
         logger.info("%s computes its own direction: outer optimizer set to sgd, momentum 0", hooks.name)
-        config = outer_config(hooks, config)
+        config = outer
     if getattr(hooks, "extra_privacy", False) and config.target_epsilon is not None:
         raise ValueError(
             f"{hooks.name} spends privacy beyond the gradient noise, so a target epsilon cannot be "

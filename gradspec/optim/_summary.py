@@ -56,5 +56,6 @@ def _replace(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all: two sweeps finishing into one folder (other seeds,
     other arms) each leave a complete summary, the later one's."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    tmp.unlink(missing_ok=True)  # a link planted there would be written through
     tmp.write_text(text, newline="")
     os.replace(tmp, path)
