@@ -26,7 +26,12 @@ import numpy as np
 
 from analyses._common import json_safe
 from analyses.li2022_restricted_lipschitz.text_appendix import _fit
-from analyses.li2022_restricted_lipschitz.text_real_report import acc_text, gain_share, paired_text
+from analyses.li2022_restricted_lipschitz.text_real_report import (
+    acc_text,
+    gain_share,
+    paired_text,
+    two_standard_errors,
+)
 from analyses.li2022_restricted_lipschitz.text_scale import final_eval
 
 ENERGY_RANKS = (10, 100, 1000)
@@ -92,9 +97,8 @@ def fig2b_rows(run: Path, n: int) -> list[dict[str, Any]]:
         if key not in arms:
             continue
         gap = (paired.get(key) or {}).get("dpsgd") or {"n": 0}
-        two_se = (2 * gap["std"] / gap["n"] ** 0.5) if gap["n"] >= 2 and gap["std"] is not None else None
         rows.append({"run": run.name, "n": n, "steps": scale["retrain_steps"], "batch": scale["retrain_batch"],
-                     "epsilon": scale.get("epsilon"), "k": k, "gap": gap.get("mean"), "gap_two_se": two_se,
+                     "epsilon": scale.get("epsilon"), "k": k, "gap": gap.get("mean"), "gap_two_se": two_standard_errors(gap),
                      "gap_seeds": gap["n"], "gain_share": gain_share(arms, key),
                      "text": {name: acc_text(arms, name) for name in
                               ("dpsgd", key, f"random-k{k}", f"complement-k{k}", "nonprivate", "untrained")},

@@ -29,13 +29,20 @@ def acc_text(arms: dict[str, Any], key: str) -> str:
     return f"{a['mean']:.3f}{std} (n = {a['n']})"
 
 
+def two_standard_errors(entry: dict[str, Any]) -> float | None:
+    """Twice the standard error of a paired difference's mean over seeds; None below 2 seeds."""
+    if entry["n"] < 2 or entry["std"] is None:
+        return None
+    return 2 * entry["std"] / math.sqrt(entry["n"])
+
+
 def paired_text(entry: dict[str, Any] | None) -> tuple[str, str]:
     """'+0.012 (2 s.e. 0.020, n = 3)' and a verdict for a paired (other − top-k) difference."""
     if not entry or not entry["n"]:
         return "not run", "pending"
     if entry["n"] < 2:
         return f"{entry['mean']:+.3f} (one seed)", "pending (1 seed)"
-    two_se = 2 * entry["std"] / math.sqrt(entry["n"])
+    two_se = two_standard_errors(entry)
     verdict = "yes" if entry["mean"] <= two_se else "**no**"
     return f"{entry['mean']:+.3f} (2 s.e. {two_se:.3f}, n = {entry['n']})", verdict
 

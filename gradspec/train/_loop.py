@@ -141,6 +141,8 @@ def train(
         raise ValueError(f"--stop-after must be >= 1, got {stop_after}")
     if config is not None and not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if run_info is not None:  # as it is saved, so a resume compares like with like
+        run_info = json.loads(json.dumps(run_info, default=str))
     if write_store and sink is None:
         raise ValueError("write_store=True needs sink= (a RowSink factory); gradspec.collect.collect passes "
                          "GradientRecorder.for_trainer")
@@ -191,7 +193,7 @@ def _setup(config: TrainConfig | None, task: Task | None, out: Path, lock, ranks
     torch.manual_seed(config.seed)
     run = _Run(config, task, out, progress, hooks, ranks=ranks)
     if run_info is not None:
-        run.run_info = json.loads(json.dumps(run_info, default=str))
+        run.run_info = run_info
     if write_store and config.every >= run.steps > 1:
         raise ValueError(
             f"--every {config.every} with {run.steps} steps stores step 0 only: "

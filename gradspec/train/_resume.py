@@ -71,7 +71,7 @@ def _same_run_info(saved: dict[str, Any] | None, given: dict[str, Any] | None, o
     """The run's recorded ``run_info``, after checking that a resume given one was started with it."""
     if given is None:
         return saved
-    given, saved = json.loads(json.dumps(given, default=str)), saved or {}  # as it was saved
+    saved = saved or {}  # ``given`` arrives as it is saved (train() normalises it)
     keys = sorted(k for k in {*saved, *given} if saved.get(k) != given.get(k))
     if keys:
         raise ValueError(f"{str(out)!r} was started with other caller settings (run_info {keys[0]!r}: "
