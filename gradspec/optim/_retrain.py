@@ -286,7 +286,9 @@ def _resumable(run_dir: Path, config: TrainConfig, algorithm: str, options: dict
     ran = json.loads(json.dumps(outer_config(algorithm, config).to_dict(), default=str))
     diff = [k for k, v in ran.items() if k not in BOOKKEEPING and started.get(k) != v]
     asked = json.loads(json.dumps({"algorithm": algorithm, "options": options}, default=str))
-    if info.get("retrain") != _run_info(asked)["retrain"]:
+    if "retrain" not in info:
+        diff.append("no record of its algorithm")
+    elif info["retrain"] != _run_info(asked)["retrain"]:
         diff.append("algorithm or options")
     return f"other settings ({', '.join(diff)})" if diff else None
 
@@ -424,8 +426,10 @@ def sweep(
                         if run_dir.is_dir() and not overwrite:  # an interrupted run: continue it if it is this one
                             why = _resumable(run_dir, cfg, name, _jsonable(options))
                             resume = why is None
-                            logger.info("sweep run %s: %s", run_dir.name, "continuing the interrupted run"
-                                        if resume else f"replacing the interrupted run ({why})")
+                            # replacing discards the steps it ran: a warning, seen where INFO is not
+                            logger.log(logging.INFO if resume else logging.WARNING, "sweep run %s: %s",
+                                       run_dir.name, "continuing the interrupted run"
+                                       if resume else f"replacing the interrupted run ({why})")
                         else:
                             logger.info("sweep run %s", run_dir.name)
                         res = retrain(config=cfg, algorithm=name, options=options, out=run_dir,

@@ -54,7 +54,8 @@ def test_an_interrupted_run_with_other_settings_is_replaced(tmp_path, killed_aft
         _sweep(tmp_path / "cut", ALGORITHMS["dp-sgd"])
     with caplog.at_level(logging.INFO, logger="gradspec.optim._retrain"):
         again = _sweep(tmp_path / "cut", ALGORITHMS["dp-sgd"], lr=0.1)[0]
-    assert "replacing the interrupted run (other settings (lr))" in caplog.text
+    assert [r.levelno for r in caplog.records if "replacing the interrupted run (other settings (lr))"
+            in r.getMessage()] == [logging.WARNING]
     fresh = _sweep(tmp_path / "fresh", ALGORITHMS["dp-sgd"], lr=0.1)[0]
     assert again["eval_loss"] == fresh["eval_loss"]
 
@@ -78,3 +79,17 @@ def test_a_finished_run_is_reused_under_other_bookkeeping(tmp_path, caplog):
         again = sweep(config=config(steps=12, checkpoint_every=7, writer_queue=3), algorithms=["dp-sgd"], seeds=[0],
                       noise_multipliers=[1.0], out=tmp_path)[0]
     assert "reusing finished run" in caplog.text and again["eval_loss"] == first["eval_loss"]
+
+
+def test_an_interrupted_run_without_a_record_of_its_algorithm_is_replaced(tmp_path, killed_after, caplog):
+    # runs started before gradspec recorded run_info cannot be told apart from another algorithm's
+    with killed_after(8), pytest.raises(KeyboardInterrupt):
+        _sweep(tmp_path / "cut", ALGORITHMS["dp-sgd"])
+    run_json = tmp_path / "cut" / "dp-sgd-seed0-nm1" / "run.json"
+    saved = json.loads(run_json.read_text())
+    del saved["run_info"]
+    run_json.write_text(json.dumps(saved))
+    with caplog.at_level(logging.INFO, logger="gradspec.optim._retrain"):
+        again = _sweep(tmp_path / "cut", ALGORITHMS["dp-sgd"])[0]
+    assert "replacing the interrupted run (other settings (no record of its algorithm))" in caplog.text
+    assert again["eval_loss"] == _sweep(tmp_path / "fresh", ALGORITHMS["dp-sgd"])[0]["eval_loss"]
