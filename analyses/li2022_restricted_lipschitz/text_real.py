@@ -147,12 +147,17 @@ def run_fig2b(scale: Scale, seeds: list[int], out: Path, arms: set[str] | None =
         for group, algorithms, rank in _arms(spectrum, scale.ranks):
             if arms is not None and arm_name(group, rank) not in arms:
                 continue
+            # a run is ~10-40 min on CPU: say which, and show its steps (a bar on stderr)
+            logger.info("fig2b: seed %d %s k=%s: %d steps into %s", seed, group, rank, scale.retrain_steps,
+                        root / group)
             if group == "nonprivate":
                 cfg = retrain_config(scale, target_epsilon=None, noise_multiplier=0.0, clip=False)  # ghost: the plain sum
-                sweep(config=cfg, out=root / group, algorithms=algorithms, seeds=[seed], train_metrics=False)
+                sweep(config=cfg, out=root / group, algorithms=algorithms, seeds=[seed], train_metrics=False,
+                      progress=True)
                 continue
             sweep(config=retrain_config(scale), out=root / group, algorithms=algorithms,
-                  ranks=[rank] if rank else [], seeds=[seed], epsilons=[scale.epsilon], train_metrics=False)
+                  ranks=[rank] if rank else [], seeds=[seed], epsilons=[scale.epsilon], train_metrics=False,
+                  progress=True)
             logger.info("fig2b: seed %d %s k=%s done", seed, group, rank)
 
 

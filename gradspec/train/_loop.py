@@ -264,7 +264,7 @@ def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: b
     if progress and lead:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=run.steps, initial=run.step, desc="collect", unit="step", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=run.steps, initial=run.step, desc="collect" if store is not None else "train", unit="step", file=sys.stderr, dynamic_ncols=True)
 
     def log(record: dict[str, Any]) -> None:
         if metrics is None:

