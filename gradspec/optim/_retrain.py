@@ -284,7 +284,7 @@ def _resumable(run_dir: Path, config: TrainConfig, algorithm: str, options: dict
     except (OSError, ValueError) as exc:
         return str(exc).splitlines()[0]
     ran = json.loads(json.dumps(outer_config(algorithm, config).to_dict(), default=str))
-    diff = [k for k, v in ran.items() if k not in BOOKKEEPING and started.get(k) != v]
+    diff = _changed(started, ran)
     asked = json.loads(json.dumps({"algorithm": algorithm, "options": options}, default=str))
     if "retrain" not in info:
         diff.append("no record of its algorithm")
@@ -312,6 +312,12 @@ def _options_tag(options: dict[str, Any]) -> str:
     return "o" + hashlib.sha1(text.encode()).hexdigest()[:6]
 
 
+def _changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The keys of config ``new`` whose values ``old`` does not share, bookkeeping aside (what a
+    finished run may be reused, or an interrupted one continued, under)."""
+    return [k for k, v in new.items() if k not in BOOKKEEPING and old.get(k) != v]
+
+
 def _check_reusable(saved: dict[str, Any], settings: dict[str, Any], run_dir: Path) -> None:
     """Refuse to reuse a finished sweep run that was asked for with other settings."""
     old = saved.get("settings")
@@ -319,8 +325,8 @@ def _check_reusable(saved: dict[str, Any], settings: dict[str, Any], run_dir: Pa
     if not old:
         raise ValueError(f"{str(run_dir)!r} holds a run that does not record its settings, so it "
                          "cannot be reused safely; pass overwrite=True (CLI --overwrite) or another out")
-    diff = [f"{k}: {old['config'].get(k)!r} -> {v!r}" for k, v in settings["config"].items()
-            if k not in BOOKKEEPING and old.get("config", {}).get(k) != v]
+    was, now = old.get("config", {}), settings["config"]
+    diff = [f"{k}: {was.get(k)!r} -> {now[k]!r}" for k in _changed(was, now)]
     if old.get("algorithm") != settings["algorithm"]:
         diff.append(f"algorithm: {old.get('algorithm')!r} -> {settings['algorithm']!r}")
     if old.get("options") != settings["options"]:
