@@ -154,10 +154,10 @@ def run_fig2b(scale: Scale, seeds: list[int], out: Path, arms: set[str] | None =
                 cfg = retrain_config(scale, target_epsilon=None, noise_multiplier=0.0, clip=False)  # ghost: the plain sum
                 sweep(config=cfg, out=root / group, algorithms=algorithms, seeds=[seed], train_metrics=False,
                       progress=True)
-                continue
-            sweep(config=retrain_config(scale), out=root / group, algorithms=algorithms,
-                  ranks=[rank] if rank else [], seeds=[seed], epsilons=[scale.epsilon], train_metrics=False,
-                  progress=True)
+            else:
+                sweep(config=retrain_config(scale), out=root / group, algorithms=algorithms,
+                      ranks=[rank] if rank else [], seeds=[seed], epsilons=[scale.epsilon], train_metrics=False,
+                      progress=True)
             logger.info("fig2b: seed %d %s k=%s done", seed, group, rank)
 
 
