@@ -11,6 +11,8 @@ the leaf policies its callers need, which differ on purpose:
   paths as strings, any other object by its ``kind`` or type name.
 * `strict_jsonable` (a task's recorded options): paths as strings; a non-finite float
   or a value JSON cannot hold is a ``TypeError`` naming the option.
+* `as_saved` (settings compared with a saved run's): the value ``json.dumps(default=str)``
+  writes, read back.
 """
 
 from __future__ import annotations
@@ -106,3 +108,9 @@ def strict_jsonable(value: Any, key: str) -> Any:
         return v
 
     return walk(value, leaf, mappings=Mapping)
+
+
+def as_saved(value: Any) -> Any:
+    """``value`` as it reads back from the JSON that ``json.dumps(value, default=str)`` writes
+    (tuples as lists, other objects as their ``str``), so it compares equal to a saved copy."""
+    return json.loads(json.dumps(value, default=str))

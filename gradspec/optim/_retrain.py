@@ -34,6 +34,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from gradspec._json import as_saved
 from gradspec._json import describe_jsonable as _jsonable
 from gradspec.optim._projectors import Projector
 from gradspec.optim._registry import (
@@ -283,9 +284,9 @@ def _resumable(run_dir: Path, config: TrainConfig, algorithm: str, options: dict
         info = read_run_info(run_dir)
     except (OSError, ValueError) as exc:
         return str(exc).splitlines()[0]
-    ran = json.loads(json.dumps(outer_config(algorithm, config).to_dict(), default=str))
+    ran = as_saved(outer_config(algorithm, config).to_dict())
     diff = _changed(started, ran)
-    asked = json.loads(json.dumps({"algorithm": algorithm, "options": options}, default=str))
+    asked = as_saved({"algorithm": algorithm, "options": options})
     if "retrain" not in info:
         diff.append("no record of its algorithm")
     elif info["retrain"] != _run_info(asked)["retrain"]:
@@ -321,7 +322,7 @@ def _changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def _check_reusable(saved: dict[str, Any], settings: dict[str, Any], run_dir: Path) -> None:
     """Refuse to reuse a finished sweep run that was asked for with other settings."""
     old = saved.get("settings")
-    settings = json.loads(json.dumps(settings, default=str))  # as it would be saved
+    settings = as_saved(settings)
     if not old:
         raise ValueError(f"{str(run_dir)!r} holds a run that does not record its settings, so it "
                          "cannot be reused safely; pass overwrite=True (CLI --overwrite) or another out")

@@ -18,6 +18,7 @@ from gradspec._enums import (
     Sampling,
     parse_choice,
 )
+from gradspec._json import as_saved
 
 if TYPE_CHECKING:
     from gradspec.tasks import Task
@@ -277,7 +278,7 @@ def _normal(name: str, value: Any) -> Any:
     if name == "params" and value is not None:
         return list(value) if not isinstance(value, str) else [value]
     if name == "task_options":
-        return json.loads(json.dumps(dict(value or {}), default=str))
+        return as_saved(dict(value or {}))
     return value
 
 

@@ -42,6 +42,7 @@ import torch
 
 from gradspec._device import resolve_device
 from gradspec._enums import CollectMode
+from gradspec._json import as_saved
 from gradspec.tasks import Task
 from gradspec.train._checkpoint import (
     CHECKPOINT_NAME,
@@ -142,7 +143,7 @@ def train(
     if config is not None and not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     if run_info is not None:  # as it is saved, so a resume compares like with like
-        run_info = json.loads(json.dumps(run_info, default=str))
+        run_info = as_saved(run_info)
     if write_store and sink is None:
         raise ValueError("write_store=True needs sink= (a RowSink factory); gradspec.collect.collect passes "
                          "GradientRecorder.for_trainer")
