@@ -94,11 +94,28 @@ class RowProjections:
         return out
 
 
+#: Columns of H multiplied at a time: the float64 copies of a tile's columns and of V's rows
+#: are this wide, whatever the width of the blocks a store yields.
+PANEL_COLS = 4096
+
+
+def _tile(item: tuple) -> tuple[int, int, Any]:
+    """``(row_offset, col_offset, tile)`` of a column block pair or a tile triple."""
+    if len(item) == 2:
+        return 0, int(item[0]), item[1]
+    if len(item) == 3:
+        return int(item[0]), int(item[1]), item[2]
+    raise ValueError(
+        f"expected (col_offset, block) pairs or (row_offset, col_offset, tile) triples, got {len(item)} items"
+    )
+
+
 def project_rows(
-    col_blocks: Iterable[tuple[int, np.ndarray]],
+    col_blocks: Iterable[tuple[int, np.ndarray]] | Iterable[tuple[int, int, np.ndarray]],
     basis: RowSliceable | np.ndarray,
     *,
     ks: Sequence[int] | np.ndarray | None = None,
+    n_rows: int | None = None,
     keep_coords: bool = False,
     check_orthonormal: bool = True,
     exact_projector: bool = True,
@@ -111,13 +128,20 @@ def project_rows(
     ``V_c = basis[offset:offset + c, :K]`` and accumulates ``C += H_c V_c`` and
     ``s += rowsum(H_c²)`` in float64; then
     ``‖(I − P_k) g_i‖² = s_i − Σ_{j≤k} C_ij²`` for all k at once. Cost
-    ``2·n·p·K`` flops, memory ``n·K`` plus one block.
+    ``2·n·p·K`` flops. A block may come in tiles of rows (``(row_offset, offset, tile)``,
+    e.g. ``GradientStore.iter_tiles``): V_c is then read once per column block and only
+    one tile of H is held, so the memory is ``n·K`` (the result) plus one tile and ``V_c``
+    — not a column block of all n rows. Products run in panels of ``PANEL_COLS`` columns.
 
     Args:
-        col_blocks: ``(col_offset, block)`` pairs covering the p columns once, e.g.
-            ``GradientStore.iter_col_blocks(rows=...)``; ``offset`` indexes ``basis`` rows.
+        col_blocks: ``(col_offset, block)`` pairs covering the p columns once, each block
+            holding every row (e.g. ``GradientStore.iter_col_blocks(rows=...)``), or
+            ``(row_offset, col_offset, tile)`` triples: each column block as tiles of
+            consecutive rows from 0 to ``n_rows``, one column block after another;
+            ``col_offset`` indexes ``basis`` rows.
         basis: V, (p × K_stored) with orthonormal columns, sliceable by rows.
         ks: ranks to evaluate; default :func:`rank_grid` up to ``K_stored``.
+        n_rows: the number of rows (needed with tiles; default the first block's rows).
         keep_coords: also return ``V_Kᵀ g_i`` (n × K).
         check_orthonormal: check the column norms of ``V_K`` (accumulated in the same pass)
             lie within ``atol`` of 1; the residual formula assumes orthonormal columns.
@@ -135,7 +159,8 @@ def project_rows(
 
     Raises:
         ValueError: on shape mismatches, ranks outside ``[0, K_stored]``, columns that
-            the blocks do not cover exactly once, or a basis that is not orthonormal.
+            the blocks do not cover exactly once, tiles that do not cover each column
+            block's rows once and in order, or a basis that is not orthonormal.
     """
     p, k_stored = int(basis.shape[0]), int(basis.shape[1])
     if ks is not None:
@@ -157,36 +182,61 @@ def project_rows(
     gram = np.zeros((kmax, kmax)) if exact_projector else None
     covered = 0
     spans: list[tuple[int, int]] = []
-    for off, block in col_blocks:
-        h = np.asarray(block)
+    block: tuple[int, int] | None = None  # the column block being read: (offset, width)
+    v: np.ndarray | None = None  # its rows of V, as stored
+    done = 0  # its rows read so far
+    for item in col_blocks:
+        r0, off, tile = _tile(item)
+        h = np.asarray(tile)
         if h.ndim != 2:
             raise ValueError(f"column blocks must be 2-D (rows, cols), got shape {h.shape}")
-        c = h.shape[1]
-        if off < 0 or off + c > p:
-            raise ValueError(
-                f"column block [{off}, {off + c}) lies outside the basis rows [0, {p})"
-            )
-        h64 = h.astype(np.float64, copy=False)
         if coords is None:
-            coords = np.zeros((h.shape[0], kmax))
-            sq = np.zeros(h.shape[0])
-        elif h.shape[0] != coords.shape[0]:
+            n = h.shape[0] if n_rows is None else int(n_rows)
+            coords = np.zeros((n, kmax))
+            sq = np.zeros(n)
+        n, c = coords.shape[0], h.shape[1]
+        if len(item) == 2 and h.shape[0] != n:
+            raise ValueError(f"column blocks disagree on the row count: {h.shape[0]} vs {n}")
+        if block is None or block != (off, c) or done == n:
+            if block is not None and done != n:
+                raise ValueError(
+                    f"the tiles of column block [{block[0]}, {sum(block)}) end at row {done} of "
+                    f"{n}: give each column block's rows once, in order"
+                )
+            if off < 0 or off + c > p:
+                raise ValueError(
+                    f"column block [{off}, {off + c}) lies outside the basis rows [0, {p})"
+                )
+            block, done = (off, c), 0
+            v = np.asarray(basis[off : off + c, :kmax]) if kmax else None
+            for j in range(0, c, PANEL_COLS) if v is not None else ():
+                v64 = v[j : j + PANEL_COLS].astype(np.float64, copy=False)
+                col_norm_sq += np.einsum("ij,ij->j", v64, v64)
+                if gram is not None:
+                    gram += v64.T @ v64
+            covered += c
+            spans.append((off, off + c))
+        if r0 != done or r0 + h.shape[0] > n:
             raise ValueError(
-                f"column blocks disagree on the row count: {h.shape[0]} vs {coords.shape[0]}"
+                f"a tile of rows {r0}..{r0 + h.shape[0] - 1} of column block [{off}, {off + c}) "
+                f"came where row {done} of {n} was due: give each column block's rows once, in order"
             )
-        if kmax:
-            v = np.asarray(basis[off : off + c, :kmax], dtype=np.float64)
-            coords += h64 @ v
-            col_norm_sq += np.einsum("ij,ij->j", v, v)
-            if gram is not None:
-                gram += v.T @ v
-        sq += np.einsum("ij,ij->i", h64, h64)
-        covered += c
-        spans.append((int(off), int(off) + c))
-        if progress:
+        rows = slice(r0, r0 + h.shape[0])
+        for j in range(0, c, PANEL_COLS):
+            h64 = h[:, j : j + PANEL_COLS].astype(np.float64, copy=False)
+            if v is not None:
+                coords[rows] += h64 @ v[j : j + PANEL_COLS].astype(np.float64, copy=False)
+            sq[rows] += np.einsum("ij,ij->i", h64, h64)
+        done += h.shape[0]
+        if progress and done == n:
             logger.info("projected columns %d/%d", covered, p)
     if coords is None or sq is None:
         raise ValueError("no column blocks were given")
+    if block is not None and done != coords.shape[0]:
+        raise ValueError(
+            f"the tiles of column block [{block[0]}, {sum(block)}) end at row {done} of "
+            f"{coords.shape[0]}: give each column block's rows once, in order"
+        )
     spans.sort()
     for (a0, b0), (a1, b1) in zip(spans, spans[1:], strict=False):
         if a1 < b0:

@@ -113,6 +113,64 @@ def test_bad_input(make, match):
         project_rows(blocks, basis, ks=ks)
 
 
+def _tiles(H: np.ndarray, width: int, rows: int):
+    """Column blocks of ``width`` columns, each as tiles of ``rows`` rows (GradientStore.iter_tiles)."""
+    return [(i, a, H[i : i + rows, a : a + width])
+            for a in range(0, H.shape[1], width) for i in range(0, H.shape[0], rows)]
+
+
+@pytest.mark.parametrize("rows", [1, 4, 30], ids=lambda r: f"tile{r}")
+def test_tiles_equal_whole_column_blocks(rows):
+    """Tiles of rows give the numbers of whole column blocks: V is read once per column block."""
+    H = _matrix(30, 70, seed=6)
+    V = np.linalg.svd(_matrix(40, 70, seed=7), full_matrices=False)[2].T
+    whole = project_rows(_blocks(H, 16), V, ks=[0, 3, 30], keep_coords=True)
+    read: list[tuple[int, int]] = []
+
+    class Basis:  # V that records which of its rows are read
+        shape = V.shape
+
+        def __getitem__(self, key):
+            read.append((key[0].start, key[0].stop))
+            return V[key]
+
+    tiled = project_rows(_tiles(H, 16, rows), Basis(), ks=[0, 3, 30], n_rows=30, keep_coords=True)
+    np.testing.assert_allclose(tiled.residual_sq, whole.residual_sq, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(tiled.coords, whole.coords, rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(tiled.sq_norms, whole.sq_norms)
+    assert read == [(a, min(a + 16, 70)) for a in range(0, 70, 16)]  # each row of V once
+
+
+def test_panels_of_a_wide_block_equal_one_product(monkeypatch):
+    """A block wider than PANEL_COLS is multiplied panel by panel, to the same numbers."""
+    import gradspec.spectrum._lipschitz as lip
+
+    H = _matrix(12, 50, seed=8)
+    V = np.linalg.svd(H, full_matrices=False)[2].T
+    ref = project_rows([(0, H)], V, ks=[0, 2, 12])
+    monkeypatch.setattr(lip, "PANEL_COLS", 7)
+    got = project_rows([(0, H)], V, ks=[0, 2, 12])
+    np.testing.assert_allclose(got.residual_sq, ref.residual_sq, rtol=1e-10, atol=1e-12 * ref.sq_norms.max())
+
+
+@pytest.mark.parametrize(
+    "tiles, match",
+    [
+        (lambda H: [t for t in _tiles(H, 8, 4) if t[0] != 4], r"rows 8\.\.9 .* row 4 of 10 was due"),
+        (lambda H: _tiles(H, 8, 4)[::-1], r"rows 8\.\.9 of column block \[24, 30\) came where row 0"),
+        (lambda H: [t for t in _tiles(H, 8, 4) if not (t[1] == 24 and t[0] == 8)],
+         r"column block \[24, 30\) end at row 8 of 10"),
+        (lambda H: [(0, 0, H[:, :8]), (0, 8, H[:4, 8:])], r"column block \[8, 30\) end at row 4 of 10"),
+    ],
+    ids=["row-gap", "out-of-order", "last-block-short", "short-block"],
+)
+def test_tiles_must_cover_each_block_once_in_order(tiles, match):
+    H = _matrix(10, 30, seed=4)
+    V = np.linalg.svd(H, full_matrices=False)[2].T
+    with pytest.raises(ValueError, match=match):
+        project_rows(tiles(H), V, n_rows=10)
+
+
 def _synthetic_G(c: float, K: int = 256) -> RestrictedLipschitz:
     ks = rank_grid(K)
     g = 2.0 * np.maximum(ks, 1).astype(float) ** -c
