@@ -54,6 +54,7 @@ from gradspec.spectrum._subspace import (
     gram_subspace_cosines,
     heldout_projections_from_gram,
     row_projections_from_gram,
+    row_projections_from_svd,
 )
 from gradspec.spectrum._variance import (
     ExplainedVariance,
@@ -99,6 +100,7 @@ __all__ = [
     "gram_subspace_cosines",
     "heldout_projections_from_gram",
     "row_projections_from_gram",
+    "row_projections_from_svd",
     # density and explained variance
     "DensitySpace",
     "ExplainedVariance",

@@ -33,6 +33,7 @@ __all__ = [
     "gram_subspace_cosines",
     "heldout_projections_from_gram",
     "row_projections_from_gram",
+    "row_projections_from_svd",
 ]
 
 
@@ -101,6 +102,51 @@ def gram_subspace_cosines(
     return np.clip(np.linalg.svd(m, compute_uv=False), 0.0, 1.0)
 
 
+def row_projections_from_svd(
+    sq_norms: np.ndarray,
+    u: np.ndarray,
+    sigma: np.ndarray,
+    ks: Sequence[int] | np.ndarray,
+) -> RowProjections:
+    """``RowProjections`` of H's own rows onto its top-k right-singular subspaces, from its SVD.
+
+    H·V_k = U_k·Σ_k, so ‖P_k h_i‖² = Σ_{j≤k} σ_j²·U_ij² and
+    ‖(I − P_k)h_i‖² = ‖h_i‖² − Σ_{j≤k} σ_j²·U_ij² (clamped at 0), for each k in ``ks``:
+    G_k of Definition 3.1 on the rows a spectrum was computed from, with no pass over H.
+    Exact only for exact singular triplets (H's Gram's eigenvectors); Ritz vectors of an
+    iterative method satisfy H·V = U·Σ only to their residual.
+
+    Args:
+        sq_norms: ``‖h_i‖²`` of the r rows (e.g. the Gram's diagonal).
+        u: the r×K left singular vectors (K ≥ max(ks)).
+        sigma: their singular values.
+        ks: ranks.
+
+    Raises:
+        ValueError: shapes that disagree, ranks outside [0, K], or a NaN/inf norm.
+    """
+    sq = np.asarray(sq_norms, dtype=np.float64).reshape(-1)
+    u = np.asarray(u, dtype=np.float64)
+    sigma = np.asarray(sigma, dtype=np.float64).reshape(-1)
+    r = sq.size
+    if u.ndim != 2 or u.shape[0] != r:
+        raise ValueError(f"U has shape {u.shape} for {r} row norms; it needs one row per norm")
+    k = min(u.shape[1], sigma.size)
+    ks_arr = np.unique(np.asarray(ks, dtype=np.int64))
+    if ks_arr.size == 0 or ks_arr[0] < 0 or ks_arr[-1] > k:
+        raise ValueError(f"ranks must lie in [0, {k}] (the singular triplets given), got "
+                         f"{np.asarray(ks).tolist()}")
+    if not np.all(np.isfinite(sq)):
+        bad = np.flatnonzero(~np.isfinite(sq))
+        raise ValueError(f"{bad.size} row norm(s) are NaN/inf (first: row {int(bad[0])})")
+    kmax = int(ks_arr[-1])
+    sq = np.clip(sq, 0.0, None)
+    energy = np.cumsum((u[:, :kmax] * sigma[:kmax]) ** 2, axis=1)
+    energy = np.concatenate([np.zeros((r, 1)), energy], axis=1)
+    resid = np.clip(sq[:, None] - energy[:, ks_arr], 0.0, None)
+    return RowProjections(ks=ks_arr, sq_norms=sq, residual_sq=resid)
+
+
 def row_projections_from_gram(
     g: np.ndarray,
     ks: Sequence[int] | np.ndarray,
@@ -111,7 +157,8 @@ def row_projections_from_gram(
     """``RowProjections`` of H's own rows onto its top-k right-singular subspaces, from G.
 
     ‖(I − P_k)g_i‖² = G_ii − Σ_{j≤k} σ_j²·U_ij² (clamped at 0), for each k in ``ks``
-    (k ≤ r; k = 0 gives ‖g_i‖²). Feed the result to :func:`restricted_lipschitz`.
+    (k ≤ r; k = 0 gives ‖g_i‖²): :func:`row_projections_from_svd` with the row norms
+    G_ii. Feed the result to :func:`restricted_lipschitz`.
 
     Args:
         g: G = H·Hᵀ (r×r).
@@ -128,11 +175,7 @@ def row_projections_from_gram(
         sigma, u = gram_eigh(g, max(kmax, 1))
     if u.shape[1] < kmax:
         raise ValueError(f"the given U has {u.shape[1]} columns, fewer than max(ks) = {kmax}")
-    sq = np.clip(np.diag(g).copy(), 0.0, None)
-    energy = np.cumsum((u[:, :kmax] * sigma[:kmax]) ** 2, axis=1)
-    energy = np.concatenate([np.zeros((r, 1)), energy], axis=1)
-    resid = np.clip(sq[:, None] - energy[:, ks_arr], 0.0, None)
-    return RowProjections(ks=ks_arr, sq_norms=sq, residual_sq=resid)
+    return row_projections_from_svd(np.diag(g), u, sigma, ks_arr)
 
 
 def heldout_projections_from_gram(

@@ -15,6 +15,7 @@ from gradspec.spectrum import (
     project_rows,
     restricted_lipschitz,
     row_projections_from_gram,
+    row_projections_from_svd,
 )
 
 
@@ -86,6 +87,24 @@ def test_row_projections_from_gram_match_project_rows() -> None:
     np.testing.assert_allclose(restricted_lipschitz(got).max, restricted_lipschitz(ref).max, atol=1e-6)
     with pytest.raises(ValueError, match="ranks must lie"):
         row_projections_from_gram(h @ h.T, [0, 31])
+
+
+def test_row_projections_from_svd_match_project_rows() -> None:
+    """In-sample G_k from U, σ and the row norms alone equal the streamed projection of H onto V."""
+    h = _h(30, 250)
+    u, s, vt = np.linalg.svd(h, full_matrices=False)
+    ks = [0, 1, 3, 7, 12, 20]  # up to the K = 20 triplets given, fewer than r
+    ref = project_rows([(0, h)], vt[:20].T, ks=ks)
+    got = row_projections_from_svd((h**2).sum(axis=1), u[:, :20], s[:20], ks)
+    np.testing.assert_array_equal(got.ks, ref.ks)
+    np.testing.assert_allclose(got.sq_norms, ref.sq_norms, rtol=1e-14)
+    np.testing.assert_allclose(got.residual_sq, ref.residual_sq, rtol=1e-10, atol=1e-13 * ref.sq_norms.max())
+    with pytest.raises(ValueError, match=r"ranks must lie in \[0, 20\]"):
+        row_projections_from_svd((h**2).sum(axis=1), u[:, :20], s[:20], [0, 21])
+    with pytest.raises(ValueError, match="one row per norm"):
+        row_projections_from_svd((h**2).sum(axis=1)[:-1], u[:, :20], s[:20], ks)
+    with pytest.raises(ValueError, match="NaN/inf"):
+        row_projections_from_svd(np.full(30, np.nan), u[:, :20], s[:20], ks)
 
 
 def test_orthogonal_iteration_on_a_gram_factor_equals_on_h() -> None:
