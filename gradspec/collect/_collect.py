@@ -26,11 +26,13 @@ def collect(config: TrainConfig | None = None, **options: Any) -> TrainResult:
     owner exits or is killed.
 
     Args:
-        config, out, task, resume, overwrite, progress, writer, stop_after, hooks,
-            allow_larger_epsilon: as in :func:`gradspec.train.train` (one place documents
-            them; ``config`` defaults to ``CollectConfig()``, the text task).
-        write_store: write the gradient store (the point of ``collect``); ``False`` only
-            trains, as :func:`gradspec.train.train` does by default.
+        config: as in :func:`gradspec.train.train`; defaults to ``CollectConfig()``, the
+            text task.
+        **options: ``out``, ``task``, ``resume``, ``overwrite``, ``progress``, ``writer``,
+            ``stop_after``, ``hooks`` and ``allow_larger_epsilon``, as in
+            :func:`gradspec.train.train` (one place documents them); and ``write_store``:
+            write the gradient store (the point of ``collect``); ``False`` only trains, as
+            :func:`gradspec.train.train` does by default.
 
     Returns:
         A :class:`~gradspec.train.TrainResult` (also known as ``CollectResult``).

@@ -110,7 +110,9 @@ def krylov_pca(
         seed: seed of the Gaussian start.
         state: a saved ``KrylovState`` to resume from.
         on_iteration: called with the state after each completed pass (checkpointing).
-        sink, verify, out_dtype: as in ``gram_pca``.
+        sink: as in ``gram_pca``.
+        verify: as in ``gram_pca``.
+        out_dtype: as in ``gram_pca``.
     """
     if iters < 1:
         # Depth 0 would be Rayleigh-Ritz on the random start itself: sigma off by any factor.

@@ -168,7 +168,9 @@ def orthogonal_pca(
         seed: seed of the random start.
         state: a saved ``OrthogonalState`` to resume from.
         on_iteration: called with the state after each completed iteration (checkpointing).
-        sink, verify, out_dtype: as in ``gram_pca``.
+        sink: as in ``gram_pca``.
+        verify: as in ``gram_pca``.
+        out_dtype: as in ``gram_pca``.
     """
     if iters < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")

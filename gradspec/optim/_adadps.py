@@ -205,7 +205,8 @@ class AdaDPS(OptimHooks):
         public_size: m, public examples (taken by :func:`public_split` from the task's
             public split).
         public_batch: b', public examples per step (default: min(m, the batch size)).
-        beta1, beta2: moment decay rates.
+        beta1: decay rate of the first moment.
+        beta2: decay rate of the second moment.
         eps: added to the square root of the second moment.
         seed: chooses the public examples and the public mini-batches.
         public: the public examples themselves (overrides ``public_size``).

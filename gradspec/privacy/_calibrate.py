@@ -107,7 +107,11 @@ def calibrate_noise_multiplier(
 
     Args:
         target_epsilon: epsilon to meet, > 0.
-        sample_rate, steps, delta, sampling, method: as in `compute_epsilon`.
+        sample_rate: as in `compute_epsilon`.
+        steps: as in `compute_epsilon`.
+        delta: as in `compute_epsilon`.
+        sampling: as in `compute_epsilon`.
+        method: as in `compute_epsilon`.
         tol: absolute tolerance on epsilon, > 0; default ``min(1e-3, 1e-3 * target_epsilon)``
             (an absolute 1e-3 at a target of 0.002 would accept half the target, i.e.
             several percent more noise than needed).

@@ -259,7 +259,10 @@ def fit_spectrum(
         sigma: singular values in decreasing order (rank 1 first).
         scale: ``"singular"`` fits σ_k, ``"eigen"`` fits σ_k².
         k_range: inclusive rank range; default ``(1, min(K, 1000))``.
-        ci, level, n_boot, seed: see :func:`fit_power_law`.
+        ci: see :func:`fit_power_law`.
+        level: see :func:`fit_power_law`.
+        n_boot: see :func:`fit_power_law`.
+        seed: see :func:`fit_power_law`.
     """
     from gradspec._enums import parse_choice
 
