@@ -30,13 +30,16 @@ class ParamSpec:
 
     @property
     def stop(self) -> int:
+        """One past the parameter's last column."""
         return self.offset + self.numel
 
     def to_dict(self) -> dict:
+        """The spec as JSON-able values (name, shape, offset, numel), as stores save it."""
         return {"name": self.name, "shape": list(self.shape), "offset": self.offset, "numel": self.numel}
 
     @classmethod
     def from_dict(cls, d: dict) -> ParamSpec:
+        """The spec :meth:`to_dict` saved."""
         return cls(str(d["name"]), tuple(int(s) for s in d["shape"]), int(d["offset"]), int(d["numel"]))
 
 
@@ -73,6 +76,11 @@ class ParamLayout:
 
     @classmethod
     def from_shapes(cls, named_shapes: Iterable[tuple[str, Sequence[int]]]) -> ParamLayout:
+        """The layout of parameters flattened in C order and concatenated in the order given.
+
+        Raises:
+            ValueError: no parameters, or a name given twice.
+        """
         specs, offset = [], 0
         for name, shape in named_shapes:
             numel = math.prod(int(s) for s in shape)
@@ -92,6 +100,7 @@ class ParamLayout:
 
     @property
     def names(self) -> list[str]:
+        """The parameters' names, in column order."""
         return [s.name for s in self.params]
 
     def __len__(self) -> int:
@@ -184,10 +193,16 @@ class ParamLayout:
         return ranges
 
     def to_list(self) -> list[dict]:
+        """The layout as JSON-able values, one :meth:`ParamSpec.to_dict` per parameter."""
         return [s.to_dict() for s in self.params]
 
     @classmethod
     def from_list(cls, items: Sequence[dict]) -> ParamLayout:
+        """The layout :meth:`to_list` saved.
+
+        Raises:
+            ValueError: the offsets are not contiguous (a damaged or hand-edited layout).
+        """
         layout = cls(tuple(ParamSpec.from_dict(d) for d in items))
         offset = 0
         for s in layout.params:

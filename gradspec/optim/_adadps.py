@@ -288,6 +288,8 @@ class AdaDPS(OptimHooks):
             self.M = self.beta1 * self.M + (1 - self.beta1) * ghat
 
     def precondition(self, grads: Tensor) -> Tensor:
+        """Divide each per-example gradient by the side information A (rule ``adam``: mixed with
+        the bias-corrected public momentum first), before clipping."""
         grads = super().precondition(grads)
         if self.rule == AdaDPSRule.ADAM:
             beta = 1 - self.beta1

@@ -177,6 +177,8 @@ class NoisyAdaGrad(OptimHooks):
             self.S = (r.square() @ self.S) if self.diagonal else r @ self.S @ r.T
 
     def before_noise(self, total: Tensor) -> Tensor:
+        """Accumulate the clipped mean's subspace coordinates into the preconditioner's
+        statistic (released only with its own noise); the sum passes unchanged."""
         z = self.projector.coords(total).double() / self.denominator()
         self.S = self.S + (z.square() if self.diagonal else torch.outer(z, z))
         self.t += 1
@@ -221,6 +223,8 @@ class NoisyAdaGrad(OptimHooks):
         return stat + goe(k, self.sigma_b, generator=self._gen, device=self._device)
 
     def direction(self, grad: Tensor) -> Tensor:
+        """Precondition the privatised gradient's subspace coordinates by the noisy
+        statistic's inverse (eigenvalues floored, Kairouz et al. Thm 3.1) and lift back."""
         k = self.projector.rank
         y = self.projector.coords(grad).double()
         h = self.release()

@@ -50,6 +50,7 @@ class OptimHooks(StepHooks):
         self._count = 0
 
     def precondition(self, grads: Tensor) -> Tensor:
+        """Count the step's examples (the non-private denominator); the rows pass unchanged."""
         self._count += int(grads.shape[0])
         return grads
 

@@ -52,6 +52,8 @@ class DPAdam(OptimHooks):
         self.v = torch.zeros(ctx.layout.p, device=ctx.device)
 
     def direction(self, grad: Tensor) -> Tensor:
+        """Adam's bias-corrected step m̂ / (√v̂ + eps) from the privatised gradient
+        (post-processing: no privacy cost)."""
         self.t += 1
         self.m = self.b1 * self.m + (1 - self.b1) * grad
         self.v = self.b2 * self.v + (1 - self.b2) * grad.square()

@@ -64,6 +64,8 @@ class PDPSGD(OptimHooks):
             self.projector.update(step, ctx)
 
     def after_noise(self, grad: Tensor) -> Tensor:
+        """Project the privatised gradient onto the public subspace once it is active
+        (post-processing: no privacy cost)."""
         return self.projector.project(grad) if self.active else grad
 
     def describe(self) -> dict[str, Any]:

@@ -89,9 +89,12 @@ class SubspaceRetrain(OptimHooks):
         self.projector.update(step, ctx)
 
     def before_noise(self, total: Tensor) -> Tensor:
+        """Project the clipped sum onto the subspace, V(Vᵀs): sensitivity stays C."""
         return self.projector.project(total)
 
     def noise(self, p: int, std: float, generator: torch.Generator, device: torch.device) -> Tensor:
+        """Isotropic noise in all p dimensions (``full``), or k-dimensional noise lifted into the
+        subspace, Vz (``subspace``)."""
         if self.noise_space == NoiseSpace.FULL:
             return super().noise(p, std, generator, device)
         from gradspec.privacy import gaussian_noise
@@ -139,4 +142,5 @@ class ComplementRetrain(SubspaceRetrain):
         super().__init__(projector, noise=NoiseSpace.FULL)
 
     def before_noise(self, total: Tensor) -> Tensor:
+        """Project the subspace out of the clipped sum, s − V(Vᵀs): sensitivity stays C."""
         return self.projector.project_out(total)

@@ -113,9 +113,11 @@ class SketchPlan:
 
     @property
     def names(self) -> list[str]:
+        """The sketched parameters' names, in the plan's order."""
         return [s.name for s in self.params]
 
     def block_range(self, j: int) -> tuple[int, int]:
+        """The stored columns ``[start, stop)`` of independent block ``j`` (after the exact columns)."""
         start = self.exact_width + j * self.block_width
         return start, start + self.block_width
 

@@ -133,6 +133,12 @@ class BackgroundWriter:
             self.wait(done)
 
     def wait(self, event: threading.Event | None = None) -> None:
+        """Block until everything handed over so far is written and committed (or ``event`` is set).
+
+        Raises:
+            WriterError: the writer thread failed (its error is the cause); the rows committed
+                before it stay safe.
+        """
         if event is None:
             event = threading.Event()
             self._submit(("commit", None, event))

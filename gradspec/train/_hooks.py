@@ -55,28 +55,50 @@ class StepHooks:
         """Called before each step (e.g. to recompute a public subspace every s steps)."""
 
     def precondition(self, grads: Tensor) -> Tensor:
+        """Change the per-example gradients ``(B, p)`` before they are clipped (AdaDPS).
+
+        Under the ghost backend ``grads`` has zero columns, ``(B, 0)``.
+        """
         return grads
 
     def before_noise(self, total: Tensor) -> Tensor:
+        """Change the clipped sum ``(p,)`` before the noise is added (fixed-subspace retraining).
+
+        Whatever it returns must keep the sum's sensitivity at C (a projection does), or the
+        accounting no longer holds.
+        """
         return total
 
     def noise(self, p: int, std: float, generator: torch.Generator, device: torch.device) -> Tensor:
+        """The DP noise vector ``(p,)`` of standard deviation ``std`` (noise multiplier × C).
+
+        By default isotropic Gaussian noise in all p dimensions, drawn by
+        :func:`gradspec.privacy.gaussian_noise` (the one noise function) from ``generator``.
+        """
         from gradspec.privacy import gaussian_noise
 
         return gaussian_noise((p,), std, generator=generator, device=device)
 
     def after_noise(self, grad: Tensor) -> Tensor:
+        """Change the privatised gradient ``(s + b) / denominator`` (PDP-SGD's projection).
+
+        Post-processing of the released gradient: it costs no privacy.
+        """
         return grad
 
     def direction(self, grad: Tensor) -> Tensor:
+        """The update direction the optimizer steps along, from the privatised gradient
+        (noisy AdaGrad's preconditioner)."""
         return grad
 
     def record_privacy(self, accountant: Any, step: int) -> None:
         """Record privacy spent by the hooks themselves (not the gradient noise)."""
 
     def state_dict(self) -> dict[str, Any]:
+        """The hooks' state, saved in each checkpoint so that a run resumes (DP-SGD has none)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved; state that does not fit is a ``ValueError``."""
         if state:
             raise ValueError(f"{self.name} has no state, but the checkpoint holds {sorted(state)}")
