@@ -172,6 +172,7 @@ class RecorderBase:
 
     @property
     def closed(self) -> bool:
+        """Whether the recorder was closed (the ``with`` block ended); it then records nothing."""
         return self._closed
 
     def _check_open(self) -> None:

@@ -271,6 +271,7 @@ class GradientOperator(OperatorBase):
         return self.fused([_Project(self, u, sigma, sink, out_dtype, verify, gram, omega)])[0]
 
     def describe(self) -> dict[str, Any]:
+        """What H is, as a spectrum store records it (its ``source``): the source, shape, centring."""
         return {**self.source.describe(), "shape": list(self.shape), "center": self.center}
 
     def __repr__(self) -> str:

@@ -73,10 +73,12 @@ class OperatorBase:
 
     @property
     def r(self) -> int:
+        """Rows of H (gradient samples)."""
         return self.shape[0]
 
     @property
     def p(self) -> int:
+        """Columns of H (parameter entries)."""
         return self.shape[1]
 
     @property

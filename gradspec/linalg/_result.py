@@ -119,6 +119,7 @@ class PcaResult:
 
     @property
     def k(self) -> int:
+        """The number of singular triplets."""
         return int(self.sigma.shape[0])
 
     @property
@@ -150,6 +151,7 @@ class PcaResult:
         }
 
     def summary(self) -> dict[str, Any]:
+        """A JSON-able digest: method, k, shape, the top five σ, the accuracy, passes and timings."""
         return {
             "method": self.method,
             "k": self.k,

@@ -3,10 +3,21 @@ per-example gradient into M columns, with independent blocks for error statement
 
 Zarr-free and below the trainer: the plan (`make_plan`, `SketchPlan`), the seeded
 regeneration of every factor (`factor_seed`, `SketchFactors`), and the dense float64
-reference `sketch_rows`. The fast path, which never forms a per-example gradient of a
-linear-like layer, lives with the ghost-clipping rules in ``gradspec.train``.
+reference `sketch_rows`. The per-example fast path, which never forms a per-example gradient
+of a linear-like layer, lives with the ghost-clipping rules in ``gradspec.train``;
+`DenseSketch` applies a plan to dense gradients (the per-step rows of issue 37), and
+`dense_kinds`, `check_width` and `width_note` serve every sketched collection.
 """
 
+from gradspec.sketch._dense import (
+    WIDTH_NOTE_KEY,
+    DenseSketch,
+    check_width,
+    dense_kinds,
+    plan_attribute,
+    same_plan,
+    width_note,
+)
 from gradspec.sketch._factors import (
     DENSE_MAX,
     BlockFactors,
@@ -31,6 +42,7 @@ __all__ = [
     "BlockFactors",
     "DEFAULT_BLOCKS",
     "DENSE_MAX",
+    "DenseSketch",
     "FAMILY",
     "KINDS",
     "ParamSketch",
@@ -39,9 +51,15 @@ __all__ = [
     "SketchPlan",
     "StackedFactors",
     "VERSION",
+    "WIDTH_NOTE_KEY",
     "block_factors",
+    "check_width",
+    "dense_kinds",
     "factor_seed",
     "make_plan",
+    "plan_attribute",
+    "same_plan",
     "sketch_matrix",
     "sketch_rows",
+    "width_note",
 ]

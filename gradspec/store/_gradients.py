@@ -285,22 +285,28 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
 
     @property
     def p(self) -> int:
+        """Columns of a row: the selected parameters' entries (or a sketch's columns)."""
         return self._layout.p
 
     @property
     def shape(self) -> tuple[int, int]:
+        """``(committed rows, p)``: the rows a reader may use, not the arrays' capacity."""
         return (self._rows, self._layout.p)
 
     @property
     def dtype(self) -> str:
+        """The rows' stored dtype: ``float32``, ``float16`` or ``bfloat16``."""
         return self._dtype
 
     @property
     def layout(self) -> ParamLayout:
+        """Which parameter each column range holds (name, shape, offset)."""
         return self._layout
 
     @property
     def config(self) -> dict[str, Any]:
+        """The run config that wrote the rows (task, parameters, C, noise multiplier, q, lr,
+        seed, library versions, final ε), a copy."""
         return dict(self._config)
 
     @property
@@ -310,6 +316,7 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
 
     @property
     def per_example(self) -> bool:
+        """Whether each row is one example's gradient (else one step's)."""
         return self._per_example
 
     @property
@@ -328,10 +335,12 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
 
     @property
     def chunks(self) -> tuple[int, int]:
+        """The gradient array's chunk shape ``(rows, columns)``."""
         return tuple(self._grads.chunks)  # type: ignore[return-value]
 
     @property
     def meta_fields(self) -> dict[str, str]:
+        """The per-row metadata fields and their dtypes (step, epoch, loss, batch_size, ...)."""
         return dict(self._meta_fields)
 
     @property
@@ -347,6 +356,7 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
 
     # ------------------------------------------------------------------ summary
     def nbytes_on_disk(self) -> int | None:
+        """The store's size on disk in bytes (None where it cannot be measured: a URL)."""
         return size_on_disk(self.path)
 
     def summary(self) -> dict[str, Any]:

@@ -45,6 +45,7 @@ class GradientReads:
         return as_slice(idx)
 
     def n_selected(self, rows: RowSelection) -> int:
+        """How many committed rows ``rows`` selects (checked as :meth:`read` checks it)."""
         idx = self._row_index(rows)
         return idx.stop - idx.start if isinstance(idx, slice) else int(idx.size)
 

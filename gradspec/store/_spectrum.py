@@ -202,10 +202,12 @@ class SpectrumStore(SpectrumWrites):
     # ------------------------------------------------------------------ properties
     @property
     def attrs(self) -> dict[str, Any]:
+        """The group's attributes, raw; readers use the accessors below, not their keys."""
         return self._group.attrs.asdict()
 
     @property
     def status(self) -> str:
+        """Whether the run that writes the store finished (``complete``) or not."""
         return str(self.attrs.get(STATUS_KEY, RUNNING))
 
     def require_complete(self) -> None:
@@ -234,11 +236,13 @@ class SpectrumStore(SpectrumWrites):
 
     @property
     def shape(self) -> tuple[int, int]:
+        """``(r, p)`` of the gradient matrix H the spectrum was computed from."""
         r, p = self.attrs["gradspec.shape"]
         return int(r), int(p)
 
     @property
     def k(self) -> int:
+        """The number of singular triplets stored."""
         return int(self.attrs["gradspec.k"])
 
     @property
@@ -248,14 +252,17 @@ class SpectrumStore(SpectrumWrites):
 
     @property
     def method(self) -> str:
+        """The PCA method that computed it (``gram``, ``orthogonal``, ``krylov``, ``lanczos``)."""
         return str(self.attrs["gradspec.method"])
 
     @property
     def params(self) -> dict[str, Any]:
+        """The method's settings as run (iterations, precision, kernel, ...), a copy."""
         return dict(self.attrs.get("gradspec.params", {}))
 
     @property
     def source(self) -> dict[str, Any]:
+        """What H was: the source store, its rows and columns selected, its layout, a copy."""
         return dict(self.attrs.get("gradspec.source", {}))
 
     @property
@@ -315,10 +322,12 @@ class SpectrumStore(SpectrumWrites):
 
     @property
     def sigma(self) -> np.ndarray:
+        """The singular values σ, descending, shape ``(k,)``."""
         return self._read("sigma")
 
     @property
     def U(self) -> np.ndarray:
+        """The left singular vectors, ``(r, k)``: each direction's weight on each row of H."""
         return self._read("U")
 
     @property
@@ -334,9 +343,11 @@ class SpectrumStore(SpectrumWrites):
         return v
 
     def array(self, name: str) -> np.ndarray:
+        """The stored array ``name`` (``sigma``, ``U``, ``residuals``, ...), read and checked."""
         return self._read(name)
 
     def read_v(self, rows: slice | None = None) -> np.ndarray:
+        """V's rows ``rows`` (all p by default) as a NumPy array ``(p, k)``, checked as read."""
         return self._read("V", rows)
 
     def iter_v_blocks(self, block_rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:

@@ -99,6 +99,7 @@ class SpectrumWrites:
         return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 0
 
     def load_state(self) -> dict[str, Any] | None:
+        """The saved state of an interrupted iterative run, to resume it (None when none was saved)."""
         meta = self.attrs.get("gradspec.state")
         if meta is None:
             return None

@@ -217,9 +217,11 @@ class TrainConfig:
 
     @property
     def private(self) -> bool:
+        """Whether the run adds noise: a target ε, or a noise multiplier above 0."""
         return self.target_epsilon is not None or (self.noise_multiplier or 0) > 0
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as JSON-able values (choices as their strings), as runs save them."""
         d = dataclasses.asdict(self)
         for name in _ENUMS:
             d[name] = str(d[name])
@@ -228,6 +230,11 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        """The settings :meth:`to_dict` saved.
+
+        Raises:
+            ValueError: a key that is not a setting (named, with the valid ones).
+        """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
@@ -235,6 +242,7 @@ class TrainConfig:
         return cls(**d)
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as indented JSON with sorted keys, as a run's ``config.json`` holds it."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @property
