@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import stat
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from gradspec._files import FileTooLarge, NotRegularFile, read_regular
 
 __all__ = ["INSTALL", "PackagedData", "data_dir", "disjoint_splits", "extract", "fetch",
            "fetch_all", "read_installed", "require", "unique_labelled"]
@@ -155,24 +156,24 @@ def read_installed(data: PackagedData, path: Path | None = None) -> bytes:
             naming the file and the install command.
     """
     path = path or data.path()
+    damaged = f"the {data.name} data file {path} is damaged"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no hang
+        payload = read_regular(path, max_bytes=data.file_size)
     except FileNotFoundError:
         raise ValueError(f"the {data.name} data is not installed ({path} is missing); run {INSTALL}") from None
+    except FileTooLarge as exc:
+        raise ValueError(f"{damaged} ({exc.size:,} bytes, not the {data.file_size:,} of the pinned file); "
+                         f"run {INSTALL} to fetch it again") from None
+    except NotRegularFile:
+        raise ValueError(f"{damaged} (not a regular file); run {INSTALL} to fetch it again") from None
     except OSError as exc:
         raise ValueError(f"the {data.name} data file {path} cannot be read ({exc.strerror}); "
                          f"run {INSTALL}") from None
-    damaged = f"the {data.name} data file {path} is damaged"
-    with open(fd, "rb", closefd=True) as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{damaged} (not a regular file); run {INSTALL} to fetch it again")
-        if info.st_size != data.file_size:
-            raise ValueError(f"{damaged} ({info.st_size:,} bytes, not the {data.file_size:,} of the "
-                             f"pinned file); run {INSTALL} to fetch it again")
-        payload = f.read(data.file_size + 1)
+    if len(payload) != data.file_size:
+        raise ValueError(f"{damaged} ({len(payload):,} bytes, not the {data.file_size:,} of the pinned file); "
+                         f"run {INSTALL} to fetch it again")
     digest = hashlib.sha256(payload).hexdigest()
-    if len(payload) != data.file_size or digest != data.file_sha256:
+    if digest != data.file_sha256:
         raise ValueError(f"{damaged} (SHA-256 {digest[:12]}…, not the pinned {data.file_sha256[:12]}…); "
                          f"run {INSTALL} to fetch it again")
     return payload

@@ -99,12 +99,16 @@ def test_a_damaged_cache_is_refused_by_collect_before_anything_is_written(cache,
     assert not out.exists()
 
 
-def test_the_intact_cache_loads_and_a_fifo_in_its_place_is_refused_without_a_hang(cache):
+def test_the_intact_cache_loads_and_a_fifo_or_folder_in_its_place_is_refused_without_a_hang(cache):
     dataset, payload, path = cache
     path.write_bytes(payload)
     task = make_task("text", **_options(dataset))
     assert len(task.train) > 0
     path.unlink()
     os.mkfifo(path)  # no writer: a blocking open would wait forever
+    with pytest.raises(ValueError, match=r"is damaged \(not a regular file\); run bash scripts/install.sh"):
+        make_task("text", **_options(dataset))
+    path.unlink()
+    path.mkdir()  # was: "not installed (… is missing)"
     with pytest.raises(ValueError, match=r"is damaged \(not a regular file\); run bash scripts/install.sh"):
         make_task("text", **_options(dataset))
