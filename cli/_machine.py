@@ -20,6 +20,9 @@ def machine_info(as_json: bool) -> None:
                f"({key['torch_threads']} threads), numpy {key['numpy']} ({key['numpy_blas']})")
     typer.echo(f"kernels  {info['source']} {info.get('measured_at', '')} on a "
                f"{info['panel'][0]}x{info['panel'][1]} panel; cache {info['cache']}")
+    if info.get("why"):
+        typer.echo(f"again    {info['why']}")
+    typer.echo(f"measured {info['how']}")
     for dtype, rates in info["rates"].items():
         chosen = info["choice"][dtype]
         ranked = sorted(rates.items(), key=lambda kv: -kv[1])

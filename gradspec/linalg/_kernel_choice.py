@@ -9,8 +9,25 @@ is cached as JSON in the user's cache directory (``$GRADSPEC_CACHE_DIR``, else
 the answer: the CPU model and core count, torch's thread count, the BLAS numpy
 and torch use, and the numpy, scipy and torch versions. A cache file that cannot
 be read, or whose entry is malformed, is ignored with a warning and measured
-again — a damaged cache is never trusted. ``pca(kernel=...)`` / ``--kernel``
-overrides the choice; ``gradspec info --machine`` prints it and the rates.
+again — a damaged cache is never trusted. It is read only if it is a regular file
+of at most ``MAX_CACHE_BYTES``, opened without blocking (a FIFO in its place hung
+every large pass and ``info --machine``; a 512 MiB file cost 1.27 GB of memory
+before it was ignored). ``pca(kernel=...)`` / ``--kernel`` overrides the choice;
+``gradspec info --machine`` prints it, the rates and how they were measured.
+
+A measurement is one moment of the machine, so each entry records how it was taken
+(``conditions``: the 1-minute load average before it, the usable cores, torch's
+threads, and the CPU and wall seconds the measurement took). It counts as taken
+under load when the load average exceeded ``LOAD_FRACTION`` of the cores and the
+measurement got less than ``CPU_SHARE`` of the CPU its threads could use (one
+measured torch-blocked at 1.1 GFLOP/s on a shared machine); such an entry, or one
+from before conditions were recorded, is measured again once the machine is quiet
+(load average at most ``LOAD_FRACTION`` of the cores). An entry is also measured
+again when a Gram pass that ran its chosen kernel achieved more than
+``CONTRADICTION`` times the rate the measurement gave that kernel (a pass also reads
+and casts, so it cannot honestly beat the kernel alone): the pass marks the entry
+stale, and the next choice re-measures — once; a re-measurement contradicted again
+is kept (the panel measured may simply be slower than the passes' own shape).
 
 Rates are counted symmetric: a Gram update of an r×w panel is r²w flops
 whichever kernel computes it (one triangle is all the answer holds).
@@ -18,6 +35,7 @@ whichever kernel computes it (one triangle is all the answer holds).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -29,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gradspec._files import read_regular
 from gradspec.linalg._kernels import GRAM_KERNELS, default_kernel, gram_kernel
 
 logger = logging.getLogger(__name__)
@@ -44,6 +63,17 @@ MEASURE_MIN_FLOPS = 2e10
 #: Wall-time budget of one measurement (seconds); a second timed run of a kernel only within it.
 MEASURE_BUDGET_S = 1.5
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+#: The largest cache file read (bytes); an entry is about 1 KB.
+MAX_CACHE_BYTES = 1 << 20
+#: A measurement is under load when the load average before it exceeded this fraction of the
+#: usable cores (and it got less than ``CPU_SHARE`` of its threads' CPU); a loaded entry is
+#: measured again when the load average is at most this fraction of the cores.
+LOAD_FRACTION = 0.5
+#: CPU seconds per wall second, as a fraction of min(torch threads, cores), below which a
+#: measurement did not get the CPU it asked for.
+CPU_SHARE = 0.8
+#: A Gram pass at more than this many times its kernel's measured rate contradicts the measurement.
+CONTRADICTION = 2.0
 
 _memo: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -70,6 +100,62 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the platform has none)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
+
+
+def under_load(conditions: dict[str, Any] | None) -> bool:
+    """Whether a measurement taken under ``conditions`` (an entry's record) was taken under load:
+    the load average before it above ``LOAD_FRACTION`` of the cores and less than ``CPU_SHARE``
+    of its threads' CPU got; True too when the record is missing or damaged."""
+    if not isinstance(conditions, dict):
+        return True
+    load, cores = conditions.get("load_1m"), conditions.get("cores")
+    cpu, wall, threads = conditions.get("cpu_s"), conditions.get("wall_s"), conditions.get("torch_threads")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (cores, cpu, wall, threads)):
+        return True
+    if load is None:
+        return False  # no load average on this platform: nothing says it was loaded
+    if not isinstance(load, (int, float)) or isinstance(load, bool):
+        return True
+    if load <= LOAD_FRACTION * cores:
+        return False
+    return cpu / max(wall, 1e-9) < CPU_SHARE * min(threads, cores)
+
+
+def _quiet_now() -> bool:
+    load = load_average()
+    return load is not None and load <= LOAD_FRACTION * _cores()
+
+
+def _clocks() -> tuple[float, float]:
+    """(CPU seconds of this process, all its threads; wall seconds)."""
+    return time.process_time(), time.perf_counter()
+
+
+def _measure_with_conditions() -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+    """:func:`measure`, and how it was measured (the entry's ``conditions``)."""
+    load = load_average()
+    cpu0, wall0 = _clocks()
+    rates = measure()
+    cpu1, wall1 = _clocks()
+    conditions = {"load_1m": load, "cores": _cores(), "torch_threads": torch.get_num_threads(),
+                  "cpu_s": cpu1 - cpu0, "wall_s": wall1 - wall0}
+    conditions["under_load"] = under_load(conditions)
+    return rates, conditions
 
 
 def _numpy_blas() -> str:
@@ -146,18 +232,24 @@ def _valid_entry(entry: Any) -> bool:
 
 
 def _read_cache(path: Path) -> dict[str, Any] | None:
-    """The cache file's entries, or None (absent; or damaged, with a warning)."""
-    if not path.exists():
+    """The cache file's entries, or None (absent; or damaged, not a regular file or over
+    ``MAX_CACHE_BYTES``, with a warning). Opened without blocking, checked on the open file."""
+    try:
+        raw = read_regular(path, max_bytes=MAX_CACHE_BYTES)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        logger.warning("ignoring the Gram-kernel cache %r (%s); measuring again", str(path), exc)
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
         if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
             raise ValueError(f"not a version-{CACHE_VERSION} kernel cache")
         entries = data.get("entries")
         if not isinstance(entries, dict):
             raise ValueError("no entries")
         return entries
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
         logger.warning("ignoring the damaged Gram-kernel cache %r (%s); measuring again", str(path), exc)
         return None
 
@@ -177,7 +269,8 @@ def machine_kernels(*, cache: str | os.PathLike | None = None, remeasure: bool =
     """The Gram kernel chosen on this machine for float32 and float64 panels, and the rates.
 
     Reads the cache, or measures (and writes the cache) when it holds no valid entry for
-    this machine's key.
+    this machine's key, or when its entry is stale: contradicted by a pass, or measured under
+    load (or with no record of how) while the machine is quiet now (see the module's notes).
 
     Args:
         cache: cache directory (default: see :func:`cache_dir`).
@@ -185,7 +278,9 @@ def machine_kernels(*, cache: str | os.PathLike | None = None, remeasure: bool =
 
     Returns:
         ``{"choice": {dtype: kernel}, "rates": {dtype: {kernel: GFLOP/s}}, "panel": [r, w],
-        "measured_at", "key", "cache" (the file), "source": "cache" | "measured"}``.
+        "measured_at", "conditions" and "how" (how it was measured: the record, in words),
+        "key", "cache" (the file),
+        "source": "cache" | "measured", "why" (of a re-measurement, if any)}``.
     """
     path = cache_dir(cache) / CACHE_FILE
     key = machine_key()
@@ -198,21 +293,91 @@ def machine_kernels(*, cache: str | os.PathLike | None = None, remeasure: bool =
     if entry is not None and not _valid_entry(entry):
         logger.warning("ignoring a malformed entry of the Gram-kernel cache %r; measuring again", str(path))
         entry = None
+    why = _stale(entry) if entry is not None else None
+    if why is not None:
+        logger.info("measuring the Gram kernels again: %s", why)
     source = "cache"
-    if entry is None:
-        rates = measure()
+    if entry is None or why is not None:
+        rates, conditions = _measure_with_conditions()
+        old = entry
         entry = {
             "choice": {d: max(r, key=r.get) for d, r in rates.items()},
             "rates": rates,
             "panel": list(MEASURE_PANEL),
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "conditions": conditions,
         }
+        if old is not None and old.get("stale"):
+            entry["after_contradiction"] = old["stale"]
         entries[skey] = entry
         _write_cache(path, entries)
         source = "measured"
-    out = {**entry, "key": key, "cache": str(path), "source": source}
+    out = {**entry, "how": _conditions_text(entry.get("conditions")), "key": key, "cache": str(path),
+           "source": source}
+    if why is not None:
+        out["why"] = why
     _memo[memo_key] = out
     return dict(out)
+
+
+def _stale(entry: dict[str, Any]) -> str | None:
+    """Why a valid cached entry should be measured again now, or None to trust it."""
+    stale = entry.get("stale")
+    if isinstance(stale, dict):
+        return f"a {stale.get('dtype')} Gram pass ran {stale.get('kernel')} at {stale.get('achieved')} GFLOP/s, " \
+               f"over {CONTRADICTION:g}x the {stale.get('measured')} measured"
+    if under_load(entry.get("conditions")) and _quiet_now():
+        cond = entry.get("conditions")
+        then = (f"measured under load {cond.get('load_1m')} on {cond.get('cores')} cores"
+                if isinstance(cond, dict) else "measured with no record of the load")
+        return f"the cached rates were {then}, and the machine is quiet now"
+    return None
+
+
+def check_gram_pass(kernel: str, *, dtype: torch.dtype, device: torch.device, flops: float,
+                    gflops: float | None, cache: str | os.PathLike | None = None) -> bool:
+    """Whether a Gram pass that ran ``kernel`` (chosen as ``"auto"``) at ``gflops`` contradicts
+    the cached measurement, i.e. beat the kernel's measured rate by over ``CONTRADICTION``×.
+    Then the cache entry is marked stale (the next choice measures again) and True returned;
+    an entry that is itself a re-measurement after a contradiction is kept.
+    """
+    if device.type != "cpu" or flops < MEASURE_MIN_FLOPS or not gflops:
+        return False
+    path = cache_dir(cache) / CACHE_FILE
+    skey = json.dumps(machine_key(), sort_keys=True)
+    info = _memo.get((str(path), skey))
+    dname = "float64" if dtype == torch.float64 else "float32"
+    if info is None or info["choice"][dname] != kernel:
+        return False  # not the measured choice (another process's, or overridden)
+    measured = float(info["rates"][dname][kernel])
+    if gflops <= CONTRADICTION * measured:
+        return False
+    if info.get("after_contradiction"):
+        logger.info("a Gram pass ran %s at %.1f GFLOP/s, %.1fx its re-measured %.1f; keeping the measurement",
+                    kernel, gflops, gflops / measured, measured)
+        return False
+    logger.warning("a Gram pass ran %s at %.1f GFLOP/s, %.1fx the %.1f GFLOP/s the cached measurement gave it "
+                   "(%s); the Gram kernels are measured again on the next large pass",
+                   kernel, gflops, gflops / measured, measured, _conditions_text(info.get("conditions")))
+    entries = _read_cache(path) or {}
+    entry = entries.get(skey)
+    if isinstance(entry, dict) and entry.get("measured_at") == info.get("measured_at"):
+        entry["stale"] = {"dtype": dname, "kernel": kernel, "achieved": round(gflops, 1),
+                          "measured": round(measured, 1), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        _write_cache(path, entries)
+    _memo.pop((str(path), skey), None)
+    return True
+
+
+def _conditions_text(cond: Any) -> str:
+    """How a measurement was taken, in words."""
+    if not isinstance(cond, dict):
+        return "with no record of the load"
+    load = cond.get("load_1m")
+    text = f"load {load:.2f}" if isinstance(load, (int, float)) else "load unknown"
+    with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):
+        text += f" on {cond['cores']} cores, {cond['cpu_s'] / cond['wall_s']:.1f} CPU s per s"
+    return ("under " if under_load(cond) else "quiet, ") + text
 
 
 def choose_gram_kernel(
@@ -240,4 +405,6 @@ def choose_gram_kernel(
     info = machine_kernels(cache=cache)
     name = info["choice"][dname]
     rate = info["rates"][dname][name]
-    return name, f"fastest for {dname} panels here, {rate:.0f} GFLOP/s ({info['source']}: {info['cache']})"
+    cond = info.get("conditions")
+    loaded = ", measured under load" if isinstance(cond, dict) and under_load(cond) else ""
+    return name, f"fastest for {dname} panels here, {rate:.0f} GFLOP/s{loaded} ({info['source']}: {info['cache']})"

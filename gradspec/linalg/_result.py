@@ -113,6 +113,10 @@ class PcaResult:
     gram: np.ndarray | None = field(default=None, repr=False)
     """H·Hᵀ (r×r, float64) of the selected rows: the exact method computes it anyway, and
     it answers questions about row subsets without another pass (``gradspec.spectrum``)."""
+    row_sq_norms: np.ndarray | None = field(default=None, repr=False)
+    """‖h_i‖² of the selected rows as the first pass computed them (the Gram's diagonal when
+    it formed a Gram): stored beside U, they give an exact spectrum's in-sample G_k without
+    another pass over H (``gradspec.spectrum.row_projections_from_svd``)."""
     check: dict[str, Any] = field(default_factory=dict)
     """Which accuracy check ran, its confidence, its other measurements and its flags
     (``_verify``); part of :meth:`accuracy`."""
@@ -325,8 +329,15 @@ def finalize(
         source=op.describe(),
         passes=op.passes,
         rank=kept,
+        row_sq_norms=_row_norms(op),
         check=report,
     )
+
+
+def _row_norms(op: Any) -> np.ndarray | None:
+    """The squared row norms the operator's first pass recorded (None: it records none)."""
+    norms = getattr(op, "row_sq_norms", None)
+    return None if norms is None else np.array(norms, dtype=np.float64)
 
 
 def _cut(stats: dict[str, Any], j: int) -> dict[str, Any]:

@@ -106,9 +106,16 @@ class Projector:
         return {"kind": self.kind, "rank": self.rank}
 
     def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the projector: its kind and rank, and what each kind adds
+        to tell its basis apart (a fingerprint, a seed, the public examples)."""
         return {"kind": self.kind, "rank": self.rank}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Check a checkpoint's projector against this one (restoring what it carries).
+
+        Raises:
+            ValueError: the checkpoint trained with another kind, rank or basis.
+        """
         if state.get("kind") != self.kind or state.get("rank") != self.rank:
             raise ValueError(
                 f"the checkpoint holds a {state.get('kind')} projector of rank {state.get('rank')}, "

@@ -36,6 +36,7 @@ def fake_measure(monkeypatch):
 
     monkeypatch.setattr(kc, "measure", fake)
     monkeypatch.setattr(kc, "_memo", {})
+    monkeypatch.setattr(kc, "load_average", lambda: 0.0)  # a quiet machine, whatever this one's load
     return calls
 
 
@@ -64,10 +65,13 @@ def test_another_machine_key_measures_again(tmp_path, fake_measure, monkeypatch)
     assert len(json.loads((tmp_path / kc.CACHE_FILE).read_text())["entries"]) == 2
 
 
+QUIET = {"load_1m": 0.1, "cores": 2, "torch_threads": 2, "cpu_s": 3.0, "wall_s": 1.6, "under_load": False}
+
+
 def _valid_file(path) -> dict:
     return {"version": kc.CACHE_VERSION, "entries": {json.dumps(kc.machine_key(), sort_keys=True): {
         "choice": {"float32": "torch-gemm", "float64": "torch-gemm"}, "rates": json.loads(json.dumps(RATES)),
-        "panel": [8, 8], "measured_at": "then"}}}
+        "panel": [8, 8], "measured_at": "then", "conditions": QUIET}}}
 
 
 def _entry(data: dict) -> dict:
