@@ -12,11 +12,17 @@ the block spans the chunk's columns). Strided and listed rows read each
 chunk that holds one of them once. Everything else — compressed or remote
 stores — goes through zarr.
 
+A store that checksums its chunks (``_checksum``: codecs ``bytes`` then
+``crc32c``) has a chunk file of the C-order chunk followed by its 4-byte
+CRC-32C; the chunk is read into the block as before, its trailer beside it,
+and the CRC of the block's bytes is checked before the block is used — the
+check zarr's codec pipeline would make, which this path bypasses.
+
 Chunks are replaced atomically on local disk (``_zarr``), so a file is read
-whole in its old or new version. A chunk file that is missing, short or long
-goes to the ``on_damage`` callback, which raises (a gradient store whose rows
-are committed: see ``_integrity``) or, for a missing file, returns to read it
-as the fill value.
+whole in its old or new version. A chunk file that is missing, short, long or
+fails its checksum goes to the ``on_damage`` callback, which raises (a
+gradient store whose rows are committed: see ``_integrity``) or, for a missing
+file, returns to read it as the fill value.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from gradspec.store._checksum import PROBLEM as CORRUPT
+from gradspec.store._checksum import TRAILER, crc_matches, has_checksum
 
 
 def local_root(array: Any) -> str | None:
@@ -57,6 +66,8 @@ class ChunkFileReader:
         self._dtype = np.dtype(array.dtype)
         self._fill = array.fill_value
         self._chunk_bytes = self._rc * self._cc * self._dtype.itemsize
+        self._crc = has_checksum(array)
+        self._trailer = TRAILER if self._crc else 0  # bytes after the chunk in its file
         self._on_damage = on_damage
 
     @classmethod
@@ -75,6 +86,8 @@ class ChunkFileReader:
             if root is None or len(array.shape) != 2:
                 return None
             codecs = tuple(meta.codecs)
+            if has_checksum(array):  # bytes, then crc32c: the chunk, then its checksum
+                codecs = codecs[:-1]
             if len(codecs) != 1 or not isinstance(codecs[0], BytesCodec):
                 return None
             endian = codecs[0].endian
@@ -91,9 +104,10 @@ class ChunkFileReader:
         return os.path.join(self._root, *self._a.metadata.encode_chunk_key((i, j)).split("/"))
 
     def _read_chunk(self, i: int, j: int, into: np.ndarray) -> None:
-        """Fill ``into`` (a C-contiguous chunk-shaped buffer) with chunk (i, j)."""
+        """Fill ``into`` (a C-contiguous chunk-shaped buffer) with chunk (i, j), its checksum checked."""
         view = memoryview(into).cast("B")
-        got = 0
+        tail = bytearray(self._trailer + 1)  # the checksum, and one byte to see a longer file
+        got = extra = 0
         try:
             # O_NOFOLLOW: a chunk linked out of the store (to any file the user can read) is
             # damage, never read through
@@ -103,7 +117,11 @@ class ChunkFileReader:
                     if not n:
                         break
                     got += n
-                longer = got == self._chunk_bytes and f.read(1)  # one syscall per chunk file
+                while got == self._chunk_bytes and extra < len(tail):  # one syscall per chunk file
+                    n = f.readinto(memoryview(tail)[extra:])
+                    if not n:
+                        break
+                    extra += n
         except FileNotFoundError:
             if self._on_damage is not None:
                 self._on_damage(i, j, "missing")
@@ -116,9 +134,14 @@ class ChunkFileReader:
                 self._on_damage(i, j, "a symbolic link (gradspec reads no chunk through a link)")
             raise ValueError(f"chunk {self._path(i, j)!r} is a symbolic link: gradspec reads no chunk "
                              "through a link; the store is damaged or not its own") from None
-        if got != self._chunk_bytes or longer:
-            problem = (f"truncated ({got} of {self._chunk_bytes} bytes)" if got < self._chunk_bytes
-                       else f"longer than the {self._chunk_bytes} bytes of a chunk")
+        size = self._chunk_bytes + self._trailer
+        problem = None
+        if got + extra != size:
+            problem = (f"truncated ({got + extra} of {size} bytes)" if got + extra < size
+                       else f"longer than the {size} bytes of a chunk")
+        elif self._crc and not crc_matches(into, tail[:TRAILER]):
+            problem = CORRUPT
+        if problem is not None:
             if self._on_damage is not None:
                 self._on_damage(i, j, problem)
             raise OSError(f"chunk {i}/{j} of {self._root!r} is {problem}; the store is damaged")

@@ -14,13 +14,17 @@ from typing import Any
 
 import numpy as np
 
+from gradspec.store._checksum import PROBLEM as CORRUPT
+from gradspec.store._checksum import corrupt_chunks
 from gradspec.store._gradients_schema import NAN_MEANS_UNKNOWN
 from gradspec.store._integrity import (
+    StoreDamagedError,
     chunk_span,
     col_chunks,
     committed_chunks,
     damage_error,
     row_chunks,
+    unreadable,
     verify_arrays,
 )
 
@@ -60,6 +64,31 @@ class GradientChecks:
             return
         raise damage_error(self.path, "grads", self._presence["grads"].key((i, j)),
                            chunk_span(i, self.chunks[0], self._rows), self._rows, problem)
+
+    def _unreadable(self, name: str, idx: slice | np.ndarray, exc: BaseException,
+                    cols: tuple[int, int] | None = None) -> StoreDamagedError:
+        """The error of a zarr read of rows ``idx`` (× ``cols``) of array ``name`` that failed: it names
+        the first chunk whose checksum fails, else says where to look."""
+        arr = self._arrays()[name]
+        rc = int(arr.chunks[0])
+        if len(arr.shape) == 1:
+            coords = [(i,) for i in row_chunks(idx, rc)]
+        else:
+            c0, c1 = cols or (0, int(arr.shape[1]))
+            coords = [(i, j) for i in row_chunks(idx, rc) for j in col_chunks(c0, c1, int(arr.chunks[1]))]
+        bad = corrupt_chunks(arr, coords)
+        if not bad:
+            return unreadable(self.path, name, exc)
+        return damage_error(self.path, name, self._presence[name].key(bad[0]),
+                            chunk_span(bad[0][0], rc, self._rows), self._rows, CORRUPT, len(bad) - 1)
+
+    def _read_array(self, name: str, idx: slice | np.ndarray) -> np.ndarray:
+        """Rows ``idx`` of array ``name`` (metadata, norms, dtype stats), read through zarr."""
+        arr = self._arrays()[name]
+        try:
+            return np.asarray(arr[idx] if isinstance(idx, slice) else arr.get_orthogonal_selection(idx))
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise self._unreadable(name, idx, exc) from exc
 
     def _require(self, idx: slice | np.ndarray, ranges: Sequence[tuple[int, int]]) -> None:
         """Check that every grads chunk a read of rows ``idx`` × ``ranges`` touches is stored."""

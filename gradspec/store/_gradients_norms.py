@@ -113,12 +113,7 @@ class GradientNorms:
         pres.forget()
         self._missing(name, pres.missing([(i, *([0] * (arr.ndim - 1)))
                                           for i in row_chunks(idx, int(arr.chunks[0]))]))
-        try:
-            values = np.asarray(arr[idx] if isinstance(idx, slice) else arr.get_orthogonal_selection(idx),
-                                dtype=np.float64)
-        except (RuntimeError, ValueError, OSError) as exc:
-            raise StoreDamagedError(f"{self.path}: reading {name} failed ({type(exc).__name__}); a chunk is "
-                                    f"damaged: `gradspec info --verify {self.path}` finds it") from exc
+        values = np.asarray(self._read_array(name, idx), dtype=np.float64)
         bad = out_of_range(name, values)
         if bad.any():
             at = int(np.flatnonzero(bad)[0])

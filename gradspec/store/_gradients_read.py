@@ -71,10 +71,7 @@ class GradientReads:
             else:
                 raw = self._grads.get_orthogonal_selection((idx, slice(c0, c1)))
         except (RuntimeError, ValueError, OSError) as exc:
-            raise StoreDamagedError(
-                f"{self.path}: reading committed rows of columns {c0}..{c1 - 1} failed ({type(exc).__name__}: "
-                f"{exc}); a chunk is damaged: `gradspec info --verify {self.path}` finds it"
-            ) from exc
+            raise self._unreadable("grads", idx, exc, (c0, c1)) from exc
         want = idx.stop - idx.start if isinstance(idx, slice) else idx.size
         if raw.shape[0] != want:
             raise StoreDamagedError(f"{self.path}: grads holds fewer rows than the {self._rows} committed")
@@ -164,8 +161,7 @@ class GradientReads:
                 pres = self._presence[key]
                 pres.forget()
                 self._missing(key, pres.missing([(i,) for i in row_chunks(idx, int(arr.chunks[0]))]))
-        return {name: np.asarray(arr[idx] if isinstance(idx, slice) else arr.get_orthogonal_selection(idx))
-                for name, arr in self._meta.items()}
+        return {name: self._read_array(f"meta/{name}", idx) for name in self._meta}
 
     def to_dask(self, rows: RowSelection = None, col_ranges: ColRanges = None):
         """The committed (selected) rows as a float32 dask array, chunked like the store.

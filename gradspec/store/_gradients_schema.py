@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+import gradspec.store._checksum as _checksum
+
 KIND = "gradients"
 ROWS_KEY = "gradspec.rows"
 STATUS_KEY = "gradspec.status"
@@ -51,14 +53,15 @@ ColRanges = Sequence[tuple[int, int]] | None
 
 
 def _codecs(compressor: str | None):
+    """The bytes-to-bytes codecs of ``grads``: the compressor, if any, then the chunk checksum."""
     if compressor in (None, "none"):
-        return None
+        return _checksum.checksum_codecs()
     from zarr.codecs import BloscCodec, ZstdCodec
 
     if compressor == "zstd":
-        return [ZstdCodec(level=3)]
+        return _checksum.checksum_codecs([ZstdCodec(level=3)])
     if compressor == "blosc":
-        return [BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")]
+        return _checksum.checksum_codecs([BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")])
     raise ValueError(f"unknown compressor {compressor!r}; choose none, zstd or blosc")
 
 

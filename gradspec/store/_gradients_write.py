@@ -16,6 +16,7 @@ from gradspec.store._gradients_schema import (
     DTYPE_REPORT_KEY,
     PARAM_NORMS_ARRAY,
     ROWS_KEY,
+    STATS_ARRAY,
     STATUS_KEY,
     STATUSES,
 )
@@ -107,7 +108,7 @@ class GradientWrites:
             acc = None
         covered = acc[0] if acc is not None else 0
         if n > covered or acc is None:
-            acc = _precision.accumulate(acc, np.asarray(self._stats[covered:n]))
+            acc = _precision.accumulate(acc, self._read_array(STATS_ARRAY, slice(covered, n)))
         self._report = acc
         return acc
 

@@ -11,6 +11,10 @@ cannot tell a skipped all-zero chunk from a lost one: their readers warn.
 Checking costs a stat per chunk on local disk (the fast reader's ``open``
 failing, at no cost at all) and one listing per read elsewhere.
 :func:`verify_arrays` reads every chunk of every committed row in full.
+
+A chunk whose bytes changed is damage too, in arrays that carry per-chunk
+checksums (``_checksum``): zarr (or the fast reader) refuses it, and the
+error names the chunk whose checksum fails (``corrupt_chunks``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from gradspec.store._checksum import PROBLEM as CORRUPT
+from gradspec.store._checksum import TRAILER, corrupt_chunks, has_checksum, raw_matches
 from gradspec.store._fastread import local_root
 
 logger = logging.getLogger(__name__)
@@ -164,19 +170,38 @@ def committed_chunks(array: Any, n_rows: int, start: int = 0) -> Iterator[tuple[
 
 
 def raw_chunk_bytes(array: Any) -> int | None:
-    """The byte size of every chunk file when the array is local and uncompressed, else None."""
+    """The byte size of every chunk file when the array is local and uncompressed, else None
+    (the chunk's bytes, and its 4-byte checksum in an array that carries one)."""
     from zarr.codecs import BytesCodec
 
     try:
         codecs = tuple(array.metadata.codecs)
     except AttributeError:
         return None
+    crc = has_checksum(array)
+    codecs = codecs[:-1] if crc else codecs
     if local_root(array) is None or len(codecs) != 1 or not isinstance(codecs[0], BytesCodec):
         return None
     endian = codecs[0].endian
     if np.dtype(array.dtype).itemsize > 1 and (endian is None or endian.value != sys.byteorder):
         return None
-    return math.prod(int(c) for c in array.chunks) * np.dtype(array.dtype).itemsize
+    return math.prod(int(c) for c in array.chunks) * np.dtype(array.dtype).itemsize + (TRAILER if crc else 0)
+
+
+def chunk_region(array: Any, start: int, stop: int, cols: tuple[int, int] | None = None) -> list[tuple[int, ...]]:
+    """The chunks holding rows [start, stop) (of columns ``cols``, every column by default)."""
+    rows = range(start // int(array.chunks[0]), -(-stop // int(array.chunks[0])))
+    if len(array.shape) == 1:
+        return [(i,) for i in rows]
+    c0, c1 = cols or (0, int(array.shape[1]))
+    return [(i, j) for i in rows for j in col_chunks(c0, c1, int(array.chunks[1]))]
+
+
+def unreadable(path: str, what: str, exc: BaseException) -> StoreDamagedError:
+    """The error of a read that failed, where no chunk can be named."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return StoreDamagedError(f"{path}: reading {what} failed ({type(exc).__name__}: {first}); a chunk is "
+                             f"damaged: `gradspec info --verify {path}` finds it")
 
 
 def _nonfinite(values: np.ndarray, dtype: str | None, nan_ok: bool = False) -> np.ndarray:
@@ -213,7 +238,9 @@ def verify_arrays(
 
     Returns:
         ``{"ok", "chunks", "bytes", "damaged": [{array, chunk, rows, problem}],
-        "non_finite": {array: {"count", "rows"}}, "absent_zero_chunks"}``.
+        "non_finite": {array: {"count", "rows"}}, "absent_zero_chunks", "checksummed_chunks"}``:
+        ``checksummed_chunks`` counts the chunks read whose checksum was checked (a chunk
+        that fails it is damaged, problem ``"corrupt: ..."``).
     """
     dtypes = dtypes or {}
     jobs = [(name, arr, c) for name, arr in arrays.items() for c in committed_chunks(arr, n_rows)]
@@ -226,6 +253,7 @@ def verify_arrays(
     non_finite: dict[str, dict[str, Any]] = {}
     absent = 0
     nbytes = 0
+    checked = 0
     presence = {name: ChunkPresence(arr) for name, arr in arrays.items()}
     sizes = {name: raw_chunk_bytes(arr) for name, arr in arrays.items()}
     for name, arr, c in jobs:
@@ -253,15 +281,21 @@ def verify_arrays(
                     what = "truncated" if len(raw) < sizes[name] else "too long"
                     damaged.append({**entry, "problem": f"{what}: {len(raw)} bytes, expected {sizes[name]}"})
                     continue
+                if has_checksum(arr) and not raw_matches(raw):
+                    damaged.append({**entry, "problem": CORRUPT})
+                    continue
                 nbytes += len(raw)
-                block = np.frombuffer(raw, dtype=np.dtype(arr.dtype)).reshape(tuple(int(s) for s in arr.chunks))
+                shape = tuple(int(s) for s in arr.chunks)
+                block = np.frombuffer(raw, dtype=np.dtype(arr.dtype), count=math.prod(shape)).reshape(shape)
                 block = block[: b - a]
             else:
                 block = np.asarray(arr[(slice(a, b), *region[1:])])
                 nbytes += block.nbytes
         except Exception as exc:  # noqa: BLE001 - any decoding failure is damage to report
-            damaged.append({**entry, "problem": f"unreadable ({type(exc).__name__}: {exc})"})
+            problem = CORRUPT if corrupt_chunks(arr, [c]) else f"unreadable ({type(exc).__name__}: {exc})"
+            damaged.append({**entry, "problem": problem})
             continue
+        checked += has_checksum(arr)
         bad = _nonfinite(np.ascontiguousarray(block), dtypes.get(name), name in nan_ok)
         if bad.any():
             rec = non_finite.setdefault(name, {"count": 0, "rows": []})
@@ -277,6 +311,7 @@ def verify_arrays(
         "damaged": damaged,
         "non_finite": non_finite,
         "absent_zero_chunks": absent,
+        "checksummed_chunks": checked,
     }
 
 
@@ -308,10 +343,13 @@ class CheckedArray:
         try:
             return np.asarray(self.array[sel])
         except (RuntimeError, ValueError, OSError) as exc:
-            raise StoreDamagedError(
-                f"{self.path}: reading rows {rows[0]}..{rows[1] - 1}, columns {cols[0]}..{cols[1] - 1} failed "
-                f"({type(exc).__name__}: {exc}); a chunk is damaged: `gradspec info --verify {self.path}` finds it"
-            ) from exc
+            bad = corrupt_chunks(self.array, chunk_region(self.array, rows[0], rows[1], cols[:2]))
+            if bad:
+                raise damage_error(self.path, "grads", ChunkPresence(self.array).key(bad[0]),
+                                   chunk_span(bad[0][0], rc, self.n_rows), self.n_rows, CORRUPT,
+                                   len(bad) - 1) from exc
+            raise unreadable(self.path, f"rows {rows[0]}..{rows[1] - 1}, columns {cols[0]}..{cols[1] - 1}",
+                             exc) from exc
 
 
 class ArrayChecker:
@@ -378,20 +416,27 @@ class ArrayChecker:
 
     def read(self, name: str, array: Any, sel: Any = None) -> np.ndarray:
         """``array[sel]`` (all of it by default) after checking the chunks it touches; a chunk that fails
-        to decode raises :class:`StoreDamagedError`."""
+        to decode or its checksum raises :class:`StoreDamagedError` (naming it, for a checksum)."""
         sel = slice(None) if sel is None else sel
-        if isinstance(sel, slice):
-            a, b, step = sel.indices(int(array.shape[0]))
-            self.require(name, array, a, b if step > 0 else a)
+        rows = sel[0] if isinstance(sel, tuple) and sel else sel
+        n = int(array.shape[0])
+        a, b = 0, n
+        if isinstance(rows, slice):
+            a, b, step = rows.indices(n)
+            b = b if step > 0 else a
+            self.require(name, array, a, b)
         else:
             self.require(name, array)
         try:
             return np.asarray(array[sel])
         except (RuntimeError, ValueError, OSError) as exc:
-            raise StoreDamagedError(
-                f"{self.path}: reading {name} failed ({type(exc).__name__}: {exc}); a chunk is damaged: "
-                f"`gradspec info --verify {self.path}` finds it"
-            ) from exc
+            bad = corrupt_chunks(array, chunk_region(array, a, b))
+            if bad:
+                rc, pres = int(array.chunks[0]), ChunkPresence(array)
+                spans = [chunk_span(c[0], rc, n) for c in bad]
+                raise self.damage([{"array": name, "chunk": pres.key(c), "rows": [lo, hi - 1], "problem": CORRUPT}
+                                   for c, (lo, hi) in zip(bad, spans, strict=True)], n) from exc
+            raise unreadable(self.path, name, exc) from exc
 
     def verify(self, arrays: dict[str, Any], *, progress: bool = False,
                finite_not_required: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -403,12 +448,13 @@ class ArrayChecker:
         for name, arr in arrays.items():
             by_rows.setdefault(int(arr.shape[0]), {})[name] = arr
         out: dict[str, Any] = {"ok": True, "chunks": 0, "bytes": 0, "damaged": [], "non_finite": {},
-                               "absent_zero_chunks": 0}
+                               "absent_zero_chunks": 0, "checksummed_chunks": 0}
         for n, group in by_rows.items():
             rep = verify_arrays(group, n, strict=self.strict, progress=progress)
-            for key in ("chunks", "bytes", "absent_zero_chunks"):
+            for key in ("chunks", "bytes", "absent_zero_chunks", "checksummed_chunks"):
                 out[key] += rep[key]
             out["damaged"] += rep["damaged"]
             out["non_finite"].update({k: v for k, v in rep["non_finite"].items() if k not in finite_not_required})
         out["ok"] = not out["damaged"] and not out["non_finite"]
         return out
+

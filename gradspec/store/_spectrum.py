@@ -58,6 +58,8 @@ import numpy as np
 import zarr
 
 from gradspec._layout import ParamLayout
+from gradspec.store._checked_view import CheckedView
+from gradspec.store._checksum import checksum_summary
 from gradspec.store._integrity import ALL_CHUNKS_KEY, ArrayChecker, StoreDamagedError
 from gradspec.store._spectrum_owner import OWNER_KEY, gone_writer
 from gradspec.store._spectrum_schema import (
@@ -331,16 +333,19 @@ class SpectrumStore(SpectrumWrites):
         return self._read("U")
 
     @property
-    def V(self) -> zarr.Array:
-        """V as a lazy Zarr array (p×k); slice it or use :meth:`iter_v_blocks`.
+    def V(self) -> CheckedView | zarr.Array:
+        """V as a lazy array (p×k: ``shape``, ``chunks``, ``dtype``); slice it or use :meth:`iter_v_blocks`.
 
         Every chunk of V is checked to be stored, at its size, when it is asked for
-        (a stat each); :meth:`read_v` and :meth:`iter_v_blocks` also check each read.
+        (a stat each); each slice, like :meth:`read_v` and :meth:`iter_v_blocks`, is a
+        checked read (a chunk that fails its checksum raises, naming it). V of an
+        unfinished run is the plain zarr array.
         """
         v = self._arr("V")
-        if "V" in self._written():
-            self._checks.require("V", v)
-        return v
+        if "V" not in self._written():
+            return v
+        self._checks.require("V", v)
+        return CheckedView(self._checks, "V", v)
 
     def array(self, name: str) -> np.ndarray:
         """The stored array ``name`` (``sigma``, ``U``, ``residuals``, ...), read and checked."""
@@ -387,6 +392,7 @@ class SpectrumStore(SpectrumWrites):
             "size_on_disk": size_on_disk(self.path),
             "damaged_chunks": damaged,
             "all_chunks_written": self._checks.strict,
+            "checksums": checksum_summary({n: self._arr(n) for n in self._written() if n in self._group}),
         }
         owner = gone_writer(self.path, a.get(OWNER_KEY)) if self.status == RUNNING else None
         if owner is not None:

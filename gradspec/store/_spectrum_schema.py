@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import zarr
 
+import gradspec.store._checksum as _checksum
+
 logger = logging.getLogger(__name__)
 
 KIND = "spectrum"
@@ -63,12 +65,12 @@ def _create_arrays(
     rows = v_chunk_rows or max(256, V_CHUNK_BYTES // (itemsize * k))
     g.create_array(
         "V", shape=(p, k), chunks=(int(min(rows, p)), k), dtype=v_dtype, fill_value=0,
-        compressors=None, config=ALL_CHUNKS,
+        compressors=_checksum.checksum_codecs(), config=ALL_CHUNKS,
     )
-    g.create_array("U", shape=(r, k), chunks=(r, k), dtype="float64", fill_value=0, compressors=None,
+    g.create_array("U", shape=(r, k), chunks=(r, k), dtype="float64", fill_value=0, compressors=_checksum.checksum_codecs(),
                    config=ALL_CHUNKS)
     for name in ("sigma", *VECTOR_ARRAYS):
-        g.create_array(name, shape=(k,), chunks=(k,), dtype="float64", fill_value=0, compressors=None,
+        g.create_array(name, shape=(k,), chunks=(k,), dtype="float64", fill_value=0, compressors=_checksum.checksum_codecs(),
                        config=ALL_CHUNKS)
 
 

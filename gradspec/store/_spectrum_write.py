@@ -15,6 +15,7 @@ from typing import Any, Self
 
 import numpy as np
 
+import gradspec.store._checksum as _checksum
 from gradspec.store._integrity import ALL_CHUNKS_KEY, StoreDamagedError
 from gradspec.store._lock import RunLock
 from gradspec.store._rowsink import RowBlockWriter
@@ -79,7 +80,7 @@ class SpectrumWrites:
                         chunks=val.shape or (1,),
                         dtype="float64",
                         fill_value=0,
-                        compressors=None,
+                        compressors=_checksum.checksum_codecs(),
                         config=ALL_CHUNKS,
                     )
                 self._arr(name)[...] = val
@@ -260,7 +261,7 @@ class SpectrumWrites:
         if source_rows is not None:
             g.create_array(
                 "source_rows", shape=(r,), chunks=(r,), dtype="int64", fill_value=0,
-                compressors=None, config=ALL_CHUNKS,
+                compressors=_checksum.checksum_codecs(), config=ALL_CHUNKS,
             )[:] = np.asarray(source_rows, dtype=np.int64)
         return cls(g, str(path), "r+")
 

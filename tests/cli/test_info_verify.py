@@ -46,6 +46,15 @@ def chunk(path, key):
     return os.path.join(path, *key.split("/"))
 
 
+def rewrite(path, values):
+    """Replace a chunk file with ``values`` and their valid crc32c (as zarr would write them)."""
+    import google_crc32c
+
+    raw = values.tobytes()
+    with open(path, "wb") as f:
+        f.write(raw + google_crc32c.value(raw).to_bytes(4, "little"))
+
+
 def test_a_healthy_store(store):
     res = invoke("info", store)
     assert res.exit_code == 0 and "[complete]" in res.output and "DAMAGED" not in res.output
@@ -78,22 +87,20 @@ def test_a_truncated_chunk_and_non_finite_values(store):
     with open(chunk(store, "grads/c/0/0"), "r+b") as f:
         f.truncate(100)
     res = invoke("info", store, "--verify", "--no-progress")
-    assert res.exit_code == 1 and "grads/c/0/0  rows 0..31  truncated: 100 bytes, expected 5120" in res.output
-    # an inf written into a committed row (bytes intact, value not); a NaN loss would be the
-    # recorded "unknown" (see the next test), an inf is never recorded
-    with open(chunk(store, "meta/loss/c/0"), "r+b") as f:
-        loss = np.frombuffer(f.read(), np.float32).copy()
-        loss[5] = np.inf
-        f.seek(0)
-        f.write(loss.tobytes())
+    # 32 x 40 float32 and the chunk's 4-byte crc32c
+    assert res.exit_code == 1 and "grads/c/0/0  rows 0..31  truncated: 100 bytes, expected 5124" in res.output
+    # an inf written into a committed row with a valid checksum (bytes intact, value not: written
+    # so by a writer, not changed on disk); a NaN loss would be the recorded "unknown" (see the
+    # next test), an inf is never recorded
+    loss = np.frombuffer(open(chunk(store, "meta/loss/c/0"), "rb").read()[:-4], np.float32).copy()
+    loss[5] = np.inf
+    rewrite(chunk(store, "meta/loss/c/0"), loss)
     res = invoke("info", store, "--verify", "--no-progress")
     assert "meta/loss: 1 NaN/inf values, in rows 5" in res.output
     # NaN in the gradient rows is damage
-    with open(chunk(store, "grads/c/1/0"), "r+b") as f:  # rows 32..63, row-major
-        vals = np.frombuffer(f.read(), np.float32).copy()
-        vals[3] = np.nan
-        f.seek(0)
-        f.write(vals.tobytes())
+    vals = np.frombuffer(open(chunk(store, "grads/c/1/0"), "rb").read()[:-4], np.float32).copy()
+    vals[3] = np.nan  # rows 32..63, row-major
+    rewrite(chunk(store, "grads/c/1/0"), vals)
     res = invoke("info", store, "--verify", "--no-progress")
     assert res.exit_code == 1 and "grads: 1 NaN/inf values, in rows 32" in res.output
 

@@ -193,7 +193,7 @@ def test_a_chunk_of_the_wrong_size_is_an_error(tmp_path, change):
     raw = f.read_bytes()
     f.write_bytes(raw[:16] if change == "truncated" else raw + raw[:8])
     spec = SpectrumStore.open(path)
-    with pytest.raises(StoreDamagedError, match=rf"sigma/c/0.*is {change}: \d+ bytes, expected 24"):
+    with pytest.raises(StoreDamagedError, match=rf"sigma/c/0.*is {change}: \d+ bytes, expected 28"):
         _ = spec.sigma
     assert spec.summary()["status"] == "damaged"
     assert spec.verify()["damaged"][0]["problem"].startswith(change)
