@@ -56,7 +56,7 @@ Optimizer = Annotated[str, typer.Option("--optimizer", help="sgd or adam (on the
 Lr = Annotated[float, typer.Option("--lr", help="Learning rate.")]
 Backend = Annotated[str, typer.Option(
     "--backend", help=f"Per-example engine, {choices(PerExampleBackend)}: vmap (torch.func), hooks (Opacus), "
-    "ghost (ghost clipping: norms and the clipped sum without per-example rows; --mode batch (or --sketch) and "
+    "ghost (ghost clipping: norms and the clipped sum without per-example rows; --mode batch (or --per-example --sketch) and "
     "optimizers that use only the clipped sum; several times faster, a fraction of the memory), auto (the default: ghost "
     "where it applies and every selected layer has a ghost rule, else vmap; the engine used is printed and "
     "recorded in the store as per_example_engine).")]
@@ -70,9 +70,10 @@ TaskSeed = Annotated[int, typer.Option(
     "only the batches and the noise across --seed(s).")]
 Device = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
 Sketch = Annotated[int, typer.Option(
-    "--sketch", metavar="M", help="Store each clipped per-example gradient as an M-column seeded random projection "
-    "(Kronecker/CountSketch factors per layer, exact norms and clipping; needs --per-example and the ghost "
-    "backend; --params defaults to every trainable parameter). The plan is saved in the store.")]
+    "--sketch", metavar="M", help="Store each row as an M-column seeded random projection (Kronecker/CountSketch "
+    "factors per layer; M below p): each step's mean clipped gradient (any backend, torchrun too), or with "
+    "--per-example each clipped per-example gradient (ghost backend; exact norms and clipping). --params defaults "
+    "to every trainable parameter. The plan is saved in the store.")]
 SketchSeed = Annotated[int, typer.Option("--sketch-seed", help="Seed of the --sketch plan's random factors.")]
 SketchBlocks = Annotated[int, typer.Option(
     "--sketch-blocks", help="Independent blocks J >= 2 of the --sketch (each a full sketch with M/J columns).")]

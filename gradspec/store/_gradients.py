@@ -41,7 +41,6 @@ from typing import Any
 import numpy as np
 import zarr
 
-import gradspec.store._checksum as _checksum
 import gradspec.store._precision as _precision
 from gradspec._layout import ParamLayout
 from gradspec.store._fastread import ChunkFileReader
@@ -158,9 +157,9 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
         self._sketch = attrs.get(SKETCH_KEY)
         if self._sketch is not None and not (
                 isinstance(self._sketch, dict) and self._sketch.get("M") == self._layout.p
-                and isinstance(self._sketch.get("params"), list) and self._per_example):
+                and isinstance(self._sketch.get("params"), list)):
             raise ValueError(f"{self.path!r} has a {SKETCH_KEY} attribute that does not describe its "
-                             f"{self._layout.p} per-example columns: {damaged}")
+                             f"{self._layout.p} columns: {damaged}")
         norms = attrs.get(EXAMPLE_NORMS_KEY) is True
         self._meta_fields = dict(META_FIELDS, **(PER_EXAMPLE_FIELDS if self._per_example else {}),
                                  **(EXAMPLE_NORM_FIELDS if norms and self._per_example else {}))
@@ -216,13 +215,13 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             cols_per_chunk: columns per chunk; default fills 8 MiB chunks.
             compressor: ``None`` | ``"zstd"`` | ``"blosc"``.
             overwrite: replace an existing store at ``path``.
-            sketch: the plan of sketched per-example rows (``SketchPlan.to_dict()``, saved as
-                ``gradspec.sketch``); ``layout`` is then its stored columns and ``param_norms``
-                gets one column per parameter of the plan.
+            sketch: the plan of sketched rows, per-example or per-step (``SketchPlan.to_dict()``,
+                saved as ``gradspec.sketch``); ``layout`` is then its stored columns and
+                ``param_norms`` (per-example rows) gets one column per parameter of the plan.
         """
-        if sketch is not None and (not per_example or sketch.get("M") != layout.p):
-            raise ValueError(f"a sketched store holds per-example rows of the plan's M = {sketch.get('M')} "
-                             f"columns (got per_example={per_example}, p = {layout.p})")
+        if sketch is not None and sketch.get("M") != layout.p:
+            raise ValueError(f"a sketched store holds rows of the plan's M = {sketch.get('M')} columns "
+                             f"(got p = {layout.p})")
         if dtype not in DTYPES:
             raise ValueError(f"unknown gradient dtype {dtype!r}; choose float32, float16 or bfloat16")
         if rows_per_chunk < 1:
@@ -255,16 +254,16 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
         fields = dict(META_FIELDS, **(PER_EXAMPLE_FIELDS if per_example else {}),
                       **(EXAMPLE_NORM_FIELDS if per_example else {}))
         for name, dt in fields.items():
-            group.create_array(f"meta/{name}", shape=(0,), chunks=(4096,), dtype=dt, fill_value=0, compressors=_checksum.checksum_codecs())
+            group.create_array(f"meta/{name}", shape=(0,), chunks=(4096,), dtype=dt, fill_value=0, compressors=None)
         if per_example:
             columns = [q["name"] for q in sketch["params"]] if sketch is not None else layout.names
             n = len(columns)
             group.create_array(PARAM_NORMS_ARRAY, shape=(0, n), chunks=(param_norms_chunk_rows(n), n),
-                               dtype="float64", fill_value=0, compressors=_checksum.checksum_codecs(), attributes={"columns": columns})
+                               dtype="float64", fill_value=0, compressors=None, attributes={"columns": columns})
         if dtype != "float32":
             group.create_array(
                 STATS_ARRAY, shape=(0, len(_precision.STATS_COLUMNS)), chunks=(4096, len(_precision.STATS_COLUMNS)),
-                dtype="float64", fill_value=0, compressors=_checksum.checksum_codecs(),
+                dtype="float64", fill_value=0, compressors=None,
                 attributes={"columns": list(_precision.STATS_COLUMNS)},
             )
         return cls(group, str(path), "r+")
@@ -322,7 +321,7 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
 
     @property
     def sketch(self) -> dict[str, Any] | None:
-        """The sketch plan of a sketched per-example store (attribute ``gradspec.sketch``,
+        """The sketch plan of a sketched store, per-example or per-step (``gradspec.sketch``,
         docs/store-format.md; ``gradspec.sketch.SketchPlan.from_dict`` reads it), None for a
         store of unsketched rows. Its columns are then not parameters: ``layout`` names them
         ``sketch.exact``, ``sketch.block0``, ...
@@ -365,10 +364,8 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
 
         Chunks of committed rows are listed (not read): a store missing one has status
         ``"damaged"`` (its recorded status is ``recorded_status``), whatever it recorded; so
-        has one whose metadata (read in full) fails to read — a chunk failing its checksum
-        (``meta_error`` says which) — or whose per-example norms or clip factors hold a value
-        no clipping gives (``example_norms_error``). ``checksums`` says which arrays carry
-        per-chunk checksums (``_checksum``; none in a store written before them).
+        has one whose per-example norms or clip factors (read in full) hold a value no
+        clipping gives (``example_norms_error`` says which).
         """
         missing = self.find_missing_chunks()
         status = self._status
@@ -411,21 +408,15 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             "rows": m,
             "missing_chunks": missing,
             "all_chunks_written": self._strict,
-            "dtype_report": None,
-            "checksums": _checksum.checksum_summary(self._arrays()),
+            "dtype_report": self.dtype_report,
             "example_norms": None,
             "sketch": None if self._sketch is None else {
-                k: self._sketch.get(k) for k in ("kind", "M", "p", "seed")} | {
+                k: self._sketch.get(k) for k in ("kind", "M", "requested_M", "p", "seed", "width_note")} | {
                 "blocks": len(self._sketch.get("blocks", [])),
                 "exact_columns": sum(b - a for a, b in self._sketch.get("exact", []))},
         }
-        try:
-            out["dtype_report"] = self.dtype_report
-        except StoreDamagedError as exc:
-            meta_error = meta_error or str(exc)
         if meta_error:
             out["meta_error"] = meta_error
-            out["status"] = "damaged"
         try:
             out["example_norms"] = self._example_norm_summary()
         except StoreDamagedError as exc:  # a value no clipping gives: damage, as a lost chunk is

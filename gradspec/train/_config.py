@@ -87,10 +87,11 @@ class TrainConfig:
         momentum: SGD momentum.
         dtype: on-disk dtype of the rows.
         backend: per-example gradients by ``vmap`` or ``hooks`` (Opacus); ``ghost``: only their
-            norms and clipped sum (ghost clipping, ``mode="batch"`` only, or with ``sketch``; about the cost of a
-            plain step, see docs/bench_per_example.txt); ``auto`` (the default): ghost where it
-            applies (batch mode, hooks that use only the clipped sum, every selected layer a
-            type it handles and its batch-of-one check passed), else vmap. The engine a run
+            norms and clipped sum (ghost clipping, ``mode="batch"`` only, or per-example with
+            ``sketch``; about the cost of a plain step, see docs/bench_per_example.txt); ``auto``
+            (the default): ghost where it applies (batch mode, hooks that use only the clipped
+            sum, every selected layer a type it handles and its batch-of-one check passed), else
+            vmap. The engine a run
             used is logged and recorded in its run config (``per_example_engine``).
         microbatch: examples per per-example-gradient call (bounds memory).
         eval_every: evaluate on the held-out split every this many steps (0 = only at the end).
@@ -105,12 +106,14 @@ class TrainConfig:
         device: ``cpu`` | ``cuda`` | ``auto``.
         compressor: ``None`` | ``zstd`` | ``blosc`` for the store.
         writer_queue: rows that may wait for the background writer (at most 1 GiB of them).
-        sketch: store each clipped per-example gradient as an M-column seeded random
-            projection (``gradspec.sketch``; issue 22) instead of its p values; None (the
-            default) stores the rows whole. Needs ``mode="per-example"`` and the ghost backend
-            (``ghost`` or ``auto``), which sketches linear-like layers without forming their
-            per-example gradients; the norms and clipping stay exact. With a sketch, ``params``
-            None means every trainable parameter of the task's model.
+        sketch: store each row as an M-column seeded random projection (``gradspec.sketch``)
+            instead of its p values; None (the default) stores the rows whole. ``mode="batch"``
+            (issue 37): each step's mean clipped gradient, sketched whole once a step by any
+            backend (under torchrun on the writer, after the ranks' all-reduce).
+            ``mode="per-example"`` (issue 22): each clipped per-example gradient, by the ghost
+            backend (``ghost`` or ``auto``), which sketches linear-like layers without forming
+            their per-example gradients; the norms and clipping stay exact. M must be below p.
+            With a sketch, ``params`` None means every trainable parameter of the task's model.
         sketch_seed: the sketch plan's seed (every random factor derives from it).
         sketch_blocks: J >= 2 independent blocks of the sketch (error estimates).
     """
@@ -262,11 +265,10 @@ def _check_sketch(c: TrainConfig) -> None:
         raise ValueError(f"--sketch M must be a positive number of columns, got {c.sketch}")
     if c.sketch_blocks < 2:
         raise ValueError(f"--sketch-blocks must be >= 2 (independent blocks), got {c.sketch_blocks}")
-    if c.mode != CollectMode.PER_EXAMPLE:
-        raise ValueError("--sketch M sketches per-example rows: add --per-example (--mode per-example)")
-    if c.backend not in (PerExampleBackend.GHOST, PerExampleBackend.AUTO):
-        raise ValueError(f"--sketch needs the ghost backend (it sketches from ghost clipping's layer inputs and "
-                         f"output gradients), got --backend {c.backend}: use --backend ghost or auto")
+    if c.mode == CollectMode.PER_EXAMPLE and c.backend not in (PerExampleBackend.GHOST, PerExampleBackend.AUTO):
+        raise ValueError(f"--per-example --sketch needs the ghost backend (it sketches from ghost clipping's layer "
+                         f"inputs and output gradients), got --backend {c.backend}: use --backend ghost or auto, "
+                         "or drop --per-example to sketch each step's mean clipped gradient (any backend)")
 
 
 #: The name this class had while the trainer lived in ``gradspec.collect``; the public API keeps it.

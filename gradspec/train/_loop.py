@@ -175,6 +175,7 @@ def _setup(config: TrainConfig | None, task: Task | None, out: Path, lock, ranks
            allow_larger_epsilon: bool, run_info: dict[str, Any] | None = None) -> tuple[_Run, Any, Task]:
     """The writer's run: checked, and the run directory created, replaced or rolled back to its
     checkpoint, under ``lock`` (taken here, released by the caller)."""
+    from gradspec.sketch import plan_attribute
     from gradspec.store import GradientStore
 
     # Refuse what can be refused before the lock file is created (a foreign directory gets none).
@@ -212,7 +213,7 @@ def _setup(config: TrainConfig | None, task: Task | None, out: Path, lock, ranks
         store = GradientStore.create(
             out / STORE_NAME, layout=run.store_layout, config=run.run_config(), dtype=str(config.dtype),
             per_example=config.mode == CollectMode.PER_EXAMPLE, compressor=config.compressor,
-            sketch=run.plan.to_dict() if run.plan is not None else None,
+            sketch=plan_attribute(run.plan) if run.plan is not None else None,
         )
     else:
         write_text_atomic(out / RUN_NAME, json.dumps(run.run_config(), indent=2, default=str))

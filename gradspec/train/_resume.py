@@ -155,14 +155,12 @@ def _prepare_resume(
 def _check_sketch(store, run) -> None:
     """A sketched run resumes only with the plan its store was written with (regenerated from
     the store's ``gradspec.sketch``, whose factors the new rows must share)."""
-    from gradspec.sketch import SketchPlan
+    from gradspec.sketch import same_plan
 
     have = store.sketch
-    want = run.plan.to_dict() if run.plan is not None else None
-    if have == want:
-        if have is not None:
-            run.ghost.set_sketch(SketchPlan.from_dict(have))
+    if same_plan(have, run.plan):  # the run made the plan (and set it up) from the same settings
         return
+    want = run.plan.to_dict() if run.plan is not None else None
     what = (lambda d: "no sketch" if d is None else  # noqa: E731
             f"--sketch {d['requested_M']} --sketch-seed {d['seed']} --sketch-blocks {len(d['blocks'])}")
     raise ValueError(f"the run's store holds rows of {what(have)} but this resume would write {what(want)}: "

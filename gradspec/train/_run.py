@@ -21,17 +21,14 @@ import torch
 from gradspec._device import resolve_device
 from gradspec._enums import CollectMode, GradDtype, PerExampleBackend, Sampling
 from gradspec.tasks import Task
-from gradspec.train._checkpoint import (
-    layout_difference,
-)
-from gradspec.train._config import (
-    TrainConfig,
-)
+from gradspec.train._checkpoint import layout_difference
+from gradspec.train._config import TrainConfig
 from gradspec.train._context import StepContext
 from gradspec.train._distributed import Ranks
 from gradspec.train._hooks import StepHooks
 from gradspec.train._result import package_versions
 from gradspec.train._sampling import PoissonSampler, ShuffleSampler
+from gradspec.train._sketching import sketch_plan
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +71,10 @@ class _Run:
             param.requires_grad_(name in self.names)
         self.params = [self.model.get_parameter(n) for n in self.names]
         self.layout = layout_for(self.model, self.names)
+        if config.sketch is not None:  # before any other work: an M the row cannot be compressed into
+            from gradspec.sketch import check_width
+
+            check_width(config.sketch, self.layout.p)
 
         n = len(task.train)
         if config.batch_size > n:
@@ -120,16 +121,11 @@ class _Run:
         # logged once, at the first step (after every check of the run has passed)
         self._engine_note: str | None = f"per-example backend: {self.engine}" + (f" ({why})" if why else "")
         ghost = self.ghost is not None
-        #: The sketch plan of a ``--sketch`` run (None otherwise), and the stored row's layout.
-        self.plan = None
-        self.store_layout = self.layout
-        if config.sketch is not None:
-            from gradspec.sketch import make_plan
-
-            self.plan = make_plan(self.layout, self.ghost.sketch_kinds(), config.sketch, seed=config.sketch_seed,
-                                  blocks=config.sketch_blocks)
-            self.ghost.set_sketch(self.plan)
-            self.store_layout = self.plan.column_layout()
+        #: The sketch plan of a ``--sketch`` run (None otherwise), the stored row's layout, and
+        #: (per-step rows) the map of the step's dense mean clipped gradient.
+        self.plan, self.dense_sketch = sketch_plan(config, self.layout, self.model, self.ghost, self.device,
+                                                   log=self.ranks.is_writer)
+        self.store_layout = self.layout if self.plan is None else self.plan.column_layout()
         self.grads = PerExampleGradients(
             self.model, task.forward, task.loss, self.names,
             backend=PerExampleBackend.HOOKS if self.engine == "hooks" else PerExampleBackend.VMAP,
@@ -163,7 +159,7 @@ class _Run:
         from gradspec.train._ghost import GhostClipping
 
         backend = config.backend
-        if config.sketch is not None:  # ghost or auto (the config refuses others), checked now
+        if config.sketch is not None and config.mode == CollectMode.PER_EXAMPLE:  # ghost or auto, checked now
             probe = None
             if len(task.train) >= 2:
                 probe = {k: v.to(self.device) for k, v in task.train.batch(torch.arange(2)).items()}
@@ -339,7 +335,7 @@ class _Run:
         factors, param_norms = [], []  # per-example rows: each example's clip factor, norm per parameter
         if local and self.ghost is not None:  # the clipped sum without per-example rows
             self.hooks.precondition(torch.zeros(local, 0, device=self.device))  # counts; rows: refused
-            sketch = self.plan is not None and store_row
+            sketch = self.dense_sketch is None and self.plan is not None and store_row  # per-example rows
             res = self.ghost(batch, c.max_grad_norm if c.clip else None, sketch=sketch)
             total += res.total
             norms.append(res.norms)
@@ -414,7 +410,10 @@ class _Run:
             common = {"step": self.step, "epoch": epoch, **{k: stats[k] for k in
                       ("loss", "batch_size", "norm_mean", "norm_max", "frac_clipped")}}
             if c.mode == CollectMode.BATCH:
-                rows = (total / b).detach().to("cpu", torch.float32).numpy()[None]
+                rows = (total / b).detach().to(torch.float32)
+                if self.dense_sketch is not None:  # Phi of the mean clipped gradient, rounded once
+                    rows = self.dense_sketch(rows)
+                rows = rows.to("cpu", torch.float32).numpy()[None]
                 meta = {k: np.array([v]) for k, v in common.items()}
             else:
                 rows = torch.cat(kept).numpy()
@@ -445,7 +444,7 @@ class _Run:
     def _gather_rows(self, kept: list, factors: list, param_norms: list, b: int) -> tuple[list, list, list]:
         """Rank 0: every rank's clipped rows, clip factors and norms per parameter, in the global
         batch's order (as lists of one tensor); the other ranks: empty lists."""
-        p, k = self.layout.p, len(self.layout.params)
+        p, k = self.store_layout.p, len(self.layout.params)  # the stored width: M of a sketch
         pieces = [(kept, (0, p), torch.float32), (factors, (0,), torch.float64), (param_norms, (0, k), torch.float64)]
         out = []
         for parts, empty, dtype in pieces:
@@ -462,12 +461,8 @@ class _Run:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-
-
 def _check_distributed(config: TrainConfig, hooks: StepHooks | None) -> None:
     """Refuse what a distributed run does not do yet (every rank refuses alike)."""
-    if config.sketch is not None:
-        raise ValueError("--sketch under torch.distributed is not supported yet: collect a sketch in one process")
     if hooks is not None and type(hooks) is not StepHooks:
         raise ValueError(
             f"{hooks.name} (a private optimizer's hooks) under torch.distributed is not supported: "

@@ -116,8 +116,8 @@ def test_resume_continues_the_rows_and_refuses_another_plan(run, tmp_path):
 
 
 @pytest.mark.parametrize(("extra", "says"), [
-    (["--sketch", "64"], "add --per-example"),
-    (["--sketch", "64", "--per-example", "--backend", "vmap"], "--sketch needs the ghost backend"),
+    (["--sketch", "64", "--per-example", "--backend", "vmap"], "--per-example --sketch needs the ghost backend"),
+    (["--sketch", "26010", "--per-example"], "give --sketch 26009 or less"),
     (["--sketch", "64", "--per-example", "--sketch-blocks", "1"], "--sketch-blocks must be >= 2"),
     (["--sketch-seed", "3"], "add --sketch"),
     (["--sketch", "16", "--per-example"], "--sketch >= "),

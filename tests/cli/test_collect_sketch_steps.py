@@ -1,0 +1,70 @@
+"""`gradspec collect --sketch M` without `--per-example` (issue 37 §3): each step's mean clipped
+gradient, the paper's row, sketched, on the CNN task (Conv2d, Linear, biases), against the
+unsketched per-step run of the same seed; `gradspec info` says why the stored width is below
+the one asked for; an M at or above p is refused in one line, nothing written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cli.main import app
+from gradspec.sketch import SketchPlan, sketch_rows
+from gradspec.store import GradientStore
+
+runner = CliRunner()
+
+CNN = ["--task", "cnn", "-t", "n_train=200", "--batch-size", "6", "--sampling", "shuffle", "--eval-every", "0",
+       "--no-progress", "--noise-multiplier", "1.0", "-C", "0.5", "--steps", "3"]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():  # the two runs sum in one order, so that they take the same steps bit for bit
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("steps")
+    for name, extra in (("exact", []), ("sketch", ["--sketch", "1024", "--sketch-blocks", "4"])):
+        res = invoke("collect", "--out", root / name, *CNN, *extra)
+        assert res.exit_code == 0, res.output
+    return root
+
+
+def test_rows_are_the_sketch_of_the_exact_per_step_rows(runs):
+    exact, sketched = (GradientStore.open(runs / n / "gradients.zarr") for n in ("exact", "sketch"))
+    assert not sketched.per_example and exact.n_rows == sketched.n_rows == 3
+    sk = sketched.sketch
+    assert sk["p"] == exact.p == 26_010 and sk["requested_M"] == 1024 and sketched.p == sk["M"] < 1024
+    plan = SketchPlan.from_dict(sk)
+    want = sketch_rows(plan, torch.from_numpy(exact.read())).numpy()
+    np.testing.assert_allclose(sketched.read(), want, rtol=2.0**-23, atol=1e-12 * np.abs(want).max())
+    np.testing.assert_array_equal(sketched.row_meta()["loss"], exact.row_meta()["loss"])
+    # the stored width, and why it is below the asked one, in the store and in one info line
+    assert sk["width_note"].startswith(f"asked 1,024, stored {sk['M']:,} because ")
+    res = invoke("info", runs / "sketch" / "gradients.zarr")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    i = next(i for i, x in enumerate(lines) if x.startswith("sketch "))
+    assert f"M = {sk['M']:,} columns" in lines[i] and "of p = 26,010 unsketched" in lines[i]
+    assert lines[i + 1].strip() == sk["width_note"] and "exactly (counted in M)" in lines[i + 1]
+    res = invoke("pca", runs / "sketch" / "gradients.zarr", "--k", 2, "--out", runs / "spectrum.zarr")
+    assert res.exit_code == 0 and "sketch: M=" in res.output, res.output
+
+
+@pytest.mark.parametrize("m", [26_010, 100_000, 2**40])
+def test_an_m_at_or_above_p_is_refused_in_one_line_and_nothing_is_written(tmp_path, m):
+    res = invoke("collect", "--out", tmp_path / "run", *CNN, "--sketch", m)
+    assert res.exit_code != 0 and "is not below p = 26,010" in res.output and "--sketch 26009 or less" in res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,94 @@
+"""Sketched per-step rows (issue 37 §3, the paper's row kind): ``collect(sketch=M)`` without
+per-example rows stores the sketch of each step's mean clipped gradient.
+
+Checked against an unsketched per-step collection of the same seeded run: its stored rows are
+the exact per-step rows, and the float64 reference `sketch_rows` of them, under the plan the
+sketched store holds, is the sketched store's rows to float32 rounding (the sketch is computed
+in float64 from the same float32 row and rounded once). Sketching changes nothing of the
+training (the same metrics, bit for bit), works with every per-example engine, shares its map
+with a per-example sketch of the same model and seed, and resumes like any run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gradspec.collect import collect
+from gradspec.sketch import SketchPlan, sketch_rows
+from gradspec.store import GradientStore
+
+from ._tiny import tiny_task
+from .test_collect import cfg, metrics_without_time
+
+M, J = 96, 4
+
+
+def _sketched(**kw):
+    return cfg(sketch=M, sketch_blocks=J, sketch_seed=3, **{"steps": 6, **kw})
+
+
+def assert_rows_are_the_reference_of(sketched: GradientStore, exact: GradientStore) -> SketchPlan:
+    """The sketched store's rows equal the reference sketch of the exact per-step rows to float32
+    rounding: each value within 2^-24 of itself, plus float64 roundoff of the sums."""
+    plan = SketchPlan.from_dict(sketched.sketch)
+    want = sketch_rows(plan, torch.from_numpy(exact.read())).numpy()
+    got = sketched.read()
+    assert got.shape == (exact.n_rows, plan.M) and exact.n_rows > 0
+    np.testing.assert_allclose(got, want, rtol=2.0**-23, atol=1e-12 * np.abs(want).max())
+    return plan
+
+
+@pytest.mark.parametrize("backend", ["ghost", "vmap"])
+def test_per_step_sketch_is_the_plan_of_the_exact_per_step_row(tmp_path, backend):
+    exact = collect(cfg(backend=backend, steps=6), out=tmp_path / "exact", task=tiny_task())
+    sketched = collect(_sketched(backend=backend), out=tmp_path / "sketch", task=tiny_task())
+    a, b = GradientStore.open(exact.store), GradientStore.open(sketched.store)
+    assert not b.per_example and b.p == b.sketch["M"] <= M and b.sketch["p"] == a.p == 215
+    assert b.sketch["seed"] == 3 and len(b.sketch["blocks"]) == J
+    plan = assert_rows_are_the_reference_of(b, a)
+    kinds = {s.name: s.kind for s in plan.params}
+    assert kinds["emb.weight"] == "countsketch-kronecker" and kinds["fc1.weight"] == "kronecker"
+    # the same run: the same steps, batches, losses and norms; training untouched by the sketch
+    for key, values in a.row_meta().items():
+        np.testing.assert_array_equal(b.row_meta()[key], values)
+    assert metrics_without_time(sketched.metrics) == metrics_without_time(exact.metrics)
+    assert b.config["per_example_engine"] == a.config["per_example_engine"] == backend
+    assert b.row_kind == a.row_kind  # the paper's row kind: the mean clipped gradient
+    assert b.status == "complete"
+
+
+def test_the_per_step_map_is_the_per_example_map(tmp_path):
+    """One model and seed: the per-step sketch of a step is the mean of its per-example sketches
+    (the same plan, so the same map; the map is linear)."""
+    steps = collect(_sketched(backend="ghost", steps=3), out=tmp_path / "steps", task=tiny_task())
+    examples = collect(_sketched(backend="ghost", steps=3, mode="per-example"), out=tmp_path / "ex",
+                       task=tiny_task())
+    s, e = GradientStore.open(steps.store), GradientStore.open(examples.store)
+    assert SketchPlan.from_dict(s.sketch) == SketchPlan.from_dict(e.sketch)
+    step_of = e.row_meta()["step"]
+    rows = e.read()
+    for i, step in enumerate(s.row_meta()["step"]):
+        mine = rows[step_of == step]
+        np.testing.assert_allclose(s.read(slice(i, i + 1))[0], mine.sum(0) / len(mine), rtol=1e-5, atol=1e-7)
+
+
+def test_a_per_step_sketch_resumes_as_one_uninterrupted_run(tmp_path):
+    config = _sketched(backend="vmap")
+    full = collect(config, out=tmp_path / "full", task=tiny_task())
+    collect(config, out=tmp_path / "part", task=tiny_task(), stop_after=3)
+    done = collect(out=tmp_path / "part", task=tiny_task(), resume=True)
+    a, b = GradientStore.open(full.store), GradientStore.open(done.store)
+    np.testing.assert_array_equal(b.read(), a.read())
+    assert b.sketch == a.sketch and b.status == "complete"
+
+
+def test_m_at_or_above_p_is_refused_before_anything_is_written(tmp_path):
+    for m in (215, 2**40):
+        with pytest.raises(ValueError, match=r"is not below p = 215.*give --sketch 214 or less"):
+            collect(cfg(sketch=m), out=tmp_path / "run", task=tiny_task())
+        assert not (tmp_path / "run").exists()
+    # per-example rows too
+    with pytest.raises(ValueError, match="is not below p = 215"):
+        collect(cfg(sketch=215, mode="per-example"), out=tmp_path / "run", task=tiny_task())
