@@ -26,7 +26,8 @@ def info_command(
     verify: bool = typer.Option(
         False, "--verify",
         help="Read every chunk of every committed row and all metadata; exit 1 if one is missing, "
-        "truncated, the wrong size, undecodable or holds NaN/inf.",
+        "truncated, the wrong size, undecodable, fails its crc32c checksum (stores written before "
+        "checksums have none) or holds NaN/inf.",
     ),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar for --verify."),
     machine: bool = typer.Option(
@@ -109,11 +110,12 @@ def info_command(
             )
         _example_norms(summary)
         _precision(summary.get("dtype_report"))
+        _checksums(summary.get("checksums"))
         _missing(summary)
     else:
         _spectrum(summary)
     if checked is not None:
-        _verified(checked)
+        _verified(checked, summary.get("checksums"))
     if damaged:
         raise typer.Exit(1)
 
@@ -145,6 +147,24 @@ def _precision(rep: dict | None) -> None:
     )
 
 
+def _checksums(c: dict | None) -> None:
+    """Whether the store's chunks carry checksums (stores written before them do not)."""
+    if not c or not c["arrays"]:
+        return
+    if not c["unchecked"]:
+        typer.echo(f"checksum {c['codec']} on every chunk ({c['arrays']} arrays): a changed byte is found "
+                   "by reading it (--verify reads them all)")
+        return
+    cannot = ("a changed byte in a chunk cannot be detected (--verify finds missing, wrong-sized and "
+              "undecodable chunks and NaN/inf only); collect or compute it again to get checksums")
+    if not c["checksummed"]:
+        typer.echo(f"checksum none: written before gradspec checksummed its chunks; {cannot}")
+        return
+    names = ", ".join(c["unchecked"][:3]) + (f" and {len(c['unchecked']) - 3} more" if len(c["unchecked"]) > 3 else "")
+    typer.echo(f"checksum {c['codec']} on {len(c['checksummed'])} of {c['arrays']} arrays; none on {names} "
+               f"(written before gradspec checksummed chunks): there {cannot}")
+
+
 def _missing(summary: dict) -> None:
     missing = summary.get("missing_chunks") or []
     _damage([f"{m['array']}/{m['chunk']} (rows {m['rows'][0]}..{m['rows'][1]})" for m in missing],
@@ -168,7 +188,7 @@ def _damage(shown_all: list[str], damaged: bool, what: str, remedy: str, legacy:
         typer.echo(f"         {error}")
 
 
-def _verified(rep: dict) -> None:
+def _verified(rep: dict, checksums: dict | None) -> None:
     bad = rep["damaged"]
     nonfinite = rep["non_finite"]
     ranges = rep.get("out_of_range") or {}
@@ -176,7 +196,13 @@ def _verified(rep: dict) -> None:
         f"{len(bad)} damaged chunk(s), {sum(v['count'] for v in nonfinite.values())} non-finite value(s)"
         + (f", {sum(v['count'] for v in ranges.values())} out-of-range norm(s)" if ranges else "")
     )
-    typer.echo(f"verify   {rep['chunks']:,} chunks of committed rows read ({_size(rep['bytes'])}): {verdict}")
+    if checksums and checksums["arrays"] and not checksums["unchecked"]:
+        crc = "checksums checked"
+    elif checksums and checksums["checksummed"]:
+        crc = f"checksums checked on {rep.get('checksummed_chunks', 0):,} (some arrays have none)"
+    else:
+        crc = "no checksums (a changed byte cannot be detected)"
+    typer.echo(f"verify   {rep['chunks']:,} chunks of committed rows read ({_size(rep['bytes'])}), {crc}: {verdict}")
     for d in bad[:20]:
         typer.echo(f"           {d['array']}/{d['chunk']}  rows {d['rows'][0]}..{d['rows'][1]}  {d['problem']}")
     if len(bad) > 20:
@@ -218,6 +244,7 @@ def _spectrum(summary: dict) -> None:
     timings = summary.get("timings") or {}
     if timings:
         typer.echo("timings  " + "  ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+    _checksums(summary.get("checksums"))
     _spectrum_damage(summary)
 
 

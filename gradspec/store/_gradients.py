@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+import gradspec.store._checksum as _checksum
 import gradspec.store._precision as _precision
 from gradspec._layout import ParamLayout
 from gradspec.store._fastread import ChunkFileReader
@@ -254,16 +255,16 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
         fields = dict(META_FIELDS, **(PER_EXAMPLE_FIELDS if per_example else {}),
                       **(EXAMPLE_NORM_FIELDS if per_example else {}))
         for name, dt in fields.items():
-            group.create_array(f"meta/{name}", shape=(0,), chunks=(4096,), dtype=dt, fill_value=0, compressors=None)
+            group.create_array(f"meta/{name}", shape=(0,), chunks=(4096,), dtype=dt, fill_value=0, compressors=_checksum.checksum_codecs())
         if per_example:
             columns = [q["name"] for q in sketch["params"]] if sketch is not None else layout.names
             n = len(columns)
             group.create_array(PARAM_NORMS_ARRAY, shape=(0, n), chunks=(param_norms_chunk_rows(n), n),
-                               dtype="float64", fill_value=0, compressors=None, attributes={"columns": columns})
+                               dtype="float64", fill_value=0, compressors=_checksum.checksum_codecs(), attributes={"columns": columns})
         if dtype != "float32":
             group.create_array(
                 STATS_ARRAY, shape=(0, len(_precision.STATS_COLUMNS)), chunks=(4096, len(_precision.STATS_COLUMNS)),
-                dtype="float64", fill_value=0, compressors=None,
+                dtype="float64", fill_value=0, compressors=_checksum.checksum_codecs(),
                 attributes={"columns": list(_precision.STATS_COLUMNS)},
             )
         return cls(group, str(path), "r+")
@@ -364,8 +365,10 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
 
         Chunks of committed rows are listed (not read): a store missing one has status
         ``"damaged"`` (its recorded status is ``recorded_status``), whatever it recorded; so
-        has one whose per-example norms or clip factors (read in full) hold a value no
-        clipping gives (``example_norms_error`` says which).
+        has one whose metadata (read in full) fails to read — a chunk failing its checksum
+        (``meta_error`` says which) — or whose per-example norms or clip factors hold a value
+        no clipping gives (``example_norms_error``). ``checksums`` says which arrays carry
+        per-chunk checksums (``_checksum``; none in a store written before them).
         """
         missing = self.find_missing_chunks()
         status = self._status
@@ -408,15 +411,21 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             "rows": m,
             "missing_chunks": missing,
             "all_chunks_written": self._strict,
-            "dtype_report": self.dtype_report,
+            "dtype_report": None,
+            "checksums": _checksum.checksum_summary(self._arrays()),
             "example_norms": None,
             "sketch": None if self._sketch is None else {
                 k: self._sketch.get(k) for k in ("kind", "M", "requested_M", "p", "seed", "width_note")} | {
                 "blocks": len(self._sketch.get("blocks", [])),
                 "exact_columns": sum(b - a for a, b in self._sketch.get("exact", []))},
         }
+        try:
+            out["dtype_report"] = self.dtype_report
+        except StoreDamagedError as exc:
+            meta_error = meta_error or str(exc)
         if meta_error:
             out["meta_error"] = meta_error
+            out["status"] = "damaged"
         try:
             out["example_norms"] = self._example_norm_summary()
         except StoreDamagedError as exc:  # a value no clipping gives: damage, as a lost chunk is
