@@ -127,6 +127,38 @@ class GradientReads:
         for off, block in zip(offsets, prefetch_iter(tasks, prefetch), strict=True):
             yield int(off), block
 
+    def iter_tiles(
+        self,
+        *,
+        rows: RowSelection = None,
+        col_ranges: ColRanges = None,
+        tile_rows: int,
+        prefetch: int = 2,
+    ) -> Iterator[tuple[int, int, np.ndarray]]:
+        """Yield ``(row_offset, col_offset, tile)``: the column blocks of :meth:`iter_col_blocks`
+        cut into tiles of at most ``tile_rows`` selected rows (float32), one column block after
+        another, each block's tiles in row order.
+
+        ``row_offset`` counts rows within the selection, ``col_offset`` columns within it. A
+        reader of many rows holds ``prefetch + 1`` tiles instead of as many column blocks of
+        all the rows, so its memory is bounded by ``tile_rows`` whatever the selection; tiles
+        of a multiple of the chunk rows, on a selection that starts on a chunk boundary, decode
+        each chunk once.
+        """
+        if isinstance(tile_rows, bool) or not isinstance(tile_rows, int | np.integer) or tile_rows < 1:
+            raise ValueError(f"tile_rows must be a positive integer, got {tile_rows!r}")
+        idx = self._row_index(rows)
+        idx = np.arange(idx.start, idx.stop) if isinstance(idx, slice) else idx
+        blocks = self._col_blocks(col_ranges, None)
+        offsets = np.cumsum([0] + [b - a for a, b in blocks])[:-1]
+        tr = int(tile_rows)
+        tiles = [(i, int(off), as_slice(idx[i : i + tr]), a, b)
+                 for off, (a, b) in zip(offsets, blocks, strict=True) for i in range(0, idx.size, tr)]
+        self._forget_listings()
+        tasks = [(lambda s=s, a=a, b=b: self._read(s, a, b)) for _, _, s, a, b in tiles]
+        for (i, off, *_), tile in zip(tiles, prefetch_iter(tasks, prefetch), strict=True):
+            yield i, off, tile
+
     def iter_row_blocks(
         self,
         *,
@@ -181,4 +213,3 @@ class GradientReads:
             arr = da.concatenate([arr[:, a:b] for a, b in col_ranges], axis=1)
         dtype = self._dtype
         return arr.map_blocks(from_disk_dtype, dtype, dtype=np.float32)
-

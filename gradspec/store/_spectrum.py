@@ -13,6 +13,8 @@ Layout of a spectrum directory::
     OUT/residual_ht    (k,)   ‖Hᵀ·u_i − σ_i·v_i‖/σ_i
     OUT/explained_variance_ratio, OUT/cumulative_explained_variance   (k,)
     OUT/source_rows    (r,)   the absolute row indices of the source gradient store (when it is one)
+    OUT/row_sq_norms   (r,)   ‖h_i‖² of those rows as pca read them, in U's row order (float64; stores
+                       since issue 36: an exact spectrum's in-sample G_k need no pass over H)
     OUT/state/…        the resumable state of an iterative run (removed when complete)
 
 V is read back in row (p) blocks with :meth:`SpectrumStore.iter_v_blocks` for
@@ -144,8 +146,9 @@ class SpectrumStore(SpectrumWrites):
         r, p = self.shape
         k = self.k
         want = {"V": (p, k), "U": (r, k), **{n: (k,) for n in ("sigma", *VECTOR_ARRAYS)}}
-        if "source_rows" in self._group:
-            want["source_rows"] = (r,)
+        for name in ("source_rows", "row_sq_norms"):
+            if name in self._group:
+                want[name] = (r,)
         for name, shape in want.items():
             got = tuple(int(n) for n in self._arr(name).shape)
             if got != shape:
@@ -156,7 +159,7 @@ class SpectrumStore(SpectrumWrites):
 
     def _written(self) -> list[str]:
         """The arrays whose every chunk is written by now (the module note's Integrity)."""
-        names = ["source_rows"] if "source_rows" in self._group else []
+        names = [n for n in ("source_rows", "row_sq_norms") if n in self._group]
         if self.status == COMPLETE:
             return [*RESULT_ARRAYS, *names]
         state = self.attrs.get("gradspec.state") or {}
@@ -331,6 +334,15 @@ class SpectrumStore(SpectrumWrites):
     def U(self) -> np.ndarray:
         """The left singular vectors, ``(r, k)``: each direction's weight on each row of H."""
         return self._read("U")
+
+    @property
+    def row_sq_norms(self) -> np.ndarray | None:
+        """‖h_i‖² of the r rows the spectrum was computed from, in U's row order, as pca's first
+        pass computed them (the Gram's diagonal for the exact method); None for a store written
+        before gradspec recorded them, or an unfinished one."""
+        if self.status != COMPLETE or "row_sq_norms" not in self._group:
+            return None
+        return np.asarray(self._read("row_sq_norms"), dtype=np.float64)
 
     @property
     def V(self) -> CheckedView | zarr.Array:

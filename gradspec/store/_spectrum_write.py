@@ -171,7 +171,17 @@ class SpectrumWrites:
         self._arr("U")[:] = result.U
         for name in VECTOR_ARRAYS:
             self._arr(name)[:] = getattr(result, name)
-        for name in (*RESULT_ARRAYS, *(["source_rows"] if "source_rows" in g else [])):
+        norms = getattr(result, "row_sq_norms", None)
+        if "row_sq_norms" in g:
+            del g["row_sq_norms"]
+        if norms is not None:
+            # ‖h_i‖² of the rows U describes: with U and σ, an exact spectrum's in-sample G_k
+            # without another pass over H (`gradspec decay`, gradspec.spectrum)
+            g.create_array(
+                "row_sq_norms", shape=(self.shape[0],), chunks=(self.shape[0],), dtype="float64",
+                fill_value=0, compressors=None, config=ALL_CHUNKS,
+            )[:] = np.asarray(norms, dtype=np.float64)
+        for name in (*RESULT_ARRAYS, *(n for n in ("source_rows", "row_sq_norms") if n in g)):
             self._checks.require(name, self._arr(name))  # V streamed whole, nothing lost: or not complete
         if "state" in g:
             del g["state"]

@@ -113,7 +113,8 @@ def test_errors(tmp_path):
 
 # ---------------------------------------------------------------------- integrity
 SPECTRUM_ARRAYS = ("V", "U", "sigma", "residuals", "residual_h", "residual_ht",
-                   "explained_variance_ratio", "cumulative_explained_variance", "source_rows")
+                   "explained_variance_ratio", "cumulative_explained_variance", "source_rows",
+                   "row_sq_norms")
 
 
 def complete_store(path, *, zero_rows=False):
@@ -144,6 +145,7 @@ def every_accessor(spec):
         "read_v-rows": lambda: spec.read_v(slice(0, 16)),
         "iter_v_blocks": lambda: list(spec.iter_v_blocks(40)),
         "source_rows": lambda: spec.source_rows,
+        "row_sq_norms": lambda: spec.row_sq_norms,
         **{f"array-{n}": (lambda n=n: spec.array(n)) for n in SPECTRUM_ARRAYS[3:8]},
     }
 
@@ -157,7 +159,7 @@ def test_every_chunk_is_written_even_all_zero(tmp_path):
         assert chunk_path(tmp_path / "s", name, "0/0" if name in ("V", "U") else "0").is_file(), name
     assert spec.find_damaged_chunks() == [] and spec.summary()["status"] == "complete"
     rep = spec.verify()
-    assert rep["ok"] and rep["chunks"] == 8 + 1 + 1 + 5 + 1 and rep["unchecked"] == []
+    assert rep["ok"] and rep["chunks"] == 8 + 1 + 1 + 5 + 1 + 1 and rep["unchecked"] == []
 
 
 @pytest.mark.parametrize("name", SPECTRUM_ARRAYS)
@@ -169,7 +171,7 @@ def test_a_deleted_chunk_is_an_error_on_every_accessor(tmp_path, name):
     os.remove(chunk_path(path, name, key))
     spec = SpectrumStore.open(path)
     touched = {"V": ("V", "read_v", "iter_v_blocks"), "U": ("U",), "sigma": ("sigma",),
-               "source_rows": ("source_rows",)}.get(name, (f"array-{name}",))
+               "source_rows": ("source_rows",), "row_sq_norms": ("row_sq_norms",)}.get(name, (f"array-{name}",))
     for what, read in every_accessor(spec).items():
         if what in touched:
             with pytest.raises(StoreDamagedError, match=rf"chunk {name}/c/{key}, holding rows .* is missing"):
