@@ -213,3 +213,4 @@ class GradientReads:
             arr = da.concatenate([arr[:, a:b] for a, b in col_ranges], axis=1)
         dtype = self._dtype
         return arr.map_blocks(from_disk_dtype, dtype, dtype=np.float32)
+

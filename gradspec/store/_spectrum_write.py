@@ -179,7 +179,7 @@ class SpectrumWrites:
             # without another pass over H (`gradspec decay`, gradspec.spectrum)
             g.create_array(
                 "row_sq_norms", shape=(self.shape[0],), chunks=(self.shape[0],), dtype="float64",
-                fill_value=0, compressors=None, config=ALL_CHUNKS,
+                fill_value=0, compressors=_checksum.checksum_codecs(), config=ALL_CHUNKS,
             )[:] = np.asarray(norms, dtype=np.float64)
         for name in (*RESULT_ARRAYS, *(n for n in ("source_rows", "row_sq_norms") if n in g)):
             self._checks.require(name, self._arr(name))  # V streamed whole, nothing lost: or not complete
