@@ -135,6 +135,8 @@ class GradientRecorderCallback(TrainerCallback):
         microbatch: most examples per per-example call (bounds memory).
         max_grad_norm: per-example mode: clip each row to this norm (None: unclipped).
         config: your run config, saved in the store.
+        sketch: store each per-step row as its M-column sketch (``GradientRecorder(sketch=)``),
+            with ``sketch_seed`` and ``sketch_blocks``.
 
     Example:
         >>> callback = GradientRecorderCallback(out="runs/hf", params="*attention*")  # doctest: +SKIP
@@ -157,9 +159,14 @@ class GradientRecorderCallback(TrainerCallback):
         microbatch: int | None = None,
         max_grad_norm: float | None = None,
         config: dict[str, Any] | None = None,
+        sketch: int | None = None,
+        sketch_seed: int = 0,
+        sketch_blocks: int = 8,
     ) -> None:
         if (out is None) == (recorder is None):
             raise ValueError("pass out= (a recorder is built from the Trainer's model) or recorder=, not both")
+        if recorder is not None and sketch is not None:
+            raise ValueError("sketch= sets up the recorder built from out=: give it to your GradientRecorder instead")
         if every < 1:
             raise ValueError(f"every must be a positive number of steps, got {every}")
         if max_grad_norm is not None and not max_grad_norm > 0:
@@ -169,6 +176,7 @@ class GradientRecorderCallback(TrainerCallback):
         self._recorder_args = {
             "out": out, "params": params, "per_example": per_example, "resume": resume,
             "overwrite": overwrite, "config": config, "max_grad_norm": max_grad_norm,
+            "sketch": sketch, "sketch_seed": sketch_seed, "sketch_blocks": sketch_blocks,
         }
         self.every, self.max_grad_norm = int(every), max_grad_norm
         self._forward, self._loss, self._backend, self._microbatch = forward, loss, backend, microbatch

@@ -64,10 +64,19 @@ class GradientRecorder(RecorderBase):
             averaged over the ranks (``attach_opacus``: the clipped sums of every rank over
             the global batch). Per-step rows only. ``False``: each process records on its own
             (give each its own ``out``). ``True``: as None, but refuse to run without a group.
+        sketch: store each per-step row (p values) as its M-column seeded random projection
+            (``gradspec.sketch``, the plan ``gradspec collect --sketch M`` makes for the same
+            parameters; M below p): O(p M) once a step, computed by rank 0 under
+            torch.distributed (the map is linear: the sketch of DDP's averaged gradient is the
+            average of the ranks' sketches). The plan is saved in the store
+            (``GradientStore.sketch``). Per-step rows only.
+        sketch_seed: the plan's seed (every random factor derives from it).
+        sketch_blocks: J >= 2 independent blocks of the sketch (its error statement).
 
     Raises:
         ValueError: no or several layout sources, no parameter selected, a resume
-            whose layout or row kind differs.
+            whose layout, row kind or sketch differs; ``sketch`` with per-example rows, or at
+            or above p.
         FileExistsError: ``out`` holds a store and neither resume nor overwrite was asked.
         FileNotFoundError: ``resume`` with no store in ``out``.
         DirectoryBusyError: another process writes in ``out`` (the run lock, an ``OSError``).

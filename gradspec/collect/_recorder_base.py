@@ -39,6 +39,7 @@ from gradspec.collect._recorder_setup import (
     _acquire_run_lock,
     _release_run_lock,
     open_store,
+    recorder_sketch,
     resolve_layout,
     unwrap_model,
 )
@@ -87,6 +88,7 @@ class RecorderBase:
         max_queue: int = 64,
         store: GradientStore | None = None,
         distributed: bool | None = None,
+        sketch: int | None = None, sketch_seed: int = 0, sketch_blocks: int = 8,
     ) -> None:
         if commit_every < 1:
             raise ValueError(f"commit_every must be a positive number of steps, got {commit_every}")
@@ -106,6 +108,8 @@ class RecorderBase:
         self._background, self._max_queue = bool(background), int(max_queue)
         #: This process's place under torch.distributed (one process without a process group).
         self.ranks = recorder_ranks(distributed, per_example=self.per_example)
+        #: The sketch plan of a ``sketch=M`` recorder (None: rows stored whole); rank 0 computes it.
+        self.plan, self._sketch = recorder_sketch(self, sketch, seed=sketch_seed, blocks=sketch_blocks, store=store)
         self._lock = None
         if store is not None:  # the caller's store, under the caller's lock
             self.store: GradientStore | None = store
@@ -114,7 +118,8 @@ class RecorderBase:
         else:
             self._lock = _acquire_run_lock(self.out)
             try:
-                self.store = open_store(self.out, layout=self.layout, per_example=self.per_example,
+                self.store = open_store(self.out, layout=self.layout if self.plan is None else self.plan.column_layout(),
+                                        plan=self.plan, per_example=self.per_example,
                                         run_config=self._run_config(config), user_config=config, dtype=dtype,
                                         compressor=compressor, resume=resume, overwrite=overwrite,
                                         rows_per_chunk=example_rows_per_chunk(self.layout.p) if per_example else None)
@@ -294,6 +299,8 @@ class RecorderBase:
         loss_value = noted if loss is None else float(np.mean(floats(loss)))
         if not self._finite(row, step):
             return
+        if self._sketch is not None:  # Phi of the row (rank 0: the others write nothing)
+            row = self._sketch(row).to("cpu", torch.float32)
         mean, top, frac = norm_stats(norms, self.max_grad_norm if max_grad_norm is None else max_grad_norm)
         meta = {
             "step": np.array([step]), "epoch": np.array([self.epoch if epoch is None else int(epoch)]),

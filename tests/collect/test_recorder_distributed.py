@@ -26,8 +26,9 @@ from ._tiny import Tiny, tiny_task
 STEPS, BATCH = 4, 16
 
 
-def _loop(out: Path, rank: int, world: int) -> dict:
-    """A plain loop over fixed global batches of 16; each rank takes the examples rank::world."""
+def _loop(out: Path, rank: int, world: int, **options) -> dict:
+    """A plain loop over fixed global batches of 16; each rank takes the examples rank::world
+    (``options``: the recorder's, e.g. a sketch)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -40,7 +41,7 @@ def _loop(out: Path, rank: int, world: int) -> dict:
         model = DistributedDataParallel(model)
     data = tiny_task().train
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with GradientRecorder(out=out, model=model) as rec:
+    with GradientRecorder(out=out, model=model, **options) as rec:
         for step in range(STEPS):
             idx = torch.arange(step * BATCH, (step + 1) * BATCH) % len(data)
             batch = data.batch(idx[rank::world])
