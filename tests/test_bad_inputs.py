@@ -80,6 +80,9 @@ def fx(tmp_path_factory) -> dict[str, Any]:
     damaged = make_store(tmp / "damaged.zarr", power_rows(20, 100, seed=4))
     chunk = next(p for p in sorted((Path(damaged.path) / "grads" / "c").rglob("*")) if p.is_file())
     chunk.unlink()
+    flipped = make_store(tmp / "flipped.zarr", power_rows(20, 100, seed=5))
+    first = Path(flipped.path) / "grads" / "c" / "0" / "0"
+    first.write_bytes(bytes(b ^ (i == 40) for i, b in enumerate(first.read_bytes())))  # one bit of row 0
     res = invoke("decay", tmp / "spec.zarr", "--out", tmp / "decay", "--no-plots")
     assert res.exit_code == 0, res.output
     report = json.loads((tmp / "decay" / "report.json").read_text())
@@ -284,6 +287,11 @@ ROWS: list[Row] = [
     cli("info-plain-dir", ["info", "{notes}"], r"not a gradspec store \(no zarr\.json\)"),
     cli("info-damaged-chunk", ["info", "{damaged}"], code=1,
         check=lambda res, fx: (res.exit_code == 1 and "DAMAGED" in res.output) or pytest.fail(res.output)),
+    cli("info-verify-flipped-byte", ["info", "{flipped}", "--verify", "--no-progress"], code=1,
+        check=lambda res, fx: (res.exit_code == 1 and "grads/c/0/0  rows 0..7  corrupt: its bytes do not "
+                               "match their crc32c checksum" in res.output) or pytest.fail(res.output)),
+    cli("pca-flipped-byte", ["pca", "{flipped}", "-k", "2", "--out", "{new}", "--no-progress"],
+        r"chunk grads/c/0/0, holding committed rows 0\.\.7 of 20, is corrupt: .*crc32c.*restore the file"),
     cli("info-zarr-array", ["info", "{array}"], r"not a gradspec store"),
     cli("info-corrupt-zarr-json", ["info", "{corrupt}"], r"zarr\.json"),
     lib("store-float16-overflow", lambda fx: _append_f16(fx),
