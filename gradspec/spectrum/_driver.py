@@ -16,6 +16,10 @@ What it checks before reading a gradient (each is a one-line ``ValueError``):
 * held-out rows lie inside the store and — when the store is the spectrum's
   source, by resolved path or as a copy of the same run (same config, same rows)
   — outside the rows the spectrum was computed from.
+
+How each set of rows is measured — an exact spectrum's own rows from U, σ and the recorded row
+norms with no pass over H, every other set projected onto V in tiles of bounded rows — is
+``_measure`` (issue 36).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from gradspec.spectrum._measure import MEMORY, measure_rows, tile_rows
 from gradspec.spectrum._report import REPORT_FORMAT, DecayAnalysis, DecayConfig, analyze_spectrum
 
 logger = logging.getLogger(__name__)
@@ -193,6 +198,8 @@ def decay_analysis(
     heldout_rows: slice | str | np.ndarray | None = None,
     use_gradients: bool = True,
     config: DecayConfig | None = None,
+    read_rows: bool = False,
+    memory: int | None = None,
     progress: bool = False,
 ) -> DecayAnalysis:
     """Analyse a spectrum store, measuring G_k on its source rows and on held-out rows.
@@ -207,6 +214,11 @@ def decay_analysis(
         heldout_rows: rows of the gradient store held out (``"A:B"``, a slice or indices).
         use_gradients: False analyses σ only (no pass over any gradient store).
         config: analysis settings.
+        read_rows: project the spectrum's own rows onto V (one pass over them and V) even
+            where an exact spectrum's U, σ and row norms give their G_k with no pass over H
+            (``_measure``): a cross-check; the numbers agree to the spectrum's precision.
+        memory: bytes of gradient rows held at a time while rows are projected (default
+            ``_measure.MEMORY``, 512 MiB); the rows are read once whatever it is.
         progress: log progress.
 
     Raises:
@@ -328,17 +340,23 @@ def decay_analysis(
                         f"spectrum's rows {kinds[bool(src.get('per_example'))]} gradients: their "
                         "G_k are not comparable"
                     )
+            basis = _Columns(spec.V, k)
+            tiles = tile_rows(store, cols, MEMORY if memory is None else memory)
             for name, idx in row_sets.items():
+                kw[name], how, note = measure_rows(
+                    spec=spec, store=store, rows=idx, own=name == "collected", cols=cols, basis=basis,
+                    ks=cfg.ranks(k), tiles=tiles, read_rows=read_rows, progress=progress,
+                )
+                notes += [note] if note else []
                 sources[name] = {
                     "path": store.path,
                     "relation": relation,
                     "rows": describe_row_indices(idx),
                     "n_rows": int(idx.size),
                     "col_ranges": cols,
+                    "measured": how,
                 }
-                sel = as_slice(idx)
-                kw[name] = store.iter_col_blocks(rows=sel, col_ranges=cols)
-                kw[f"{name}_steps"] = store.row_meta(sel)["step"]
+                kw[f"{name}_steps"] = store.row_meta(as_slice(idx))["step"]
     analysis = analyze_spectrum(
         sigma=spec.sigma[:k],
         config=cfg,

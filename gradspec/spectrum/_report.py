@@ -23,6 +23,7 @@ from gradspec.spectrum._fit import PowerLawFit, fit_spectrum
 from gradspec.spectrum._lipschitz import (
     LipschitzDecay,
     RestrictedLipschitz,
+    RowProjections,
     lipschitz_decay,
     project_rows,
     rank_grid,
@@ -82,6 +83,20 @@ class DecayConfig:
     @property
     def has_bound_inputs(self) -> bool:
         return None not in (self.n, self.epsilon, self.delta, self.diameter)
+
+    def ranks(self, k_stored: int) -> np.ndarray:
+        """The ranks G_k is measured at for a basis of ``k_stored`` directions: 0, 1, 2, 4, …,
+        ``k_max`` (default ``k_stored``), or every rank with ``every_rank``.
+
+        Raises:
+            ValueError: ``k_max`` outside ``[1, k_stored]``.
+        """
+        k_max = int(k_stored) if self.k_max is None else int(self.k_max)
+        if not 1 <= k_max <= k_stored:
+            raise ValueError(
+                f"k_max must lie in [1, {k_stored}] (the stored singular vectors), got {k_max}"
+            )
+        return rank_grid(k_max, every=self.every_rank)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -193,7 +208,7 @@ class DecayAnalysis:
 
 def _analyze_rows(
     name: str,
-    col_blocks: Iterable[tuple[int, np.ndarray]],
+    rows: Iterable[tuple[int, np.ndarray]] | RowProjections,
     basis: Any,
     ks: np.ndarray,
     steps: Sequence[int] | np.ndarray | None,
@@ -201,7 +216,15 @@ def _analyze_rows(
     source: dict[str, Any],
     progress: bool,
 ) -> RowAnalysis:
-    proj = project_rows(col_blocks, basis, ks=ks, progress=progress)
+    if isinstance(rows, RowProjections):
+        proj = rows
+        if not np.array_equal(proj.ks, ks):
+            raise ValueError(
+                f"the {name} rows were projected at ranks {proj.ks.tolist()}, the analysis measures "
+                f"{ks.tolist()} (DecayConfig.ranks)"
+            )
+    else:
+        proj = project_rows(rows, basis, ks=ks, progress=progress)
     G = restricted_lipschitz(proj, quantiles=config.quantiles, source=source)
     try:
         decay = lipschitz_decay(G, ci=config.ci, level=config.level)
@@ -241,9 +264,9 @@ def analyze_spectrum(
     sigma: Sequence[float] | np.ndarray,
     config: DecayConfig | None = None,
     basis: Any | None = None,
-    gradients: Iterable[tuple[int, np.ndarray]] | None = None,
+    gradients: Iterable[tuple[int, np.ndarray]] | RowProjections | None = None,
     gradient_steps: Sequence[int] | np.ndarray | None = None,
-    heldout: Iterable[tuple[int, np.ndarray]] | None = None,
+    heldout: Iterable[tuple[int, np.ndarray]] | RowProjections | None = None,
     heldout_steps: Sequence[int] | np.ndarray | None = None,
     total_energy: float | None = None,
     sources: Mapping[str, Any] | None = None,
@@ -256,9 +279,11 @@ def analyze_spectrum(
         config: settings (:class:`DecayConfig`).
         basis: V (p × K), row-sliceable; needed for anything measured on gradient rows.
         gradients: column blocks ``(offset, (n, c) array)`` of the rows the spectrum was
-            computed from (G_k in-sample; one pass).
+            computed from (G_k in-sample; one pass), or their :class:`RowProjections` at
+            ``config.ranks(K)`` (e.g. :func:`row_projections_from_svd`: no pass).
         gradient_steps: the training step of each of those rows (per-step error).
-        heldout: column blocks of held-out rows (another row range or another store).
+        heldout: column blocks of held-out rows (another row range or another store), or
+            their :class:`RowProjections`.
         heldout_steps: their steps.
         total_energy: ``‖H‖_F²`` for the explained variance of the spectrum itself.
         sources: where the inputs came from (paths, row ranges), copied into the report.
@@ -295,13 +320,7 @@ def analyze_spectrum(
     if (gradients is not None or heldout is not None) and basis is None:
         raise ValueError("G_k and explained variance on gradient rows need the basis V")
     if basis is not None:
-        k_stored = int(basis.shape[1])
-        k_max = k_stored if cfg.k_max is None else int(cfg.k_max)
-        if not 1 <= k_max <= k_stored:
-            raise ValueError(
-                f"k_max must lie in [1, {k_stored}] (the stored singular vectors), got {k_max}"
-            )
-        ks = rank_grid(k_max, every=cfg.every_rank)
+        ks = cfg.ranks(int(basis.shape[1]))
         for name, blocks, steps in (
             ("collected", gradients, gradient_steps),
             ("heldout", heldout, heldout_steps),
