@@ -126,6 +126,8 @@ class DaskGradientOperator(OperatorBase):
             a = dict(shared)
             if "x" in args:
                 a["x"] = args["x"][offsets[i] : offsets[i + 1]]
+            if kind == "project":
+                a["col0"] = int(offsets[i])  # the p-side probes draw by global column
             parts.append(delayed(run_block, pure=False)(
                 blk, kind, a, precision=self.precision, kernel=self.kernel, center=self.center,
                 flops=float(r) * r * p, need_norms=need_norms,
@@ -175,11 +177,11 @@ class DaskGradientOperator(OperatorBase):
 
     def _project(
         self, u: np.ndarray, sigma: np.ndarray, sink: Sink, *, out_dtype: Any, verify: str,
-        gram: np.ndarray | None, omega: np.ndarray | None,
+        gram: np.ndarray | None, omega: np.ndarray | None, seed: int = 0,
     ) -> dict[str, np.ndarray] | None:
         """V formed block by block on the workers and fetched into ``sink``; the checks' sums
         come back with it (``gram`` is not needed)."""
-        args = {"u": u, "sigma": sigma, "out_dtype": np.dtype(out_dtype), "verify": verify}
+        args = {"u": u, "sigma": sigma, "out_dtype": np.dtype(out_dtype), "verify": verify, "seed": seed}
         if omega is not None:
             args["omega"] = omega
         return self._run("project", args, sink)

@@ -44,7 +44,8 @@ def run_block(
             to float32 by the reader).
         kind: one of :data:`KINDS`.
         args: the pass's operands: ``q`` (hht), ``x`` (matmat: this block's rows of X), ``y``
-            (rmatmat), ``u``/``sigma``/``out_dtype``/``verify``/``omega`` (project).
+            (rmatmat), ``u``/``sigma``/``out_dtype``/``verify``/``omega``/``seed``/``col0`` (project;
+            ``col0``: the block's first column in H).
         precision: the resolved precision (never ``"auto"``: the driver resolves it for all).
         kernel: the Gram kernel, or ``"auto"`` (the worker's measured choice).
         center: subtract each column's mean over the rows.
@@ -78,7 +79,7 @@ def run_block(
     elif kind == "project":
         sink = ArraySink(w, args["u"].shape[1], args["out_dtype"])
         consumers = [_Project(op, args["u"], args["sigma"], sink, args["out_dtype"], args["verify"],
-                              None, args.get("omega"))]
+                              None, args.get("omega"), args.get("seed", 0), args.get("col0", 0))]
     out = op.fused(consumers)
     return {
         "sum": out[0] if out else None,

@@ -270,9 +270,9 @@ class GradientOperator(OperatorBase):
 
     def _project(
         self, u: np.ndarray, sigma: np.ndarray, sink: Sink, *, out_dtype: Any, verify: str,
-        gram: np.ndarray | None, omega: np.ndarray | None,
+        gram: np.ndarray | None, omega: np.ndarray | None, seed: int = 0,
     ) -> dict[str, np.ndarray] | None:
-        return self.fused([_Project(self, u, sigma, sink, out_dtype, verify, gram, omega)])[0]
+        return self.fused([_Project(self, u, sigma, sink, out_dtype, verify, gram, omega, seed)])[0]
 
     def describe(self) -> dict[str, Any]:
         """What H is, as a spectrum store records it (its ``source``): the source, shape, centring."""

@@ -129,15 +129,20 @@ class OperatorBase:
             out_dtype: the dtype V is stored in.
             verify: what to measure with the V actually stored (see ``_passes._Project``):
                 ``"full"`` (or True) H·V, VᵀV and ‖Hᵀu − σv‖²; ``"cheap"`` Ωᵀ·H·V for
-                ``probes`` Gaussian probes Ω; ``"none"`` (or False) only ‖v_i‖².
+                ``probes`` Gaussian probes Ω, and Hᵀu − σv by as many probes from the p side
+                (float32 products) or V's rounding (float64 products); ``"none"`` (or False)
+                only ‖v_i‖².
             gram: H·Hᵀ from an earlier pass, which a backend may use to save a float64
                 product in the full check.
             probes: the number s of Gaussian probes of the cheap check.
             seed: seed of the probes.
 
         Returns:
-            ``n2`` (‖v_i‖² in float64) and, by ``verify``: ``hv``, ``vtv``, ``rt2`` (full);
-            ``probe`` (Ωᵀ·H·V_s, s×k), ``omega_u`` (Ωᵀ·U), ``rt2`` (cheap).
+            ``n2`` (‖v_i‖² in float64) and, by ``verify``: ``hv``, ``vtv``, ``rt2`` (‖Hᵀu_i −
+            σ_i·v_i‖²) and, for float32 products, ``rt_cross`` ((Hᵀu_i − σ_i·v_i)ᵀv_i) (full);
+            ``probe`` (Ωᵀ·H·V_s, s×k), ``omega_u`` (Ωᵀ·U) and either ``rt2`` (float64 products)
+            or ``probe_ht`` (Gᵀ·Hᵀ, s×r) and ``probe_ht_v`` (Gᵀ·V_s, s×k) for p-side probes G
+            (cheap).
         """
         mode = verify_mode(verify)
         u2, _ = _matrix(u, self.r, "project needs U")
@@ -149,7 +154,8 @@ class OperatorBase:
             if isinstance(probes, bool) or not isinstance(probes, (int, np.integer)) or probes < 1:
                 raise ValueError(f"probes must be a positive integer, got {probes!r}")
             omega = np.random.default_rng(seed).standard_normal((self.r, int(probes)))
-        stats = self._project(u2, sigma, sink, out_dtype=out_dtype, verify=mode, gram=gram, omega=omega)
+        stats = self._project(u2, sigma, sink, out_dtype=out_dtype, verify=mode, gram=gram, omega=omega,
+                              seed=seed)
         if omega is not None and stats is not None:
             stats["omega_u"] = omega.T @ u2
         return stats
@@ -173,7 +179,7 @@ class OperatorBase:
 
     def _project(
         self, u: np.ndarray, sigma: np.ndarray, sink: Sink, *, out_dtype: Any, verify: str,
-        gram: np.ndarray | None, omega: np.ndarray | None,
+        gram: np.ndarray | None, omega: np.ndarray | None, seed: int = 0,
     ) -> dict[str, np.ndarray] | None:
         raise NotImplementedError
 

@@ -17,7 +17,7 @@ import torch
 
 from gradspec.linalg._kernels import block_edges, sym_finish, sym_update
 from gradspec.linalg._operator_base import Sink
-from gradspec.linalg._precision import to_device, to_numpy
+from gradspec.linalg._precision import cast_into, to_device, to_numpy
 
 #: Rows of V per chunk when its squared column norms are summed in float64 (the float64 copy
 #: of a chunk stays in cache; a float64 copy of a whole panel of V would not).
@@ -120,6 +120,75 @@ def form_v(
     return out, (v if v.dtype == v_dtype else v.to(v_dtype))
 
 
+class Widen:
+    """Float32 panels widened to float64 in reused buffers, one per name (exact: float32
+    numbers are float64 numbers; no temporary the size of the panel per call)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.bufs: dict[str, torch.Tensor] = {}
+
+    def __call__(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float64:
+            return x
+        buf = self.bufs.get(name)
+        if buf is None or buf.numel() < x.numel():
+            buf = self.bufs[name] = torch.empty(x.numel(), dtype=torch.float64, device=self.device)
+        return cast_into(buf, x)
+
+
+#: Columns of H whose p-side probes one generator draws (aligned at multiples of it).
+PROBE_TILE = 1024
+
+
+def panel_gaussians(seed: int, col: int, w: int, s: int) -> torch.Tensor:
+    """The w×s Gaussian probes of columns [col, col + w) of H (CPU, float32 draws).
+
+    Every tile of ``PROBE_TILE`` columns draws from its own generator, seeded by (``seed``,
+    tile): a column's probes depend on its index in H only, not on how the pass cuts H into
+    blocks and panels, so a Dask worker, which sees only its block, draws what the local pass
+    draws. float32 draws are N(0, 1) rounded to 24 bits, which moves the χ² quantiles the
+    bounds use by ~1e-7 of themselves."""
+    first, last = col // PROBE_TILE, (col + w - 1) // PROBE_TILE
+    tiles = []
+    for t in range(first, last + 1):
+        state = np.random.SeedSequence([int(seed), 0x48745F, t]).generate_state(1, np.uint64)[0]
+        gen = torch.Generator().manual_seed(int(state >> np.uint64(1)))
+        tiles.append(torch.randn(PROBE_TILE, s, generator=gen))
+    start = col - first * PROBE_TILE
+    return torch.cat(tiles)[start : start + w]
+
+
+class HtProbes:
+    """Gaussian probes of E = Hᵀ·U − V_s·Σ from the p side, in float64 (the ``cheap`` check
+    of float32 products).
+
+    V formed by float32 products differs from Hᵀ·U·Σ⁻¹ by the float32 arithmetic that
+    formed it (~√r·u relative, u = 2⁻²⁴); nothing in the pass knows Hᵀ·U more accurately.
+    For s Gaussian probes G (p×s), Gᵀ·E = (H·G)ᵀ·U − (Gᵀ·V_s)·Σ, and ‖Gᵀe_i‖² = ‖e_i‖²·χ²_s
+    exactly, whatever e_i is: the per-vector estimate and joint bound of ``_verify``, as
+    for the probes of H·V. Per panel P (r×w): draw G's w rows, widen P and V_s's rows to
+    float64 (exact) and add Gᵀ·Pᵀ (s×r) and Gᵀ·V_s (s×k): 2ws(r + k) float64 flops against
+    V's 2wrk float32. Σ is applied in ``_result.finalize``, after the Rayleigh-quotient
+    refinement has set it.
+    """
+
+    def __init__(self, op: Any, k: int, s: int, seed: int, col0: int) -> None:
+        dev = op.device
+        self.seed, self.col0, self.s, self.dev = int(seed), int(col0), int(s), dev
+        self.a = torch.zeros((s, op.shape[0]), dtype=torch.float64, device=dev)  # Gᵀ·Hᵀ
+        self.b = torch.zeros((s, k), dtype=torch.float64, device=dev)  # Gᵀ·V_s
+        self.wide = Widen(dev)
+
+    def update(self, off: int, p: torch.Tensor, vs: torch.Tensor) -> None:
+        gt = panel_gaussians(self.seed, self.col0 + off, p.shape[1], self.s).to(self.dev, torch.float64).T
+        self.a.addmm_(gt, self.wide("p", p).T)
+        self.b.addmm_(gt, self.wide("v", vs))
+
+    def result(self) -> dict[str, np.ndarray]:
+        return {"probe_ht": to_numpy(self.a), "probe_ht_v": to_numpy(self.b)}
+
+
 class _Project:
     """The final pass: V = Hᵀ·U·Σ⁻¹ streamed to ``sink``, and the products its check needs.
 
@@ -133,13 +202,20 @@ class _Project:
     - ``"cheap"`` (pca's default): Ωᵀ·H·V_s for s Gaussian probes Ω (r×s): PᵀΩ comes
       from the GEMM that forms V (Y and Ω side by side, one read of P), then one s×k
       product per panel (2ps(r + k) flops against the 2prk of V itself); compared in
-      ``_verify`` with Ωᵀ·U·Σ; and ‖Δ‖² per column.
+      ``_verify`` with Ωᵀ·U·Σ. For ‖Hᵀu − σv‖: with float64 products, ‖Δ‖² per column
+      (V formed in float64 differs from Hᵀ·U·Σ⁻¹ by ~1e-16 relative, Δ is all there is);
+      with float32 products, s Gaussian probes from the p side in float64 (``HtProbes``).
     - ``"full"``: H·V_s (r×k), V_sᵀV_s and ‖Hᵀu − σv‖², a second product the size of V's.
       With float64 products and the Gram G of the same H (the exact method has it),
       H·V_s = G·Y + H·Δ with Y = U·Σ⁻¹: G·Y is an r×r×k product, and H·Δ (Δ is ~1e-7·V)
-      is accurate enough in float32. With float32 products, H·V_s and VᵀV's off-diagonal
-      are float32 products summed across panels in float64.
-    - ``"none"``: nothing more.
+      is accurate enough in float32. With float32 products, VᵀV's off-diagonal is float32
+      products summed across panels in float64, and H·V_s and Hᵀ·U are float64 products
+      of the widened panel (two products the size of V's, in float64): float32 ones would
+      err by as much as the residuals they measure.
+    - ``"none"``: nothing more (``residual_ht`` is then not measured: NaN).
+
+    ``seed`` seeds the p-side probes; ``col0`` is the column of H where this operator's
+    column 0 lies (a Dask worker's block), so that every column gets its own draws.
     """
 
     name = "project"
@@ -154,6 +230,8 @@ class _Project:
         verify: str,
         gram: np.ndarray | None = None,
         omega: np.ndarray | None = None,
+        seed: int = 0,
+        col0: int = 0,
     ) -> None:
         safe = np.where(sigma > 0, sigma, np.inf)
         y = u / safe
@@ -167,6 +245,7 @@ class _Project:
         self.f32 = op.dtype == torch.float32
         self.n2 = torch.zeros(k, dtype=torch.float64, device=dev)
         self.rt2 = torch.zeros(k, dtype=torch.float64, device=dev)
+        self.ht: HtProbes | None = None
         if verify == "cheap":
             if omega is None:
                 raise ValueError("the cheap check needs its Gaussian probes (omega)")
@@ -174,9 +253,17 @@ class _Project:
             om = torch.as_tensor(omega, device=dev).to(op.dtype)
             self.y = torch.cat([self.y, om], dim=1)
             self.probe = torch.zeros((omega.shape[1], k), dtype=torch.float64, device=dev)
+            if self.f32:
+                self.ht = HtProbes(op, k, omega.shape[1], seed, col0)
             return
         if verify != "full":
             return
+        if self.f32:
+            # Hᵀu_i − σ_i·v_i measured with Hᵀ·U in float64; its dot with v_i too, so that
+            # the residual against the refined σ follows (``_result.finalize``).
+            self.u64 = torch.as_tensor(u, device=dev, dtype=torch.float64)
+            self.rt_cross = torch.zeros(k, dtype=torch.float64, device=dev)
+            self.wide = Widen(dev)
         # The shortcut needs V formed in float64: then Δ is all that differs from HᵀY.
         self.use_gram = gram is not None and op.dtype == torch.float64
         self.vtv = torch.zeros((k, k), dtype=torch.float64, device=dev)
@@ -204,6 +291,8 @@ class _Project:
                 self.rt2 += sq_norms(vs.to(v.dtype) - v) * self.sigma**2
             vprobe = vs if vs.dtype == p.dtype else vs.to(p.dtype)  # exact: the stored values
             self.probe += (out[:, self.k :].T @ vprobe).double()  # (PᵀΩ)ᵀ·V_s = Ωᵀ·P·V_s
+            if self.ht is not None:
+                self.ht.update(off, p, vs)
             return
         self._full(p, raw, v.T, vs)
 
@@ -220,12 +309,17 @@ class _Project:
             self.vtv += (dt @ vs.float()).double()
             return
         if self.f32:
-            # Stored V equals the computed one (float32, or float32 widened exactly to float64):
-            # the rounding term of rt2 is zero.
+            # Stored V equals the computed one (float32, or float32 widened exactly to float64).
             if vs.dtype != torch.float32:
                 vs = vpt.T
-            self.hv += (p @ vs).double()
             sym_update(self.vtv, vpt, self.k_edges)
+            # H·V_s and Hᵀ·U in float64 (the widened panel and V_s are exact): float32 products
+            # would err by as much as the residuals they measure.
+            p64, v64 = self.wide("p", p), self.wide("v", vs)
+            self.hv.addmm_(p64, v64)
+            e = torch.addmm(v64 * self.sigma, p64.T, self.u64, beta=-1.0)  # Pᵀ·U − V_s·Σ
+            self.rt2 += (e * e).sum(dim=0)
+            self.rt_cross += (e * v64).sum(dim=0)
             return
         vs64 = vs.to(torch.float64)
         self.rt2 += torch.linalg.vector_norm(vs64.T - vpt, dim=1) ** 2 * self.sigma**2
@@ -242,7 +336,12 @@ class _Project:
         out["rt2"] = to_numpy(self.rt2)
         if self.verify == "cheap":
             out["probe"] = to_numpy(self.probe)
+            if self.ht is not None:
+                del out["rt2"]  # the p-side probes measure all of Hᵀu − σv
+                out.update(self.ht.result())
             return out
+        if self.f32:
+            out["rt_cross"] = to_numpy(self.rt_cross)
         if self.use_gram:
             c = to_numpy(self.vtv)
             vtv = self.ytgy + c + c.T

@@ -9,9 +9,18 @@ V actually stored, what the chosen check needs (``verify``, see ``_verify``):
   ``"cheap"`` check an upper bound from Gaussian probes of H·V that holds for all
   k jointly with probability ``_verify.CONFIDENCE``; with ``"full"`` measured from
   the product H·V; with ``"none"`` the method's own estimate (or NaN),
-- ``residual_ht`` ‖Hᵀ·u_i − σ_i·v_i‖/σ_i (≈ the rounding of stored V, since V is
-  formed from U),
-- ``residuals``   the triplet residual √(residual_h² + residual_ht²),
+- ``residual_ht`` ‖Hᵀ·u_i − σ_i·v_i‖/σ_i of the V stored, measured, never assumed: V formed
+  by float32 products differs from Hᵀ·U·Σ⁻¹ by the float32 arithmetic that formed it
+  (~√r·2⁻²⁴ relative, measured 3.5e-7…6.5e-7 on the main store), which nothing else in the
+  pass sees. With the ``"cheap"`` check and float32 products: an upper bound from s Gaussian
+  probes of Hᵀ·U − V·Σ from the p side in float64 (``_passes.HtProbes``), holding for all k
+  jointly with probability ``_verify.CONFIDENCE``, as residual_h's; with float64 products:
+  the rounding of V to its stored dtype, measured exactly (V is formed in float64, ~1e-16
+  relative, which is not counted); with ``"full"``: measured (Hᵀ·U in float64 for float32
+  products); with ``"none"``: not measured, NaN. The σ it is measured against is the final
+  (refined) one. ``check["residual_ht"]`` says which,
+- ``residuals``   the triplet residual √(residual_h² + residual_ht²) (a residual_ht that was
+  not measured counts as 0: with ``"none"`` the residuals are the method's own estimates),
 - the reconstruction error ‖H − H·V·Vᵀ‖_F/‖H‖_F: from H·V, VᵀV and ‖H‖_F² with the
   full check, else √(1 − Σσ²/‖H‖_F²) (exact for exact triplets, which the residuals
   vouch for),
@@ -128,7 +137,9 @@ class PcaResult:
 
     @property
     def residuals(self) -> np.ndarray:
-        return np.sqrt(self.residual_h**2 + self.residual_ht**2)
+        """√(residual_h² + residual_ht²); a residual_ht not measured (NaN, ``verify="none"``)
+        adds nothing: the residuals are then residual_h, the method's own estimates."""
+        return np.sqrt(self.residual_h**2 + np.nan_to_num(self.residual_ht, nan=0.0) ** 2)
 
     @property
     def explained_variance_ratio(self) -> np.ndarray:
@@ -267,16 +278,31 @@ def finalize(
         # Keep σ descending: a swap would come from equal σ (a cluster), within the error.
         refined = np.minimum.accumulate(refined)
         if "rt2" in stats:
-            # Hᵀu_i = σ_old·v_i exactly as stored (V formed in float32): the stored V's residual
-            # against the refined σ is |σ_old − σ_new|·‖v_i‖.
-            stats["rt2"] = stats["rt2"] + (sigma - refined) ** 2 * n2
+            # e_i = Hᵀu_i − σ_old·v_i was measured (full check: Hᵀ·U in float64, with eᵀv_i);
+            # against the refined σ it is e_i + (σ_old − σ_new)·v_i. The p-side probes of the
+            # cheap check take the refined σ in ``probe_bounds`` below.
+            d = sigma - refined
+            stats["rt2"] = stats["rt2"] + 2 * d * stats.get("rt_cross", 0.0) + d**2 * n2
         params = {**(params or {}), "sigma_refined": "rayleigh quotient ‖Hᵀu‖ (float64 sums)",
                   "sigma_refinement_max_rel": float(np.max(np.abs(refined - sigma) / sigma))
                   if sigma.size else 0.0}
         sigma = refined
     frob2 = op.frob2
     safe = np.where(sigma > 0, sigma, 1.0)
-    res_ht = np.sqrt(np.maximum(stats["rt2"], 0.0)) / safe if "rt2" in stats else np.zeros(sigma.size)
+    if "probe_ht" in stats:
+        # Gᵀ·(Hᵀ·U − V_s·Σ) for the p-side probes G: (Gᵀ·Hᵀ)·U against (Gᵀ·V_s)·Σ, in float64.
+        res_ht, _ = probe_bounds(stats["probe_ht"] @ u, stats["probe_ht_v"], sigma)
+        s = stats["probe_ht"].shape[0]
+        report["residual_ht_check"] = f"bound: {s} Gaussian probes of Hᵀ·U − V·Σ in float64"
+    elif "rt2" in stats:
+        res_ht = np.sqrt(np.maximum(stats["rt2"], 0.0)) / safe
+        report["residual_ht_check"] = (
+            "measured: Hᵀ·U in float64" if "rt_cross" in stats
+            else "measured: the rounding of V (formed in float64) to its stored dtype"
+        )
+    else:
+        res_ht = np.full(sigma.size, np.nan)  # not measured
+        report["residual_ht_check"] = None
     rec2 = frob2 - float((sigma**2).sum())  # exact for exact triplets (the residuals say how far)
     if mode == "full":
         res_h = np.linalg.norm(stats["hv"] - u * sigma, axis=0) / safe
@@ -302,9 +328,10 @@ def finalize(
             sigma=sigma, frob2=frob2, r=r, p=op.shape[1], panel_cols=int(getattr(op, "panel_cols", 8192)),
             precision=precision, gram_products=gram is not None, v_rounded_to="float32" if stored32 else None,
         ))
-    report["check_text"] = describe_check(mode, probes=report.get("probes"), factor=report.get("probe_factor"))
+    report["check_text"] = describe_check(mode, probes=report.get("probes"), factor=report.get("probe_factor"),
+                                          residual_ht=report.get("residual_ht_check"))
     if mode != "none":
-        found = flags(report, res_h)
+        found = flags(report, res_h, res_ht)
         report.update(ok=not found, flags=found)
     rec = float(np.sqrt(max(rec2, 0.0) / frob2)) if frob2 > 0 else 0.0
     params = {
@@ -343,9 +370,11 @@ def _row_norms(op: Any) -> np.ndarray | None:
 def _cut(stats: dict[str, Any], j: int) -> dict[str, Any]:
     """The measured products of the first j directions."""
     out = dict(stats)
-    for name in ("n2", "rt2"):
+    for name in ("n2", "rt2", "rt_cross"):
         if name in out:
             out[name] = np.asarray(out[name])[:j]
+    if "probe_ht_v" in out:
+        out["probe_ht_v"] = out["probe_ht_v"][:, :j]
     if "hv" in out:
         out["hv"], out["vtv"] = out["hv"][:, :j], out["vtv"][:j, :j]
     if "probe" in out:

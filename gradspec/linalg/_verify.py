@@ -114,10 +114,10 @@ def rounding(
     }
 
 
-def flags(report: dict[str, Any], residual_h: np.ndarray) -> dict[str, str]:
+def flags(report: dict[str, Any], residual_h: np.ndarray, residual_ht: np.ndarray | None = None) -> dict[str, str]:
     """{kind: one line} per finding that makes the answer untrustworthy (empty: nothing found).
 
-    Kinds: ``residual``, ``orthogonality``, ``gram``, ``unit``, ``underflow``.
+    Kinds: ``residual``, ``residual_ht``, ``orthogonality``, ``gram``, ``unit``, ``underflow``.
     """
     out = {}
     if residual_h.size and np.nanmax(residual_h) > RESIDUAL_FLAG:
@@ -126,6 +126,13 @@ def flags(report: dict[str, Any], residual_h: np.ndarray) -> dict[str, str]:
         out["residual"] = (
             f"H·v_{i + 1} differs from sigma_{i + 1}·u_{i + 1} by {residual_h[i]:.2e} relative ({how}, "
             f"over {RESIDUAL_FLAG:g}): a wrong or unconverged triplet"
+        )
+    if residual_ht is not None and residual_ht.size and np.nanmax(residual_ht, initial=0.0) > RESIDUAL_FLAG:
+        i = int(np.nanargmax(residual_ht))
+        how = "a probe bound" if str(report.get("residual_ht_check", "")).startswith("bound") else "measured"
+        out["residual_ht"] = (
+            f"Hᵀ·u_{i + 1} differs from sigma_{i + 1}·v_{i + 1} by {residual_ht[i]:.2e} relative ({how}, "
+            f"over {RESIDUAL_FLAG:g}): the stored V is not Hᵀ·U·Σ⁻¹"
         )
     orth = report.get("orthogonality_u")
     if orth is not None and orth > ORTHOGONALITY_FLAG:
@@ -152,13 +159,20 @@ def flags(report: dict[str, Any], residual_h: np.ndarray) -> dict[str, str]:
     return out
 
 
-def describe_check(mode: str, *, probes: int | None = None, factor: float | None = None) -> str:
-    """What ran, in words (the report's ``check_text``)."""
+def describe_check(mode: str, *, probes: int | None = None, factor: float | None = None,
+                   residual_ht: str | None = None) -> str:
+    """What ran, in words (the report's ``check_text``); ``residual_ht``: how residual_ht was
+    measured (the report's ``residual_ht_check``)."""
+    ht = ""
+    if residual_ht and residual_ht.startswith("bound"):
+        ht = f"; Hᵀ·U − V·Σ by {probes} more from the p side in float64: residual_ht bounds likewise"
+    elif residual_ht:
+        ht = f"; residual_ht {residual_ht}"
     if mode == "cheap":
         return (
             f"{probes} Gaussian probes of H·V: residual_h bounds hold jointly with probability "
-            f"{CONFIDENCE:g} ({factor:.1f}x the probe estimate)"
+            f"{CONFIDENCE:g} ({factor:.1f}x the probe estimate){ht}"
         )
     if mode == "full":
-        return "the products H·V and VᵀV, measured"
-    return "no check: residuals are the method's own estimates, or NaN"
+        return f"the products H·V and VᵀV, measured{ht}"
+    return "no check: residuals are the method's own estimates, or NaN; residual_ht not measured (NaN)"

@@ -41,7 +41,7 @@ def test_summary_says_which_check_ran_and_the_rates(grads, tmp_path):
 def test_verify_full_and_none(grads, tmp_path):
     r = _pca(grads, tmp_path / "f.zarr", "--verify", "full")
     assert r.exit_code == 0, r.output
-    assert "check: full, the products H·V and VᵀV, measured: ok" in r.output
+    assert "check: full, the products H·V and VᵀV, measured; residual_ht measured: Hᵀ·U in float64: ok" in r.output
     assert SpectrumStore.open(tmp_path / "f.zarr").accuracy["check"] == "full"
     r = _pca(grads, tmp_path / "n.zarr", "--no-verify")
     assert r.exit_code == 0 and "check: none, no check" in r.output

@@ -210,3 +210,109 @@ def test_dask_backend_runs_the_cheap_check(h):
 def test_cheap_check_on_each_device(h, device):
     res = pca(source=h.astype(np.float32), k=10, device=device)
     assert res.accuracy()["ok"]
+
+
+# ------------------------------------------------------------- residual_ht, measured
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """A float32 and a bfloat16 gradient store of one matrix (r = 64, p = 6,000, four column
+    chunks, so several panels): {dtype: (path, H as stored, in float64)}."""
+    from gradspec.store import META_FIELDS, GradientStore, ParamLayout
+
+    h = Case("ht", r=64, p=6000, k=12, spectrum="power", seed=5).matrix() * 1e-2
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        path = tmp_path_factory.mktemp(dtype) / "g.zarr"
+        store = GradientStore.create(path, layout=ParamLayout.from_shapes([("w", (6000,))]), dtype=dtype,
+                                     rows_per_chunk=32, cols_per_chunk=1536)
+        store.write_rows(0, h.astype(np.float32), {f: np.arange(64) for f in META_FIELDS})
+        store.commit(64)
+        out[dtype] = path, GradientStore.open(path).read().astype(np.float64)
+    return out
+
+
+def true_residual_ht(h64: np.ndarray, spec) -> np.ndarray:
+    """‖Hᵀ·u_i − σ_i·v_i‖/σ_i in float64 from what the spectrum store holds (V widened exactly)."""
+    return np.linalg.norm(h64.T @ spec.U - spec.read_v().astype(np.float64) * spec.sigma, axis=0) / spec.sigma
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("verify", ["cheap", "full"])
+def test_the_stored_residual_ht_is_measured_not_assumed(stores, tmp_path, dtype, verify):
+    """The stored ‖Hᵀu_i − σ_i·v_i‖/σ_i against its float64 truth. It used to count only V's
+    storage rounding and σ's refinement, not the float32 arithmetic that formed V: 5e-9 where
+    the truth was 3.5e-7 (up to 1e5× too small). The cheap check's p-side probes give an upper
+    bound at the stated joint confidence and within the estimator's stated spread of the truth
+    (a χ²_s quantile: at most ~5x for s = 16, k = 12); the full check measures it."""
+    from scipy.stats import chi2
+
+    from gradspec.store import SpectrumStore
+
+    path, h64 = stores[dtype]
+    res = pca(source=path, k=12, out=tmp_path / "s.zarr", verify=verify)
+    spec = SpectrumStore.open(tmp_path / "s.zarr")
+    true = true_residual_ht(h64, spec)
+    stored = spec.array("residual_ht")
+    assert true.min() > 1e-8  # the float32 arithmetic that formed V: what is to be measured
+    acc = spec.accuracy
+    if verify == "cheap":
+        s, k = acc["probes"], res.k
+        spread = probe_factor(s, k) * np.sqrt(chi2.ppf(1 - (1 - CONFIDENCE) / k, s) / s)
+        assert np.all(stored >= true) and np.all(stored <= spread * true), stored / true
+        assert acc["residual_ht_check"] == "bound: 16 Gaussian probes of Hᵀ·U − V·Σ in float64"
+    else:
+        np.testing.assert_allclose(stored, true, rtol=1e-6)
+        assert acc["residual_ht_check"] == "measured: Hᵀ·U in float64"
+        # The full check's H·V is a float64 product too: residual_h is the truth as well.
+        h_true = np.linalg.norm(h64 @ spec.read_v().astype(np.float64) - spec.U * spec.sigma, axis=0) / spec.sigma
+        np.testing.assert_allclose(spec.array("residual_h"), h_true, rtol=1e-6)
+    np.testing.assert_array_equal(spec.array("residuals"),
+                                  np.sqrt(spec.array("residual_h") ** 2 + stored**2))
+
+
+def test_with_float64_products_residual_ht_is_the_measured_rounding_of_v(stores, tmp_path):
+    path, h64 = stores["float32"]
+    pca(source=path, k=12, out=tmp_path / "s.zarr", precision="float64")
+    from gradspec.store import SpectrumStore
+
+    spec = SpectrumStore.open(tmp_path / "s.zarr")
+    assert spec.accuracy["residual_ht_check"].startswith("measured: the rounding of V")
+    np.testing.assert_allclose(spec.array("residual_ht"), true_residual_ht(h64, spec), rtol=1e-6)
+
+
+def test_without_a_check_residual_ht_is_not_measured_and_says_so(h):
+    res = pca(source=h.astype(np.float32), k=10, verify="none")
+    assert np.isnan(res.residual_ht).all() and res.accuracy()["residual_ht_check"] is None
+    assert "residual_ht not measured" in res.accuracy()["check_text"]
+
+
+def test_a_columns_p_side_probes_do_not_depend_on_the_panels():
+    whole = _passes.panel_gaussians(3, 0, 5000, 16)
+    assert whole.shape == (5000, 16) and whole.dtype == torch.float32
+    for col, w in ((0, 1), (1000, 500), (1023, 2), (2047, 1500), (4999, 1)):
+        torch.testing.assert_close(_passes.panel_gaussians(3, col, w, 16), whole[col : col + w], rtol=0, atol=0)
+    assert not torch.equal(_passes.panel_gaussians(4, 0, 5000, 16), whole)
+
+
+def test_the_p_side_probes_are_the_same_on_dask_blocks(h):
+    """Each column draws its probes by its index in H: a Dask worker, which sees only its
+    block, sums the same Gᵀ·Hᵀ and Gᵀ·V_s as the local pass (blocks drawing the same probes
+    would make them differ), and the bounds hold."""
+    distributed = pytest.importorskip("distributed")
+    import dask.array as da
+
+    from gradspec.linalg._dask import DaskGradientOperator
+
+    x = h.astype(np.float32)
+    u, sig, _ = np.linalg.svd(x.astype(np.float64), full_matrices=False)
+    u, sig = u[:, :10], sig[:10]
+    local = GradientOperator(x).project(u, sig, lambda o, b: None, verify="cheap", seed=2)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        op = DaskGradientOperator(da.from_array(x, chunks=(60, 300)), scheduler=client)
+        remote = op.project(u, sig, lambda o, b: None, verify="cheap", seed=2)
+        res = pca(source=da.from_array(x, chunks=(60, 300)), k=10, scheduler=client)
+    for key in ("probe_ht", "probe_ht_v"):
+        np.testing.assert_allclose(remote[key], local[key], rtol=1e-9, atol=1e-12)
+    true = np.linalg.norm(x.T.astype(np.float64) @ res.U - res.V.astype(np.float64) * res.sigma, axis=0) / res.sigma
+    assert np.all(res.residual_ht >= true) and np.all(res.residual_ht <= 6 * true)
