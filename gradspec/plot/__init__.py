@@ -9,13 +9,14 @@ from gradspec.plot._figures import (
     plot_step_error,
     save_figure,
 )
+from gradspec.plot._metrics import RunMetrics, load_curve, read_metrics
 from gradspec.plot._report import ReportView, overlay_figures, report_figures
 from gradspec.plot._retrain import (
-    load_curve,
     plot_metric_vs_epsilon,
     plot_retrain_curves,
     save_sweep_figures,
 )
+from gradspec.plot._training import plot_training
 
 __all__ = [
     # single figures
@@ -30,8 +31,12 @@ __all__ = [
     "ReportView",
     "overlay_figures",
     "report_figures",
-    # retraining runs and sweeps
+    # a run's metrics.jsonl
+    "RunMetrics",
     "load_curve",
+    "plot_training",
+    "read_metrics",
+    # retraining runs and sweeps
     "plot_metric_vs_epsilon",
     "plot_retrain_curves",
     "save_sweep_figures",

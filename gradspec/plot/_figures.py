@@ -50,6 +50,7 @@ def plot_spectrum(
     *,
     fits: Mapping[str, PowerLawFit] | PowerLawFit | None = None,
     scale: str = "singular",
+    intervals: Mapping[str, tuple[Sequence[float], Sequence[float | None]]] | None = None,
     ax: Axes | None = None,
     title: str | None = None,
 ) -> Figure:
@@ -59,6 +60,9 @@ def plot_spectrum(
         spectra: label → σ (decreasing), or one σ array.
         fits: label → fit (drawn dashed over its rank range, formula in the legend).
         scale: ``"singular"`` plots σ_k, ``"eigen"`` plots σ_k².
+        intervals: label → ``(lower, upper)`` per σ (a sketched spectrum's stated
+            intervals), drawn as error bars; an upper end of None is unbounded and drawn
+            as an arrow up from σ_k.
         ax: draw here instead of a new figure.
         title: axes title.
     """
@@ -73,6 +77,9 @@ def plot_spectrum(
         k = np.arange(1, y.size + 1)
         keep = y > 0
         (line,) = ax.plot(k[keep], y[keep], marker="o", ms=2.5, lw=0.8, label=label)
+        if intervals and label in intervals:
+            _interval_bars(ax, s, *intervals[label], power=1 if scale == "singular" else 2,
+                           color=line.get_color())
         fit = fitmap.get(label)
         if fit is not None:
             kf = np.arange(fit.k_min, fit.k_max + 1)
@@ -94,6 +101,28 @@ def plot_spectrum(
     ax.grid(True, which="major", alpha=0.3)
     _legend(ax)
     return fig
+
+
+def _interval_bars(ax: Axes, sigma: np.ndarray, lower: Sequence[float], upper: Sequence[float | None],
+                   *, power: int, color: str) -> None:
+    """Error bars from ``lower`` to ``upper`` around each σ (to the power ``power``); an
+    unbounded upper end (None) is an arrow up from σ."""
+    n = sigma.size
+    lo = np.asarray(lower, dtype=np.float64)[:n] ** power
+    hi_raw = list(upper)[:n]
+    bounded = np.array([u is not None for u in hi_raw])
+    hi = np.array([u if u is not None else np.nan for u in hi_raw], dtype=np.float64) ** power
+    y = sigma[: lo.size] ** power
+    k = np.arange(1, lo.size + 1)
+    if bounded.any():
+        b = bounded
+        ax.errorbar(k[b], y[b], yerr=np.vstack([y[b] - lo[b], hi[b] - y[b]]), fmt="none",
+                    ecolor=color, alpha=0.5, lw=0.8, capsize=1.5, label="stated interval")
+    if (~bounded).any():
+        u = ~bounded
+        ax.vlines(k[u], lo[u], y[u], colors=color, alpha=0.5, lw=0.8)
+        ax.errorbar(k[u], y[u], yerr=np.vstack([np.zeros(int(u.sum())), y[u]]), lolims=True, fmt="none",
+                    ecolor=color, alpha=0.5, lw=0.8, label="interval unbounded above")
 
 
 def plot_density(

@@ -10,7 +10,6 @@ Lines average the seeds of a configuration.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -19,42 +18,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["load_curve", "plot_metric_vs_epsilon", "plot_retrain_curves", "save_sweep_figures"]
+from gradspec.plot._metrics import load_curve
+
+__all__ = ["plot_metric_vs_epsilon", "plot_retrain_curves", "save_sweep_figures"]
 
 BASELINES = ("dp-sgd",)
-
-
-def load_curve(metrics_path: str | Path, metric: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(steps, values)`` of ``metric`` from a run's ``metrics.jsonl``.
-
-    Raises:
-        ValueError: a line is not a JSON object, or a record of ``metric`` has a step that
-            is not an integer or a value that is not a number (the file and line named).
-    """
-    steps, values = [], []
-    damaged = f"{str(metrics_path)!r} is not a run's metrics.jsonl (line %d %s); rerun that run"
-    with open(metrics_path, encoding="utf-8") as f:
-        try:
-            lines = list(f)
-        except UnicodeDecodeError:
-            raise ValueError(damaged % (0, "is not UTF-8 text")) from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
-            rec = None
-        if not isinstance(rec, dict):
-            raise ValueError(damaged % (number, "is not a JSON object"))
-        if metric in rec:
-            step, value = rec.get("step"), rec[metric]
-            if type(step) is not int or type(value) not in (int, float):
-                raise ValueError(damaged % (number, f"has step {step!r:.20} and {metric} {value!r:.20}, "
-                                                    "not an integer and a number"))
-            steps.append(step)
-            values.append(value)
-    return np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=float)
 
 
 def _label(row: dict[str, Any]) -> str:
