@@ -26,10 +26,9 @@ def invoke(*args):
 
 
 def flip(path, at=None):
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(path.read_bytes())
     raw[len(raw) // 2 if at is None else at] ^= 0x01
-    with open(path, "wb") as f:
-        f.write(raw)
+    path.write_bytes(bytes(raw))
 
 
 def one_error_line(res):

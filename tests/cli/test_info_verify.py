@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,13 +93,13 @@ def test_a_truncated_chunk_and_non_finite_values(store):
     # an inf written into a committed row with a valid checksum (bytes intact, value not: written
     # so by a writer, not changed on disk); a NaN loss would be the recorded "unknown" (see the
     # next test), an inf is never recorded
-    loss = np.frombuffer(open(chunk(store, "meta/loss/c/0"), "rb").read()[:-4], np.float32).copy()
+    loss = np.frombuffer(Path(chunk(store, "meta/loss/c/0")).read_bytes()[:-4], np.float32).copy()
     loss[5] = np.inf
     rewrite(chunk(store, "meta/loss/c/0"), loss)
     res = invoke("info", store, "--verify", "--no-progress")
     assert "meta/loss: 1 NaN/inf values, in rows 5" in res.output
     # NaN in the gradient rows is damage
-    vals = np.frombuffer(open(chunk(store, "grads/c/1/0"), "rb").read()[:-4], np.float32).copy()
+    vals = np.frombuffer(Path(chunk(store, "grads/c/1/0")).read_bytes()[:-4], np.float32).copy()
     vals[3] = np.nan  # rows 32..63, row-major
     rewrite(chunk(store, "grads/c/1/0"), vals)
     res = invoke("info", store, "--verify", "--no-progress")

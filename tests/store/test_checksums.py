@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import google_crc32c
 import numpy as np
@@ -45,11 +46,10 @@ def chunk_file(store, name, coords):
 
 def flip(path, at=None):
     """XOR one byte of a chunk file (its middle by default): its size stays the same."""
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(Path(path).read_bytes())
     at = len(raw) // 2 if at is None else at
     raw[at] ^= 0x10
-    with open(path, "wb") as f:
-        f.write(raw)
+    Path(path).write_bytes(bytes(raw))
 
 
 def every_reader(store):
@@ -76,7 +76,7 @@ def test_every_array_a_store_creates_carries_a_checksum(tmp_path):
     assert summ["unchecked"] == [] and len(summ["checksummed"]) == len(arrays)
     # crc32c is the last codec, after the compressor
     zstd, _ = build(tmp_path / "z", compressor="zstd")
-    codecs = json.load(open(tmp_path / "z" / "grads" / "zarr.json"))["codecs"]
+    codecs = json.loads((tmp_path / "z" / "grads" / "zarr.json").read_text())["codecs"]
     assert [c["name"] for c in codecs] == ["bytes", "zstd", "crc32c"]
 
 
@@ -85,7 +85,7 @@ def test_the_direct_reader_checks_the_crc_zarr_wrote(tmp_path):
     the CRC-32C of the chunk's bytes, little-endian."""
     store, data = build(tmp_path / "g")
     assert store._direct is not None
-    raw = open(chunk_file(store, "grads", (1, 2)), "rb").read()
+    raw = Path(chunk_file(store, "grads", (1, 2))).read_bytes()
     assert len(raw) == 4 * 16 * 4 + 4
     assert raw[-4:] == google_crc32c.value(raw[:-4]).to_bytes(4, "little")
     np.testing.assert_array_equal(store.read(), data)
@@ -154,7 +154,7 @@ def test_a_store_written_before_checksums_opens_reads_and_says_so(tmp_path, monk
     with monkeypatch.context() as m:
         legacy(m)
         store, data = build(tmp_path / "g", compressor=compressor)
-    codecs = json.load(open(tmp_path / "g" / "grads" / "zarr.json"))["codecs"]
+    codecs = json.loads((tmp_path / "g" / "grads" / "zarr.json").read_text())["codecs"]
     assert [c["name"] for c in codecs] == ["bytes"] + ([compressor] if compressor else [])
     assert (store._direct is not None) == (compressor is None)
     np.testing.assert_array_equal(store.read(), data)
