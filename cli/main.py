@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from cli import account, collect, decay, info, pca, retrain
+from cli import account, collect, decay, info, pca, report, retrain
 from cli._common import setup_logging
 
 app = typer.Typer(
@@ -82,6 +82,7 @@ for _name, _command in (
     ("pca", pca.pca_command),
     ("decay", decay.decay_command),
     ("plot", decay.plot_command),
+    ("report", report.report_command),
     ("retrain", retrain.retrain_command),
 ):
     # The first paragraph of the docstring in full: click would cut it at 45 characters ("...").

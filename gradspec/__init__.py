@@ -71,6 +71,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "PublicProjector", "RandomProjector", "SubspaceRetrain", "make_algorithm", "make_projector",
         "retrain", "sweep",
     ),
+    # the HTML page of a run folder (`gradspec report`)
+    "gradspec.report": ("read_run", "render_report", "write_report"),
 }
 
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

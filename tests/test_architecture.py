@@ -202,6 +202,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("gradspec.linalg", "gradspec.spectrum", "gradspec.tasks"),
     ("gradspec.plot", "gradspec.train"),
     ("gradspec.collect", "gradspec.optim"),
+    ("gradspec.report",),  # the page of a run: reads every part, so above them all
     ("gradspec",),  # the flat API
     ("cli", "analyses"),
 )

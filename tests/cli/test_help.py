@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from cli.main import app
 
 runner = CliRunner()
-COMMANDS = ["collect", "info", "account", "pca", "decay", "plot", "retrain"]
+COMMANDS = ["collect", "info", "account", "pca", "decay", "plot", "report", "retrain"]
 
 
 def _help(*args: str, columns: int = 80) -> str:
