@@ -38,6 +38,8 @@ def tile_rows(store: Any, cols: list[tuple[int, int]], memory: int) -> int:
     multiple of the store's chunk rows when one chunk row fits, so each chunk is decoded once.
     It does not depend on the number of rows projected.
     """
+    if isinstance(memory, bool) or not isinstance(memory, int) or memory < 1:
+        raise ValueError(f"memory must be a positive number of bytes, got {memory!r}")
     width = min(int(store.chunks[1]), max(b - a for a, b in cols))
     rows = max(1, int(memory) // (TILES_IN_FLIGHT * 4 * width))
     per_chunk = int(store.chunks[0])

@@ -178,3 +178,9 @@ def test_heldout_rows_are_read_in_tiles_of_bounded_rows(grads, spectra):
         assert max(shape[0] for _, _, shape in got) == 8  # whatever the number of rows
         assert sum(shape[0] * shape[1] for _, _, shape in got) == n_held * P  # each entry once
     assert len(seen[16]) == 2 * len(seen[8])
+
+
+@pytest.mark.parametrize("memory", [0, -1, 2.5, True])
+def test_memory_must_be_a_positive_number_of_bytes(spectra, memory):
+    with pytest.raises(ValueError, match="memory must be a positive number of bytes"):
+        decay_analysis(spectrum=spectra["f64"], memory=memory)
