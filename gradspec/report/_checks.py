@@ -165,5 +165,5 @@ def findings(c: RunContents) -> list[Finding]:
 
 
 def missing(c: RunContents) -> list[Any]:
-    """The steps not run yet, with the command that runs each (in pipeline order)."""
-    return [s for s in c.stages.values() if s.state == ABSENT]
+    """The steps not run yet that could be, with the command that runs each (in pipeline order)."""
+    return [s for s in c.stages.values() if s.state == ABSENT and s.next_step]

@@ -119,11 +119,15 @@ def _stores(run_dir: Path, contents: RunContents) -> tuple[list[GradientStore], 
 def _collect_stage(run_dir: Path, grads: list[GradientStore], contents: RunContents) -> None:
     collect_cmd = f"gradspec collect --out {_q(run_dir)} ..."
     if not grads:
-        state, note = ABSENT, "no gradient store"
-        if (run_dir / CONFIG).is_file():
+        state, note, step = ABSENT, "no gradient store", collect_cmd
+        if (run_dir / RESULT).is_file():  # `gradspec retrain --out`: training only, by design
+            note, step = "a retraining run's folder: it records no gradients", None
+            if (run_dir / CONFIG).is_file():
+                _config_only(run_dir, contents)
+        elif (run_dir / CONFIG).is_file():
             state, note = _config_only(run_dir, contents)
-        contents.stages["collect"] = Stage("collect", state, None, note,
-                                           None if state == RUNNING else collect_cmd)
+            step = None if state == RUNNING else collect_cmd
+        contents.stages["collect"] = Stage("collect", state, None, note, step)
         return
     store = grads[0]
     if len(grads) > 1:
@@ -165,10 +169,12 @@ def _spectrum_stage(run_dir: Path, specs: list[SpectrumStore], contents: RunCont
     source = contents.stages["collect"].path or str(run_dir / "gradients.zarr")
     pca_cmd = f"gradspec pca {_q(source)} --k 100 --out {_q(run_dir / 'spectrum.zarr')}"
     if not specs:
-        ready = contents.stages["collect"].state == COMPLETE
+        collect = contents.stages["collect"]
+        ready = collect.state == COMPLETE
+        possible = collect.state != ABSENT or collect.next_step is not None  # not in a retraining run's folder
         contents.stages["pca"] = Stage(
             "pca", ABSENT, None, "no spectrum yet" + ("" if ready else " (it needs a finished collect)"),
-            pca_cmd)
+            pca_cmd if possible else None)
         return None
     spec = specs[0]
     if len(specs) > 1:
@@ -240,7 +246,9 @@ def _decay_stage(run_dir: Path, spec: SpectrumStore | None, contents: RunContent
             note += " (the σ fits below are of the spectrum alone: no G_k, no bounds)"
         except ValueError as exc:
             contents.problems.append(f"fits of {Path(spec.path).name}: {_first_line(exc)}")
-    contents.stages["decay"] = Stage("decay", ABSENT, None, note, decay_cmd)
+    pca = contents.stages["pca"]
+    possible = pca.state != ABSENT or pca.next_step is not None
+    contents.stages["decay"] = Stage("decay", ABSENT, None, note, decay_cmd if possible else None)
 
 
 def _same_sigma(report: dict[str, Any], spectrum: dict[str, Any] | None) -> bool:

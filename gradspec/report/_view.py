@@ -118,6 +118,9 @@ def _epsilon(c: RunContents) -> tuple[float | None, str]:
     cfg = c.config or {}
     if cfg.get("final_epsilon") is not None:
         return cfg["final_epsilon"], ""
+    own = [r for r in c.retrain if Path(r.out) == c.run_dir]  # a retraining run's folder
+    if own:
+        return own[0].epsilon, "the retraining run's (retrain.json)"
     try:
         last = c.metrics.last("epsilon") if c.metrics is not None else None
     except ValueError:  # a damaged record: reported with the figure that cannot be drawn

@@ -213,3 +213,12 @@ def test_a_damaged_part_is_an_error_on_the_page_not_a_failure(tmp_path, full_run
     assert any("missing" in t for t in errors), errors
     assert pg.stages["collect"] == "damaged"
     assert np.isfinite(pg.value("spectrum.sigma.1"))
+
+
+def test_a_retraining_runs_own_folder_shows_its_epsilon_and_asks_for_nothing(full_run):
+    folder = next((full_run / "sweep").glob("dp-sgd-*"))
+    pg = parse(render_report(folder))
+    result = read_result(folder)
+    assert pg.stages == {"collect": "absent", "pca": "absent", "decay": "absent", "retrain": "complete"}
+    assert not pg.missing  # no collect, pca or decay belongs in a retraining run's folder
+    assert pg.value("privacy.epsilon") == pg.value("retrain.0.epsilon") == result.epsilon
