@@ -163,8 +163,8 @@ class DenseSketch:
         out = torch.zeros(x.shape[0], plan.M, dtype=self.dtype, device=self.device)
         for spec in plan.params:
             g = x[:, spec.offset : spec.offset + spec.numel]
-            if spec.kind in ("exact", "dense"):
-                self.factors.add_flat(spec.name, g, out)
+            if spec.kind in ("exact", "dense") or getattr(spec, "pairs", 1) != 1:
+                self.factors.add_flat(spec.name, g, out)  # (several pairs a block: block by block)
             else:
                 self._structured(spec, g.reshape(g.shape[0], *spec.matrix), out)
         return out[0] if one else out
@@ -180,7 +180,12 @@ class DenseSketch:
             else:
                 left = st.left.reshape(j, st.m0, d0)
                 y = left @ (g @ st.right.T).reshape(b, d0, j, st.m1).permute(0, 2, 1, 3)
-        else:  # countsketch-kronecker: the rows hashed into m0 buckets with their signs, block by block
+        elif hash_last(st.m0, st.m1, d0):  # countsketch-kronecker, a narrow P_1: G P_1^T of every block
+            # in one product (G read once), then its d0 rows hashed into m0 buckets with their signs
+            gr = (g @ st.right.T).reshape(b, d0, j, st.m1)
+            y = torch.stack([torch.zeros(b, st.m0, st.m1, dtype=g.dtype, device=g.device).index_add_(
+                1, st.bucket[k], gr[:, :, k] * st.sign[k][:, None]) for k in range(j)], 1)
+        else:  # countsketch-kronecker: G's rows hashed into m0 buckets with their signs, block by block
             parts = []
             for k in range(j):
                 s = torch.zeros(b, st.m0, d1, dtype=g.dtype, device=g.device)
@@ -188,4 +193,12 @@ class DenseSketch:
                 parts.append(s @ right[k].T)
             y = torch.stack(parts, 1)
         st.add(y, out)
+
+
+def hash_last(m0: int, m1: int, d0: int) -> bool:
+    """Whether a CountSketch x Gaussian parameter (d0 x d1, per block m0 x m1) is cheaper sketched
+    as ``S (G P_1^T)``, one product of G with every block's P_1 (``d0 d1 J m1`` multiply-adds in a
+    matrix product), than as ``(S G) P_1^T`` (J hashing passes over G, each about as dear as a
+    few multiply-adds per value, then ``m0 d1 m1``): when ``m1 <= 4 + m0 m1 / d0``."""
+    return m1 <= 4 + m0 * m1 / d0
 

@@ -128,8 +128,6 @@ def test_a_hugging_face_trainer_records_the_sketch_of_each_step(tmp_path):
     data, weights, _ = train(tmp_path, callback, steps=2)
     store = GradientStore.open(tmp_path / "run" / "gradients.zarr")
     names = [s["name"] for s in store.sketch["params"]]
-    kinds = {s["name"]: s["kind"] for s in store.sketch["params"]}
-    assert kinds["bert.embeddings.word_embeddings.weight"] == "countsketch-kronecker"
     assert store.n_rows == 2 and store.p == store.sketch["M"] <= 512 and store.config["source"] == "hf-trainer"
     exact = torch.stack([reference_gradient(weights[s], data.batch(slice(4 * s, 4 * s + 4)), names)[0]
                          for s in range(2)])

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gradspec.collect import collect
-from gradspec.sketch import SketchPlan, sketch_rows
+from gradspec.sketch import SketchPlan, dense_kinds, make_plan, sketch_rows
 from gradspec.store import GradientStore
 
 from ._tiny import tiny_task
@@ -48,8 +48,11 @@ def test_per_step_sketch_is_the_plan_of_the_exact_per_step_row(tmp_path, backend
     assert not b.per_example and b.p == b.sketch["M"] <= M and b.sketch["p"] == a.p == 215
     assert b.sketch["seed"] == 3 and len(b.sketch["blocks"]) == J
     plan = assert_rows_are_the_reference_of(b, a)
-    kinds = {s.name: s.kind for s in plan.params}
+    # the plan of the parameters' dense gradients (an embedding by CountSketch x Gaussian, ...)
+    model = tiny_task().model
+    kinds = dense_kinds(a.layout, model)
     assert kinds["emb.weight"] == "countsketch-kronecker" and kinds["fc1.weight"] == "kronecker"
+    assert plan == make_plan(a.layout, kinds, M, seed=3, blocks=J)
     # the same run: the same steps, batches, losses and norms; training untouched by the sketch
     for key, values in a.row_meta().items():
         np.testing.assert_array_equal(b.row_meta()[key], values)

@@ -5,6 +5,7 @@ M at or above p; the note that says why a plan stores fewer columns than were as
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from gradspec._layout import ParamLayout
 from gradspec.sketch import (
     WIDTH_NOTE_KEY,
     DenseSketch,
+    ParamSketch,
     SketchPlan,
     check_width,
     dense_kinds,
@@ -26,20 +28,51 @@ from gradspec.sketch import (
 
 
 class Model(nn.Module):
-    """Every kind: an embedding (CountSketch x Gaussian), matrices wide and tall and a conv kernel
-    (Kronecker, both orders of the two products), vectors (dense or exact)."""
+    """Every kind: embeddings (CountSketch x Gaussian), matrices wide and tall and a conv kernel
+    (Kronecker), vectors (dense or exact)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.emb = nn.Embedding(50, 7)
+        self.short_emb = nn.Embedding(6, 30)
         self.wide = nn.Linear(40, 6)
         self.tall = nn.Linear(5, 36)
         self.conv = nn.Conv2d(3, 8, 3)
         self.v = nn.Parameter(torch.zeros(90))
 
 
+#: Per parameter, its kind and per-block dims in the hand-made plan below: each Kronecker one
+#: takes the order of products (or of hashing) that is cheaper for its shape, so both are used.
+DIMS = {"emb.weight": ("countsketch-kronecker", (9, 2)), "short_emb.weight": ("countsketch-kronecker", (2, 20)),
+        "wide.weight": ("kronecker", (2, 9)), "tall.weight": ("kronecker", (9, 2)),
+        "conv.weight": ("kronecker", (3, 5)), "wide.bias": ("exact", (6,)), "tall.bias": ("dense", (7,)),
+        "conv.bias": ("exact", (8,)), "v": ("dense", (11,))}
+
+
 def _layout(model: nn.Module) -> ParamLayout:
     return ParamLayout.from_shapes((n, tuple(p.shape)) for n, p in model.named_parameters())
+
+
+def _plan(layout: ParamLayout, blocks: int, seed: int = 7) -> SketchPlan:
+    """A plan laid out by hand (exact columns first, then the blocks, block-major), so that every
+    branch of `DenseSketch` is taken whatever `make_plan`'s rules choose."""
+    exact = [s for s in layout.params if DIMS[s.name][0] == "exact"]
+    rest = [s for s in layout.params if DIMS[s.name][0] != "exact"]
+    e = sum(s.numel for s in exact)
+    width = sum(math.prod(DIMS[s.name][1]) for s in rest)
+    out, col, start = [], 0, e
+    for s in exact:
+        out.append(ParamSketch(s.name, s.shape, s.offset, "exact", (s.numel,), ((col, col + s.numel),)))
+        col += s.numel
+    for s in rest:
+        kind, dims = DIMS[s.name]
+        w = math.prod(dims)
+        out.append(ParamSketch(s.name, s.shape, s.offset, kind, dims,
+                               tuple((start + j * width, start + j * width + w) for j in range(blocks))))
+        start += w
+    order = {s.name: i for i, s in enumerate(layout.params)}
+    out.sort(key=lambda ps: order[ps.name])
+    return SketchPlan(seed, e + blocks * width, blocks, tuple(out), e, width)
 
 
 @pytest.fixture(scope="module")
@@ -50,19 +83,31 @@ def model() -> Model:
 def test_kinds_of_a_dense_gradient(model):
     layout = _layout(model)
     kinds = dense_kinds(layout, model)
-    assert kinds["emb.weight"] == "countsketch-kronecker"
+    assert kinds["emb.weight"] == kinds["short_emb.weight"] == "countsketch-kronecker"
     assert kinds["wide.weight"] == kinds["tall.weight"] == kinds["conv.weight"] == "kronecker"
     assert kinds["wide.bias"] == kinds["v"] == "dense"
     # without the module, by shape: the embedding is a matrix like any other
     assert dense_kinds(layout)["emb.weight"] == "kronecker"
 
 
-@pytest.mark.parametrize(("m", "blocks"), [(120, 2), (400, 4), (1000, 3)])
-def test_dense_sketch_equals_the_reference(model, m, blocks):
+def test_both_orders_of_each_structured_kind_are_used(model):
+    from gradspec.sketch._dense import hash_last
+
+    by = {s.name: s for s in _plan(_layout(model), 2).params}
+
+    def left_first(s) -> bool:
+        (m0, m1), (d0, d1) = s.dims, s.matrix
+        return m0 * d0 * d1 + m0 * d1 * m1 <= m1 * d0 * d1 + m0 * d0 * m1
+
+    assert {left_first(by["wide.weight"]), left_first(by["tall.weight"])} == {True, False}
+    assert {hash_last(*by[n].dims, by[n].matrix[0]) for n in ("emb.weight", "short_emb.weight")} == {True, False}
+
+
+@pytest.mark.parametrize("blocks", [2, 3])
+def test_dense_sketch_equals_the_reference(model, blocks):
     layout = _layout(model)
-    plan = make_plan(layout, dense_kinds(layout, model), m, seed=7, blocks=blocks)
-    assert {s.kind for s in plan.params} >= {"countsketch-kronecker", "kronecker", "dense"}
-    g = torch.randn(3, layout.p, dtype=torch.float64, generator=torch.Generator().manual_seed(m))
+    plan = SketchPlan.from_dict(json.loads(json.dumps(_plan(layout, blocks).to_dict())))  # a valid plan
+    g = torch.randn(3, layout.p, dtype=torch.float64, generator=torch.Generator().manual_seed(blocks))
     want = sketch_rows(plan, g)
     sketch = DenseSketch(plan)
     got = sketch(g)
@@ -78,18 +123,13 @@ def test_dense_sketch_equals_the_reference(model, m, blocks):
         sketch(g[:, :-1])
 
 
-def test_both_orders_of_the_kronecker_products_are_used(model):
-    """The wide and the tall matrix take the two product orders; both equal the reference
-    (checked above); here only that the plan makes them differ in which order is cheaper."""
+@pytest.mark.parametrize("m", [300, 1000])
+def test_dense_sketch_of_the_plans_make_plan_makes(model, m):
     layout = _layout(model)
-    plan = make_plan(layout, dense_kinds(layout, model), 400, seed=1, blocks=2)
-    by = {s.name: s for s in plan.params}
-
-    def left_first(s) -> bool:
-        (m0, m1), (d0, d1) = s.dims, s.matrix
-        return m0 * d0 * d1 + m0 * d1 * m1 <= m1 * d0 * d1 + m0 * d0 * m1
-
-    assert {left_first(by["wide.weight"]), left_first(by["tall.weight"])} == {True, False}
+    plan = make_plan(layout, dense_kinds(layout, model), m, seed=3, blocks=4)
+    g = torch.randn(2, layout.p, dtype=torch.float64, generator=torch.Generator().manual_seed(m))
+    want = sketch_rows(plan, g)
+    torch.testing.assert_close(DenseSketch(plan)(g), want, rtol=1e-12, atol=1e-12 * float(want.abs().max()))
 
 
 def test_m_at_or_above_p_is_refused_with_the_m_that_fits():
