@@ -9,7 +9,6 @@ import importlib.util
 import inspect
 import os
 import re
-import shutil
 import subprocess
 import sys
 import types
@@ -22,6 +21,7 @@ from mkdocs.exceptions import PluginError
 from typer.testing import CliRunner
 
 import gradspec
+from tests._browser import chromium, load
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "scripts" / "docs_hooks.py")
@@ -207,23 +207,10 @@ def test_a_broken_link_or_anchor_fails_a_build_with_the_sites_settings(tmp_path)
     assert "gone.md" in res.stderr and "no-such-heading" in res.stderr, res.stderr
 
 
-def _chromium() -> str | None:
-    return next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"), "/usr/bin/chromium")
-                 if p and Path(p).is_file()), None)
-
-
 def test_a_browser_renders_the_home_page(site, tmp_path):
-    browser = _chromium()
-    if browser is None:
+    if chromium() is None:
         pytest.skip("no Chromium installed (apt-get install -y chromium)")
-    res = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom",
-         (site / "index.html").as_uri()],
-        capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    dom = res.stdout
+    dom, _ = load(site / "index.html", tmp_path / "profile", extra=("--virtual-time-budget=5000",), timeout=120)
     assert "<title>gradspec</title>" in dom
     text = _text(dom)
     assert "Spectral analysis of gradient subspaces in (differentially private) training." in text

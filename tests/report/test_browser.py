@@ -9,7 +9,7 @@ import pytest
 from gradspec.report import write_report
 from gradspec.spectrum import read_report
 from gradspec.store import GradientStore, SpectrumStore
-from tests.report._browser import chromium, load, screenshot
+from tests._browser import chromium, load, screenshot
 from tests.report._page import parse
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason="no Chromium (apt-get install chromium)")

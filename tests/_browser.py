@@ -1,4 +1,5 @@
-"""Headless Chromium for the report tests: load a page, return its DOM and its console.
+"""Headless Chromium for the tests that render pages (the run report, the documentation site):
+find the browser, load a page, return its DOM and its console.
 
 Chromium prints every console message of the page (errors, failed loads, Content-Security-
 Policy refusals, uncaught exceptions) to stderr as ``...:CONSOLE:<line>] "message", source:
@@ -26,12 +27,13 @@ def chromium() -> str | None:
     return None
 
 
-def load(page: Path, profile: Path, *, timeout: float = 300) -> tuple[str, list[str]]:
-    """``(DOM, console lines)`` of ``page`` opened from disk in a fresh profile."""
+def load(page: Path, profile: Path, *, extra: tuple[str, ...] = (), timeout: float = 300) -> tuple[str, list[str]]:
+    """``(DOM, console lines)`` of ``page`` opened from disk in a fresh profile (``extra``: more
+    flags, e.g. ``--virtual-time-budget=5000`` to let a page's scripts run first)."""
     exe = chromium()
     assert exe, "no chromium"
     proc = subprocess.run(
-        [exe, *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--dump-dom",
+        [exe, *FLAGS, *extra, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--dump-dom",
          page.resolve().as_uri()],
         capture_output=True, text=True, timeout=timeout, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
