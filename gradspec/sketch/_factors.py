@@ -7,9 +7,11 @@ cleared) of ``blake2b("<seed>:<j>:<name>:<f>", digest_size=8)``:
 
 * ``"left"``  (m0 x d0) and ``"right"`` (m1 x d1): ``torch.randn(m, d, dtype=float64,
   generator=g) / sqrt(m)`` (kind ``kronecker``; ``countsketch-kronecker`` uses ``right`` only);
-* ``"hash"``: ``torch.randint(0, m0, (d0,), generator=g)`` then, from the same generator,
-  ``"sign"``: ``2 * torch.randint(0, 2, (d0,), generator=g) - 1`` (float64) — the CountSketch
-  ``S[hash[v], v] = sign[v]``;
+  with R = ``pairs`` > 1 (version 2) one draw ``torch.randn(R m, d) / sqrt(m)`` holds the R
+  pairs' factors stacked (pair q: rows ``q m .. (q + 1) m``), and R = 1 is the draw above;
+* ``"hash"``: ``torch.randint(0, m0, (R, d0), generator=g)`` then, from the same generator,
+  ``"sign"``: ``2 * torch.randint(0, 2, (R, d0), generator=g) - 1`` (float64) — the CountSketch
+  of pair q ``S_q[hash[q, v], v] = sign[q, v]`` (R = 1: the same numbers as shape ``(d0,)``);
 * ``"dense"`` (m x numel): ``torch.randn(m, numel, dtype=float64, generator=g) / sqrt(m)``.
 
 Factors are drawn in float64 on the CPU (the same on every machine) and then cast and moved.
@@ -46,11 +48,18 @@ def gaussian(seed: int, block: int, name: str, factor: str, m: int, d: int) -> T
     return torch.randn(m, d, dtype=torch.float64, generator=g) / math.sqrt(m)
 
 
-def countsketch(seed: int, block: int, name: str, m: int, d: int) -> tuple[Tensor, Tensor]:
-    """(hash (d,) int64 in [0, m), sign (d,) float64 in {-1, +1}) of a CountSketch ``S`` (m x d)."""
+def gaussian_pairs(seed: int, block: int, name: str, factor: str, pairs: int, m: int, d: int) -> Tensor:
+    """(pairs m, d) float64: ``pairs`` factors (m, d) stacked, each with entries N(0, 1/m)."""
+    g = _gen(seed, block, name, factor)
+    return torch.randn(pairs * m, d, dtype=torch.float64, generator=g) / math.sqrt(m)
+
+
+def countsketch(seed: int, block: int, name: str, m: int, d: int, pairs: int = 1) -> tuple[Tensor, Tensor]:
+    """(hash (pairs, d) int64 in [0, m), sign (pairs, d) float64 in {-1, +1}) of ``pairs``
+    CountSketches ``S_q`` (m x d)."""
     g = _gen(seed, block, name, "hash")
-    bucket = torch.randint(0, m, (d,), generator=g)
-    sign = (2 * torch.randint(0, 2, (d,), generator=g) - 1).to(torch.float64)
+    bucket = torch.randint(0, m, (pairs, d), generator=g)
+    sign = (2 * torch.randint(0, 2, (pairs, d), generator=g) - 1).to(torch.float64)
     return bucket, sign
 
 
@@ -69,20 +78,21 @@ class BlockFactors:
     """One parameter's factors in one block, as the fast path uses them."""
 
     cols: tuple[int, int]
-    left: Tensor | None = None  # (m0, d0) kronecker
-    right: Tensor | None = None  # (m1, d1) kronecker, countsketch-kronecker
-    bucket: Tensor | None = None  # (d0,) countsketch-kronecker
-    sign: Tensor | None = None  # (d0,)
+    left: Tensor | None = None  # (R m0, d0) kronecker: R pairs' left factors stacked
+    right: Tensor | None = None  # (R m1, d1) kronecker, countsketch-kronecker
+    bucket: Tensor | None = None  # (R, d0) countsketch-kronecker
+    sign: Tensor | None = None  # (R, d0)
     dense: Tensor | None = None  # (m, numel)
 
 
 def block_factors(plan: SketchPlan, spec: ParamSketch, block: int, *, dtype: torch.dtype = torch.float64,
                   device: torch.device | str = "cpu") -> BlockFactors:
-    """The factors of ``spec`` in ``block``, scaled by ``1/sqrt(J)`` (folded into ``left``,
-    ``sign`` or ``dense``), cast to ``dtype`` on ``device``."""
+    """The factors of ``spec`` in ``block``, scaled by ``1/sqrt(J R)`` (R = ``spec.pairs``;
+    folded into ``left``, ``sign`` or ``dense``), cast to ``dtype`` on ``device``."""
     if spec.kind == "exact":
         raise ValueError(f"parameter {spec.name!r} is stored exactly: it has no factors")
-    scale = 1.0 / math.sqrt(plan.n_blocks)
+    r = spec.pairs
+    scale = 1.0 / math.sqrt(plan.n_blocks * r)
     d0, d1 = spec.matrix
     out = BlockFactors(spec.columns[block])
 
@@ -90,12 +100,12 @@ def block_factors(plan: SketchPlan, spec: ParamSketch, block: int, *, dtype: tor
         return t.to(device=device, dtype=dtype)
 
     if spec.kind == "kronecker":
-        out.left = put(gaussian(plan.seed, block, spec.name, "left", spec.dims[0], d0) * scale)
-        out.right = put(gaussian(plan.seed, block, spec.name, "right", spec.dims[1], d1))
+        out.left = put(gaussian_pairs(plan.seed, block, spec.name, "left", r, spec.dims[0], d0) * scale)
+        out.right = put(gaussian_pairs(plan.seed, block, spec.name, "right", r, spec.dims[1], d1))
     elif spec.kind == "countsketch-kronecker":
-        bucket, sign = countsketch(plan.seed, block, spec.name, spec.dims[0], d0)
+        bucket, sign = countsketch(plan.seed, block, spec.name, spec.dims[0], d0, r)
         out.bucket, out.sign = bucket.to(device), put(sign * scale)
-        out.right = put(gaussian(plan.seed, block, spec.name, "right", spec.dims[1], d1))
+        out.right = put(gaussian_pairs(plan.seed, block, spec.name, "right", r, spec.dims[1], d1))
     else:
         check_dense(spec)
         out.dense = put(gaussian(plan.seed, block, spec.name, "dense", spec.dims[0], spec.numel) * scale)
@@ -103,13 +113,24 @@ def block_factors(plan: SketchPlan, spec: ParamSketch, block: int, *, dtype: tor
 
 
 def dense_left(plan: SketchPlan, spec: ParamSketch, block: int) -> Tensor:
-    """The (scaled) left factor of a Kronecker kind as a dense float64 matrix (m0, d0)."""
+    """The (scaled) left factors of a Kronecker kind as dense float64 matrices (R, m0, d0)."""
     f = block_factors(plan, spec, block)
+    r, (m0, d0) = spec.pairs, (spec.dims[0], spec.matrix[0])
     if spec.kind == "kronecker":
-        return f.left
-    s = torch.zeros(spec.dims[0], spec.matrix[0], dtype=torch.float64)
-    s[f.bucket, torch.arange(spec.matrix[0])] = f.sign
+        return f.left.reshape(r, m0, d0)
+    s = torch.zeros(r, m0, d0, dtype=torch.float64)
+    q = torch.arange(r)[:, None].expand(r, d0)
+    s[q, f.bucket, torch.arange(d0).expand(r, d0)] = f.sign
     return s
+
+
+def kron_apply(left: Tensor, right: Tensor, g: Tensor) -> Tensor:
+    """(B, R m0 m1): pair q's ``vec(L_q G R_q^T)`` side by side, for g (B, d0, d1), left (R, m0, d0)
+    and right (R m1, d1)."""
+    r = left.shape[0]
+    right = right.reshape(r, -1, right.shape[-1])
+    y = torch.einsum("qad,bde,qfe->bqaf", left.to(g.dtype), g, right.to(g.dtype))
+    return y.reshape(g.shape[0], -1)
 
 
 @dataclass
@@ -117,9 +138,10 @@ class StackedFactors:
     """One Kronecker-kind parameter's factors of all J blocks stacked, so that the fast path
     takes one product per factor and one batched product for every block at once.
 
-    ``left`` (J m0, d0) and ``right`` (J m1, d1) stack the blocks' factors (``left`` None for
-    ``countsketch-kronecker``, which has ``bucket``, ``sign``: (J, d0)); block j's columns
-    start at ``start + j * stride``.
+    ``left`` (J R m0, d0) and ``right`` (J R m1, d1) stack the blocks' factors, each block's
+    R pairs in turn (``left`` None for ``countsketch-kronecker``, which has ``bucket``,
+    ``sign``: (J R, d0)); ``blocks`` counts the J R stacked pairs; block j's columns start at
+    ``start + j * stride``, its pair q's ``q m0 m1`` further.
     """
 
     m0: int
@@ -130,17 +152,20 @@ class StackedFactors:
     left: Tensor | None = None
     bucket: Tensor | None = None
     sign: Tensor | None = None
+    pairs: int = 1
 
     @property
     def blocks(self) -> int:
+        """The stacked pairs, J R (what the fast path's batched products run over)."""
         return self.right.shape[0] // self.m1
 
     def add(self, y: Tensor, out: Tensor) -> None:
-        """``out[:, cols of block j] += y[:, j]`` for y (B, J, m0, m1) (or (B, J, m0 m1))."""
-        b, j = y.shape[0], y.shape[1]
-        view = out.as_strided((b, j, self.m0 * self.m1), (out.stride(0), self.stride, 1),
-                              out.storage_offset() + self.start)
-        view += y.reshape(b, j, -1).to(out.dtype)
+        """``out[:, cols of block j, pair q] += y[:, j R + q]`` for y (B, J R, m0, m1) (or
+        (B, J R, m0 m1))."""
+        b, j = y.shape[0], y.shape[1] // self.pairs
+        width = self.pairs * self.m0 * self.m1
+        view = out.as_strided((b, j, width), (out.stride(0), self.stride, 1), out.storage_offset() + self.start)
+        view += y.reshape(b, j, width).to(out.dtype)
 
 
 def stack(factors: list[BlockFactors], spec: ParamSketch) -> StackedFactors:
@@ -150,12 +175,12 @@ def stack(factors: list[BlockFactors], spec: ParamSketch) -> StackedFactors:
     stride = starts[1] - starts[0] if len(starts) > 1 else 0
     if any(b - a != stride for a, b in zip(starts, starts[1:], strict=False)):
         raise ValueError(f"the blocks of {spec.name!r} are not evenly spaced: {starts}")
-    out = StackedFactors(m0, m1, starts[0], stride, torch.cat([f.right for f in factors]))
+    out = StackedFactors(m0, m1, starts[0], stride, torch.cat([f.right for f in factors]), pairs=spec.pairs)
     if spec.kind == "kronecker":
         out.left = torch.cat([f.left for f in factors])
     else:
-        out.bucket = torch.stack([f.bucket for f in factors])
-        out.sign = torch.stack([f.sign for f in factors])
+        out.bucket = torch.cat([f.bucket for f in factors])
+        out.sign = torch.cat([f.sign for f in factors])
     return out
 
 
@@ -193,9 +218,10 @@ class SketchFactors:
             else:
                 g = rows.reshape(rows.shape[0], *spec.matrix).to(f.right.dtype)
                 if f.left is not None:
-                    y = f.left @ g @ f.right.T
+                    left = f.left.reshape(spec.pairs, spec.dims[0], -1)
                 else:
-                    y = torch.zeros(g.shape[0], spec.dims[0], g.shape[2], dtype=g.dtype, device=g.device)
-                    y.index_add_(1, f.bucket, g * f.sign[:, None])
-                    y = y @ f.right.T
-                out[:, a:b] += y.reshape(rows.shape[0], -1).to(out.dtype)
+                    left = torch.zeros(spec.pairs, spec.dims[0], g.shape[1], dtype=g.dtype, device=g.device)
+                    q = torch.arange(spec.pairs, device=g.device)[:, None].expand_as(f.bucket)
+                    d = torch.arange(g.shape[1], device=g.device).expand_as(f.bucket)
+                    left[q, f.bucket, d] = f.sign.to(g.dtype)
+                out[:, a:b] += kron_apply(left, f.right, g).to(out.dtype)

@@ -1,4 +1,4 @@
-"""The sketch plan: which parameter is stored how, in which columns (issue 22).
+"""The sketch plan: which parameter is stored how, in which columns (issues 22, 37).
 
 A sketched per-example row ``y_i`` is a seeded random linear map of the clipped gradient
 ``c_i g_i`` (p values) into M columns, laid out block-major:
@@ -12,19 +12,46 @@ A sketched per-example row ``y_i`` is a seeded random linear map of the clipped 
   P_0 (m0 x d0) and P_1 (m1 x d1) with entries N(0, 1/m)), ``S G P_1^T / sqrt(J)`` (kind
   ``countsketch-kronecker``, embeddings: S a CountSketch of the vocabulary, one +-1 per
   column), or ``P vec(G) / sqrt(J)`` (kind ``dense``: P (m x numel), entries N(0, 1/m)).
+  Version 2: a Kronecker kind holds R = ``pairs`` independent pairs side by side, pair q's
+  ``vec(P_0q G P_1q^T) / sqrt(J R)`` in the q-th run of ``m0 m1`` columns (an average of R
+  independent estimates: the variance of a pair, ~ (2/m0 + 2/m1) ||G||^4 for a low-rank G,
+  falls R-fold).
 
 Every factor has ``E[P^T P] = I``, so for the stored matrix Y (rows y_i) with exact part
 ``Y_x`` and blocks ``Y_j``: ``Y Y^T = Y_x Y_x^T + sum_j Y_j Y_j^T``, and for every j,
 ``Y_x Y_x^T + J Y_j Y_j^T`` is an unbiased estimate of ``H H^T`` (H the unsketched rows).
 
-How M is split (deterministic from the layout, the kinds, M, J): a parameter is exact when
-its size is at most ``M / (4 K)`` (K parameters), smallest first, while the exact columns stay
-within M/2; the rest ``M - E`` is split into J equal blocks of ``(M - E) // J`` columns, and a
-block's columns across the sketched parameters in proportion to their size (each at least 1,
-largest remainders first). A Kronecker parameter with m columns takes ``m0 x m1 <= m`` near
-the aspect ``d0 : d1`` (using at least 90% of what any pair could); the columns the pairs leave
-unused go to the dense parameters (largest first, up to their size) and are otherwise dropped,
-so the stored width (``M`` in the plan) may be a little below the M asked for (``requested_M``).
+How M is split (deterministic from the layout, the kinds, the weights, M, J).
+
+Version 2 (issue 37; the default). The error a parameter adds to the sketched Gram is ~
+e_p^2 / m_p (e_p its share of ||H||_F^2, m_p its columns), so columns go in proportion to a
+weight w_p that stands for e_p: a measured gradient energy when one is given (``weights``:
+e.g. the mean squared per-parameter norm of a warm-up batch), else ``sqrt(numel)`` (small
+parameters carry far more energy per value than big ones: a 4-class head holds ~1/3 of
+||H||_F^2 in the models measured, docs/sketch_calibration.md). With m_p proportional to e_p
+the total error equals a dense Gaussian sketch's of the same width. Then:
+
+* **exact**: a parameter whose share of the columns left (by weight) is at least its size,
+  or whose size is at most ``M / (4 K)`` (K parameters), is stored whole (it costs no more
+  columns than sketching it and adds no error) — repeated until none is added, smallest
+  first while the exact columns stay within M/2;
+* the rest ``M - E`` is split into J equal blocks of ``(M - E) // J`` columns, and a block's
+  columns across the sketched parameters in proportion to their weights (each at least 1,
+  largest remainders first);
+* **dense** (a Gaussian P of the materialised per-example gradient: the accuracy of a dense
+  sketch) where the J factors hold at most ``DENSE_BUDGET`` entries (``J m numel``: the
+  multiply-adds per example), else the layer's structured kind with
+  ``pairs = ceil(m / PAIR_AREA)`` pairs of ``m0 x m1 <= m / pairs`` near the aspect d0 : d1
+  (measured: many small pairs are several times more accurate than one large one, at a cost
+  per example ~ T (d0 + d1) sqrt(m PAIR_AREA) rather than T (d0 + d1) sqrt(m)).
+
+Version 1 (stores written before issue 37; ``make_plan(version=1)``): exact when the size is
+at most ``M / (4 K)``, columns in proportion to the size, one Kronecker pair per block.
+
+A Kronecker parameter with m columns takes ``pairs x m0 x m1 <= m`` (using at least 90% of
+what any pair could); the columns the pairs leave unused go to the dense parameters (largest
+first, up to their size) and are otherwise dropped, so the stored width (``M`` in the plan)
+may be a little below the M asked for (``requested_M``).
 """
 
 from __future__ import annotations
@@ -36,9 +63,16 @@ from typing import Any
 
 from gradspec._layout import ParamLayout
 
-#: The plan family written into a store (``"kind"``), and its format version.
+#: The plan family written into a store (``"kind"``), and its format version (1: issue 22's
+#: plan, still read; 2: energy-weighted columns, dense small factors, several pairs).
 FAMILY = "kronecker-gaussian"
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)
+#: Version 2: a parameter is sketched dense when its J factors hold at most this many entries.
+DENSE_BUDGET = 2**24
+#: Version 2: the columns of one Kronecker pair (a parameter with m columns per block takes
+#: ceil(m / PAIR_AREA) pairs).
+PAIR_AREA = 16
 #: How each parameter is stored.
 KINDS = ("exact", "kronecker", "countsketch-kronecker", "dense")
 #: The kinds a layer rule may ask for (``exact`` is decided by the plan, by size).
@@ -53,7 +87,9 @@ class ParamSketch:
     ``dims`` is the per-block sketch shape: ``(m0, m1)`` for the Kronecker kinds, ``(m,)``
     for ``dense``, ``(numel,)`` for ``exact``; ``matrix`` is the parameter viewed as
     ``(d0, d1)`` (``d1 = prod(shape[1:])``; ``(numel, 1)`` for a vector). ``columns`` lists
-    its half-open column ranges: one for an exact parameter, else one per block.
+    its half-open column ranges: one for an exact parameter, else one per block. ``pairs``:
+    how many independent Kronecker pairs of ``dims`` a block holds side by side (1 but for
+    the Kronecker kinds of a version-2 plan).
     """
 
     name: str
@@ -62,6 +98,7 @@ class ParamSketch:
     kind: str
     dims: tuple[int, ...]
     columns: tuple[tuple[int, int], ...]
+    pairs: int = 1
 
     @property
     def numel(self) -> int:
@@ -75,19 +112,23 @@ class ParamSketch:
     @property
     def width(self) -> int:
         """Columns per block (the exact columns for an exact parameter)."""
-        return math.prod(self.dims)
+        return self.pairs * math.prod(self.dims)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "offset": self.offset, "kind": self.kind,
-                "dims": list(self.dims), "columns": [list(c) for c in self.columns]}
+        out = {"name": self.name, "shape": list(self.shape), "offset": self.offset, "kind": self.kind,
+               "dims": list(self.dims), "columns": [list(c) for c in self.columns]}
+        return {**out, "pairs": self.pairs} if self.pairs != 1 else out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ParamSketch:
         kind = str(d["kind"])
         if kind not in KINDS:
             raise ValueError(f"unknown sketch kind {kind!r} of parameter {d.get('name')!r}; one of {', '.join(KINDS)}")
+        pairs = int(d.get("pairs", 1))
+        if pairs < 1 or (pairs > 1 and kind not in ("kronecker", "countsketch-kronecker")):
+            raise ValueError(f"parameter {d.get('name')!r} of kind {kind!r} has {pairs} pairs")
         return cls(str(d["name"]), tuple(int(s) for s in d["shape"]), int(d["offset"]), kind,
-                   tuple(int(s) for s in d["dims"]), tuple((int(a), int(b)) for a, b in d["columns"]))
+                   tuple(int(s) for s in d["dims"]), tuple((int(a), int(b)) for a, b in d["columns"]), pairs)
 
 
 @dataclass(frozen=True)
@@ -100,6 +141,7 @@ class SketchPlan:
     params: tuple[ParamSketch, ...]
     exact_width: int
     block_width: int
+    version: int = VERSION
 
     @property
     def M(self) -> int:  # noqa: N802 - the paper's name
@@ -132,11 +174,11 @@ class SketchPlan:
     def to_dict(self) -> dict[str, Any]:
         """The store attribute ``gradspec.sketch`` (docs/store-format.md)."""
         return {
-            "kind": FAMILY, "version": VERSION, "seed": self.seed, "M": self.M, "requested_M": self.requested_M,
+            "kind": FAMILY, "version": self.version, "seed": self.seed, "M": self.M, "requested_M": self.requested_M,
             "p": self.p,
             "blocks": [[list(self.block_range(j))] for j in range(self.n_blocks)],
             "exact": [[0, self.exact_width]] if self.exact_width else [],
-            "scale": 1.0 / math.sqrt(self.n_blocks),
+            "scale": 1.0 / math.sqrt(self.n_blocks),  # a pair of R also carries 1/sqrt(R)
             "seeds": "blake2b-8 of '<seed>:<block>:<parameter name>:<factor>' (gradspec.sketch.factor_seed)",
             "params": [s.to_dict() for s in self.params],
         }
@@ -144,21 +186,23 @@ class SketchPlan:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SketchPlan:
         """Read ``to_dict`` back (a store's ``gradspec.sketch``), checking its family and columns."""
-        if d.get("kind") != FAMILY or d.get("version") != VERSION:
+        if d.get("kind") != FAMILY or d.get("version") not in VERSIONS:
             raise ValueError(f"sketch plan of kind {d.get('kind')!r} version {d.get('version')!r}: this gradspec "
-                             f"reads {FAMILY!r} version {VERSION}; upgrade gradspec")
+                             f"reads {FAMILY!r} versions {', '.join(map(str, VERSIONS))}; upgrade gradspec")
         params = tuple(ParamSketch.from_dict(p) for p in d["params"])
         blocks = [[tuple(r) for r in b] for b in d["blocks"]]
         exact = sum(b - a for a, b in d["exact"])
         width = blocks[0][0][1] - blocks[0][0][0] if blocks else 0
-        plan = cls(int(d["seed"]), int(d.get("requested_M", d["M"])), len(blocks), params, exact, width)
+        plan = cls(int(d["seed"]), int(d.get("requested_M", d["M"])), len(blocks), params, exact, width,
+                   int(d["version"]))
         if int(d["M"]) != plan.M or any([plan.block_range(j)] != b for j, b in enumerate(blocks)):
             raise ValueError(f"sketch plan of M = {d['M']} whose block column ranges do not tile its columns")
         return plan
 
 
 def make_plan(layout: ParamLayout, kinds: Mapping[str, str], M: int, *, seed: int = 0,  # noqa: N803
-              blocks: int = DEFAULT_BLOCKS) -> SketchPlan:
+              blocks: int = DEFAULT_BLOCKS, weights: Mapping[str, float] | None = None,
+              version: int = VERSION, dense_budget: int = DENSE_BUDGET) -> SketchPlan:
     """The plan of rows of ``layout`` sketched into (at most) M columns.
 
     Args:
@@ -169,10 +213,18 @@ def make_plan(layout: ParamLayout, kinds: Mapping[str, str], M: int, *, seed: in
         M: columns asked for.
         seed: the plan seed (every factor's seed derives from it, `factor_seed`).
         blocks: J >= 2 independent blocks.
+        weights: version 2: per parameter, its expected share of the gradient energy
+            (any positive scale; e.g. mean squared per-parameter norms of a warm-up batch);
+            None: ``sqrt(numel)``. Columns are split in proportion to them.
+        version: the plan rules (2; 1: issue 22's, for resuming a store written with them).
+        dense_budget: version 2: the most entries of a parameter's J dense factors (0: every
+            parameter with a structured kind keeps it, as tests of the structured kinds want).
 
     Raises:
         ValueError: J < 2, or M too small to give every sketched parameter a column per block.
     """
+    if version not in VERSIONS:
+        raise ValueError(f"sketch plan version {version}: one of {', '.join(map(str, VERSIONS))}")
     if blocks < 2:
         raise ValueError(f"a sketch needs at least 2 independent blocks, got {blocks}")
     if M < 1:
@@ -182,13 +234,8 @@ def make_plan(layout: ParamLayout, kinds: Mapping[str, str], M: int, *, seed: in
             raise ValueError(f"parameter {s.name!r} has sketch kind {kinds.get(s.name)!r}; one of "
                              f"{', '.join(SKETCH_KINDS)}")
     specs = list(layout.params)
-    limit = M / (4 * len(specs))
-    exact: set[str] = set()
-    used = 0
-    for s in sorted(specs, key=lambda s: (s.numel, s.offset)):
-        if s.numel <= limit and used + s.numel <= M // 2:
-            exact.add(s.name)
-            used += s.numel
+    w = _weights(specs, weights, version)
+    exact, used = _exact(specs, w, M, version)
     rest = [s for s in specs if s.name not in exact]
     per_block = (M - used) // blocks
     if rest and per_block < len(rest):
@@ -197,22 +244,26 @@ def make_plan(layout: ParamLayout, kinds: Mapping[str, str], M: int, *, seed: in
             f"parameters (each needs at least one): give --sketch >= {used + blocks * len(rest)} or fewer "
             "--sketch-blocks"
         )
-    budget = _split(per_block, [s.numel for s in rest]) if rest else []
+    budget = _split(per_block, [w[s.name] for s in rest]) if rest else []
     dims: dict[str, tuple[int, ...]] = {}
+    pairs: dict[str, int] = {}
     for s, m in zip(rest, budget, strict=True):
         kind = kinds[s.name]
-        if kind == "dense" or len(s.shape) < 2:
+        pairs[s.name] = 1
+        if kind == "dense" or len(s.shape) < 2 or (version >= 2 and blocks * m * s.numel <= dense_budget):
             dims[s.name] = (min(m, s.numel),)
         else:
             d0 = s.shape[0]
-            dims[s.name] = _kron_dims(m, d0, s.numel // d0)
+            if version >= 2:
+                pairs[s.name] = -(-m // PAIR_AREA)
+            dims[s.name] = _kron_dims(m // pairs[s.name], d0, s.numel // d0)
     # the columns the Kronecker pairs leave unused go to the dense parameters (largest first)
-    left = per_block - sum(math.prod(d) for d in dims.values())
+    left = per_block - sum(pairs[n] * math.prod(d) for n, d in dims.items())
     for s in sorted((s for s in rest if len(dims[s.name]) == 1), key=lambda s: (-s.numel, s.offset)):
         more = min(left, s.numel - dims[s.name][0])
         dims[s.name] = (dims[s.name][0] + more,)
         left -= more
-    block_width = sum(math.prod(dims[s.name]) for s in rest)
+    block_width = sum(pairs[s.name] * math.prod(dims[s.name]) for s in rest)
     out, col = [], 0
     for s in specs:
         if s.name in exact:
@@ -221,20 +272,62 @@ def make_plan(layout: ParamLayout, kinds: Mapping[str, str], M: int, *, seed: in
     starts, col_b = {}, 0
     for s in rest:
         starts[s.name] = col_b
-        col_b += math.prod(dims[s.name])
+        col_b += pairs[s.name] * math.prod(dims[s.name])
     for s in specs:
         if s.name in exact:
             continue
         kind = kinds[s.name]
         if len(dims[s.name]) == 1:
             kind = "dense"
-        w = math.prod(dims[s.name])
-        cols = tuple((used + j * block_width + starts[s.name], used + j * block_width + starts[s.name] + w)
+        width = pairs[s.name] * math.prod(dims[s.name])
+        cols = tuple((used + j * block_width + starts[s.name], used + j * block_width + starts[s.name] + width)
                      for j in range(blocks))
-        out.append(ParamSketch(s.name, s.shape, s.offset, kind, dims[s.name], cols))
+        out.append(ParamSketch(s.name, s.shape, s.offset, kind, dims[s.name], cols, pairs[s.name]))
     order = {s.name: i for i, s in enumerate(specs)}
     out.sort(key=lambda ps: order[ps.name])
-    return SketchPlan(int(seed), int(M), int(blocks), tuple(out), used, block_width)
+    return SketchPlan(int(seed), int(M), int(blocks), tuple(out), used, block_width, int(version))
+
+
+def _weights(specs: Sequence[Any], weights: Mapping[str, float] | None, version: int) -> dict[str, float]:
+    """Each parameter's column weight: its size (version 1), the given energy, or sqrt(size)."""
+    if version == 1:
+        if weights is not None:
+            raise ValueError("a version-1 sketch plan splits columns by size: it takes no weights")
+        return {s.name: float(s.numel) for s in specs}
+    if weights is None:
+        return {s.name: math.sqrt(s.numel) for s in specs}
+    out = {}
+    for s in specs:
+        v = weights.get(s.name)
+        if v is None or not math.isfinite(float(v)) or float(v) < 0:
+            raise ValueError(f"sketch weight of parameter {s.name!r} is {v!r}: give a finite energy >= 0 "
+                             "for every parameter")
+        out[s.name] = float(v)
+    top = max(out.values(), default=0.0)
+    if top <= 0:
+        raise ValueError("every sketch weight is 0: give the parameters' gradient energies")
+    # a parameter measured at zero energy still gets a column per block (its share may be misread)
+    return {n: max(v, top * 1e-6) for n, v in out.items()}
+
+
+def _exact(specs: Sequence[Any], w: Mapping[str, float], M: int, version: int) -> tuple[set[str], int]:  # noqa: N803
+    """(the parameters stored exactly, their columns): size at most M / (4 K), and (version 2)
+    a share of the columns left, by weight, at least the size; smallest first, within M/2."""
+    limit = M / (4 * len(specs))
+    exact: set[str] = set()
+    used = 0
+    while True:
+        rest = [s for s in specs if s.name not in exact]
+        total = sum(w[s.name] for s in rest)
+        added = False
+        for s in sorted(rest, key=lambda s: (s.numel, s.offset)):
+            share = version >= 2 and s.numel * total <= (M - used) * w[s.name]
+            if (s.numel <= limit or share) and used + s.numel <= M // 2:
+                exact.add(s.name)
+                used += s.numel
+                added = True
+        if not added or version == 1:
+            return exact, used
 
 
 def _split(total: int, sizes: Sequence[int]) -> list[int]:

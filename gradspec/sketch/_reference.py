@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gradspec.sketch._factors import block_factors, check_dense, dense_left
+from gradspec.sketch._factors import block_factors, check_dense, dense_left, kron_apply
 from gradspec.sketch._plan import SketchPlan
 
 
@@ -42,8 +42,7 @@ def sketch_rows(plan: SketchPlan, rows: Tensor) -> Tensor:
             if spec.kind == "dense":
                 out[:, a:z] = g @ f.dense.T
             else:
-                mat = g.reshape(b, *spec.matrix)
-                out[:, a:z] = (dense_left(plan, spec, j) @ mat @ f.right.T).reshape(b, -1)
+                out[:, a:z] = kron_apply(dense_left(plan, spec, j), f.right, g.reshape(b, *spec.matrix))
     return out
 
 

@@ -13,6 +13,7 @@ import torch
 from gradspec._layout import ParamLayout
 from gradspec.sketch import (
     FAMILY,
+    VERSION,
     SketchPlan,
     block_factors,
     factor_seed,
@@ -27,14 +28,20 @@ KINDS = {"emb": "countsketch-kronecker", "w": "kronecker", "b": "dense", "ln": "
 LAYOUT = ParamLayout.from_shapes(SHAPES)
 
 
-def _plan(m: int = 300, seed: int = 3, blocks: int = 4) -> SketchPlan:
-    return make_plan(LAYOUT, KINDS, m, seed=seed, blocks=blocks)
+def _plan(m: int = 300, seed: int = 3, blocks: int = 4, version: int = VERSION) -> SketchPlan:
+    """A plan with structured kinds (no dense factor for a Kronecker-capable parameter), so that
+    version 2's several pairs per block are exercised."""
+    if version == 1:
+        return make_plan(LAYOUT, KINDS, m, seed=seed, blocks=blocks, version=1)
+    return make_plan(LAYOUT, KINDS, m, seed=seed, blocks=blocks, dense_budget=0)
 
 
-def test_columns_are_exact_first_then_blocks_that_tile_the_row():
-    plan = _plan()
+def test_version_1_columns_are_exact_first_then_blocks_that_tile_the_row():
+    """Issue 22's rules, which the stores written before issue 37 hold (still read and resumed)."""
+    plan = _plan(version=1)
     d = plan.to_dict()
     assert d["kind"] == FAMILY and d["version"] == 1 and d["p"] == LAYOUT.p == plan.p
+    assert SketchPlan.from_dict(json.loads(json.dumps(d))) == plan
     assert d["M"] == plan.M <= d["requested_M"] == 300
     kinds = {s.name: s.kind for s in plan.params}
     assert kinds == {"emb": "countsketch-kronecker", "w": "kronecker", "b": "exact", "ln": "exact",
@@ -57,6 +64,49 @@ def test_columns_are_exact_first_then_blocks_that_tile_the_row():
     by = {s.name: s for s in plan.params}
     assert by["emb"].width > by["w"].width > by["head"].width
     assert by["emb"].dims[0] > by["emb"].dims[1] and by["head"].dims[0] <= by["head"].dims[1]
+    assert all(s.pairs == 1 for s in plan.params) and all("pairs" not in q for q in d["params"])
+    # version 1's factors are issue 22's draws: one pair, randn(m0, d0) / sqrt(m0), times 1/sqrt(J)
+    from gradspec.sketch._factors import gaussian
+
+    w = by["w"]
+    want = gaussian(3, 1, "w", "left", w.dims[0], 12) / 2
+    assert torch.equal(block_factors(plan, w, 1).left, want)
+
+
+def test_version_2_small_or_energetic_parameters_exact_the_rest_in_pairs():
+    plan = _plan()
+    d = plan.to_dict()
+    assert d["version"] == VERSION == 2
+    by = {s.name: s for s in plan.params}
+    # small parameters (b, ln: size <= M / 4K) and those whose share by sqrt(size) is at least
+    # their size (v, head) are exact; the big ones sketched in several independent pairs
+    assert {n for n, s in by.items() if s.kind == "exact"} == {"b", "ln", "v", "head"}
+    assert by["w"].kind == "kronecker" and by["emb"].kind == "countsketch-kronecker"
+    assert by["w"].pairs > 1 and by["emb"].pairs > 1
+    for s in (by["w"], by["emb"]):
+        assert s.width == s.pairs * math.prod(s.dims) == s.columns[0][1] - s.columns[0][0]
+        assert all(m <= 16 for m in [math.prod(s.dims)])  # PAIR_AREA
+    for j in range(4):
+        lo, hi = plan.block_range(j)
+        spans = [s.columns[j] for s in plan.params if s.kind != "exact"]
+        assert spans[0][0] == lo and spans[-1][1] == hi
+    # measured energies move columns: a head holding most of the energy is kept exact even at a
+    # small M, and a parameter of little energy gets few columns
+    energy = {"emb": 1.0, "w": 1.0, "b": 0.1, "ln": 0.1, "head": 50.0, "v": 0.01}
+    small = make_plan(LAYOUT, KINDS, 150, seed=3, blocks=2, weights=energy, dense_budget=0)
+    kinds = {s.name: s.kind for s in small.params}
+    assert kinds["head"] == "exact" and kinds["v"] != "exact"
+    assert make_plan(LAYOUT, KINDS, 150, seed=3, blocks=2, dense_budget=0).to_dict() != small.to_dict()
+    # by default (dense factors when small) every parameter here is exact or dense
+    assert {s.kind for s in make_plan(LAYOUT, KINDS, 300, seed=3, blocks=4).params} <= {"exact", "dense"}
+    with pytest.raises(ValueError, match="sketch weight of parameter 'w'"):
+        make_plan(LAYOUT, KINDS, 300, weights={**energy, "w": float("nan")})
+    with pytest.raises(ValueError, match="takes no weights"):
+        make_plan(LAYOUT, KINDS, 300, weights=energy, version=1)
+    with pytest.raises(ValueError, match="version 3"):
+        make_plan(LAYOUT, KINDS, 300, version=3)
+    with pytest.raises(ValueError, match="versions 1, 2"):
+        SketchPlan.from_dict({**d, "version": 3})
 
 
 def test_json_round_trip_regenerates_the_same_map():
@@ -66,16 +116,19 @@ def test_json_round_trip_regenerates_the_same_map():
     assert torch.equal(sketch_matrix(again), sketch_matrix(plan))
     other = _plan(seed=4)
     assert not torch.equal(sketch_matrix(other), sketch_matrix(plan))
-    # the factors of one parameter differ between blocks (independent seeds)
+    # the factors of one parameter differ between blocks (independent seeds), and between pairs
     w = next(s for s in plan.params if s.name == "w")
-    assert not torch.equal(block_factors(plan, w, 0).left, block_factors(plan, w, 1).left)
+    left = block_factors(plan, w, 0).left
+    assert not torch.equal(left, block_factors(plan, w, 1).left)
+    assert w.pairs > 1 and not torch.equal(left[: w.dims[0]], left[w.dims[0] : 2 * w.dims[0]])
     assert factor_seed(3, 0, "w", "left") != factor_seed(3, 1, "w", "left")
     with pytest.raises(ValueError, match="kronecker-gaussian"):
         SketchPlan.from_dict({**plan.to_dict(), "kind": "other"})
 
 
-def test_reference_is_the_linear_map_and_exact_columns_copy():
-    plan = _plan()
+@pytest.mark.parametrize("version", [1, 2])
+def test_reference_is_the_linear_map_and_exact_columns_copy(version):
+    plan = _plan(version=version)
     phi = sketch_matrix(plan)
     rows = torch.randn(5, LAYOUT.p, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(sketch_rows(plan, rows), rows @ phi.T, rtol=1e-12, atol=1e-12)
@@ -87,7 +140,8 @@ def test_reference_is_the_linear_map_and_exact_columns_copy():
         sketch_rows(plan, rows[:, 1:])
 
 
-def test_block_gram_identity_and_unbiasedness_over_seeds():
+@pytest.mark.parametrize("version", [1, 2])
+def test_block_gram_identity_and_unbiasedness_over_seeds(version):
     """Y Y^T = Y_x Y_x^T + sum_j Y_j Y_j^T exactly; and over 300 seeds the mean of
     Y_x Y_x^T + J Y_j Y_j^T (each j) and of Y Y^T is H H^T within a generous statistical bound
     (the standard error of the mean is ~ 1/sqrt(300) of the single-sketch error)."""
@@ -99,7 +153,7 @@ def test_block_gram_identity_and_unbiasedness_over_seeds():
     overall = torch.zeros(4, 4, dtype=torch.float64)
     single_err = 0.0
     for seed in range(seeds):
-        plan = _plan(seed=seed, blocks=j_blocks)
+        plan = _plan(seed=seed, blocks=j_blocks, version=version)
         y = sketch_rows(plan, h)
         ex = y[:, : plan.exact_width]
         gram_x = ex @ ex.T

@@ -34,7 +34,7 @@ def _sketched(case, batch, names, name, rows):
     (engine, plan, result, clip factors of the float64 reference rows)."""
     ghost = GhostClipping(case.model, case.forward, case.loss, names)
     m, blocks = SIZES[name]
-    plan = make_plan(ghost.layout, ghost.sketch_kinds(), m, seed=7, blocks=blocks)
+    plan = make_plan(ghost.layout, ghost.sketch_kinds(), m, seed=7, blocks=blocks, dense_budget=0)
     ghost.set_sketch(plan)
     norms = rows.norm(dim=1)
     c = float(norms.median())
@@ -79,10 +79,13 @@ def test_every_kind_is_exercised():
     for name in SIZES:
         case = _case(name)
         ghost = GhostClipping(case.model, case.forward, case.loss, select_parameters(case.model, ["*"]))
-        plan = make_plan(ghost.layout, ghost.sketch_kinds(), *SIZES[name][:1], blocks=SIZES[name][1])
+        plan = make_plan(ghost.layout, ghost.sketch_kinds(), SIZES[name][0], blocks=SIZES[name][1],
+                         dense_budget=0)
         for s in plan.params:
             kinds.setdefault(s.kind, set()).add(name)
-    assert set(kinds) == {"exact", "dense", "kronecker", "countsketch-kronecker"}, kinds
+            if s.pairs > 1:
+                kinds.setdefault("pairs", set()).add(name)
+    assert set(kinds) == {"exact", "dense", "kronecker", "countsketch-kronecker", "pairs"}, kinds
     assert {"bert", "gpt2"} <= kinds["countsketch-kronecker"] and "convs" in kinds["kronecker"]
 
 
@@ -108,7 +111,8 @@ def test_set_sketch_checks_the_plan():
     assert kinds == {"embed.weight": "countsketch-kronecker", "norm.weight": "dense", "norm.bias": "dense",
                      "head.weight": "kronecker", "head.bias": "dense"}
     with pytest.raises(ValueError, match="'embed.weight' is planned as 'kronecker'"):
-        ghost.set_sketch(make_plan(ghost.layout, {**kinds, "embed.weight": "kronecker"}, 300, blocks=2))
+        ghost.set_sketch(make_plan(ghost.layout, {**kinds, "embed.weight": "kronecker"}, 300, blocks=2,
+                                   dense_budget=0))
     other = GhostClipping(case.model, case.forward, case.loss, names[:2])
     with pytest.raises(ValueError, match="build the plan from this engine's layout"):
         other.set_sketch(make_plan(ghost.layout, kinds, 300, blocks=2))
