@@ -25,10 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from gradspec._units import size_text
 from gradspec.linalg._passes import _Gram
 from gradspec.store import SKETCH_KEY
 
-SKETCH_VERSION = 1
+SKETCH_VERSION = 2
+#: The plan versions read (gradspec.sketch.VERSIONS): 1 (issue 22) gets ``_sketch_error``'s
+#: perturbation statement, 2 (issue 37) the block jackknife of ``_sketch_jackknife``.
+SKETCH_VERSIONS = (1, 2)
 
 
 def read_sketch(store: Any) -> dict[str, Any] | None:
@@ -70,10 +74,12 @@ class SketchPlan:
     blocks_selected: int = 0
     #: Every sketched column is selected: the J blocks are whole (pca refuses anything else).
     whole: bool = True
+    #: The plan version (``gradspec.sketch``'s rules; decides the error statement).
+    version: int = SKETCH_VERSION
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "seed": self.seed, "M": self.M, "p": self.p, "J": self.J,
-                "exact_columns": self.exact_cols}
+                "exact_columns": self.exact_cols, "version": self.version}
 
 
 def sketch_plan(attr: dict[str, Any], selected: list[tuple[int, int]], stored_cols: int) -> SketchPlan | None:
@@ -87,9 +93,9 @@ def sketch_plan(attr: dict[str, Any], selected: list[tuple[int, int]], stored_co
     Raises:
         ValueError: a malformed attribute.
     """
-    if attr.get("version") != SKETCH_VERSION:
+    if attr.get("version") not in SKETCH_VERSIONS:
         raise ValueError(f"{SKETCH_KEY} has version {attr.get('version')!r}; this gradspec reads "
-                         f"version {SKETCH_VERSION}: upgrade gradspec")
+                         f"versions {', '.join(map(str, SKETCH_VERSIONS))}: upgrade gradspec")
     m = attr.get("M")
     if not isinstance(m, int) or m != stored_cols:
         raise ValueError(f"{SKETCH_KEY}: M = {m!r}, but the store holds {stored_cols} columns: the "
@@ -131,7 +137,8 @@ def sketch_plan(attr: dict[str, Any], selected: list[tuple[int, int]], stored_co
     p_sel = int(p) - (exact_total - int(taken[J])) if isinstance(p, int) else -1
     return SketchPlan(kind=str(attr.get("kind")), seed=attr.get("seed"), M=m, p=p_sel, J=J,
                       segments=tuple(segments) if whole else (), exact_cols=int(taken[J]),
-                      blocks_selected=int(sum(taken[j] == sizes[j] for j in range(J))), whole=whole)
+                      blocks_selected=int(sum(taken[j] == sizes[j] for j in range(J))), whole=whole,
+                      version=int(attr["version"]))
 
 
 def plan_for(source: Any) -> SketchPlan | None:
@@ -156,8 +163,8 @@ def check_sketch_memory(plan: SketchPlan, r: int, budget: int) -> None:
     if need > budget // 2:
         raise ValueError(
             f"the sketch error needs one {r}×{r} float64 Gram per sketch block ({plan.J} blocks, "
-            f"{need / 2**30:.2f} GiB with its analysis), over half the memory budget of "
-            f"{budget / 2**30:.2f} GiB; raise --memory or select fewer rows"
+            f"{size_text(need)} with its analysis), over half the memory budget of "
+            f"{size_text(budget)}; raise --memory or select fewer rows"
         )
 
 

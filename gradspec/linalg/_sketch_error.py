@@ -219,15 +219,21 @@ def sketch_error(
 
 def sketch_report(consumer: Any, op: Any, k: int) -> dict[str, Any]:
     """The ``sketch`` section of a sketched store's accuracy report, from the Gram pass's
-    per-block Grams (``_sketch.SketchGram``): :func:`sketch_error` for the k directions
-    kept, with M, J, p and the sketch's kind and seed; V lives in sketch space."""
+    per-block Grams (``_sketch.SketchGram``): for a version-2 plan the block jackknife
+    (``_sketch_jackknife.jackknife_error``), for a version-1 plan :func:`sketch_error`, for
+    the k directions kept, with M, J, p and the sketch's kind and seed; V lives in sketch space."""
     from gradspec.linalg._verify import UNIT_ROUNDOFF
 
     precision = str(getattr(op, "precision", "float64"))
     unit = UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["float32"])
     rounding = unit * float(np.sqrt(getattr(op, "panel_cols", 8192)))
     grams, exact = consumer.blocks()
-    report = sketch_error(grams, exact, k=k, rounding=rounding)
+    if getattr(consumer.plan, "version", 1) >= 2:
+        from gradspec.linalg._sketch_jackknife import jackknife_error
+
+        report = jackknife_error(grams, exact, k=k, rounding=rounding)
+    else:  # a store of issue 22's plan: its perturbation statement, as it was written with
+        report = sketch_error(grams, exact, k=k, rounding=rounding)
     return {**consumer.plan.describe(), **report, "right_vectors": "sketch space"}
 
 
