@@ -163,14 +163,15 @@ class DenseSketch:
         out = torch.zeros(x.shape[0], plan.M, dtype=self.dtype, device=self.device)
         for spec in plan.params:
             g = x[:, spec.offset : spec.offset + spec.numel]
-            if spec.kind in ("exact", "dense") or getattr(spec, "pairs", 1) != 1:
-                self.factors.add_flat(spec.name, g, out)  # (several pairs a block: block by block)
+            if spec.kind in ("exact", "dense"):
+                self.factors.add_flat(spec.name, g, out)
             else:
                 self._structured(spec, g.reshape(g.shape[0], *spec.matrix), out)
         return out[0] if one else out
 
     def _structured(self, spec: Any, g: Tensor, out: Tensor) -> None:
-        """Every block of a Kronecker-kind parameter at once, G (B, d0, d1) -> (B, J, m0, m1)."""
+        """Every pair of every block of a Kronecker-kind parameter at once, G (B, d0, d1) ->
+        (B, J R, m0, m1) (`StackedFactors` stacks the J blocks' R pairs: ``blocks`` = J R)."""
         st = self.factors.stacked[spec.name]
         b, (d0, d1), j = g.shape[0], spec.matrix, st.blocks
         right = st.right.reshape(j, st.m1, d1)

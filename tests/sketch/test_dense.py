@@ -41,12 +41,13 @@ class Model(nn.Module):
         self.v = nn.Parameter(torch.zeros(90))
 
 
-#: Per parameter, its kind and per-block dims in the hand-made plan below: each Kronecker one
-#: takes the order of products (or of hashing) that is cheaper for its shape, so both are used.
-DIMS = {"emb.weight": ("countsketch-kronecker", (9, 2)), "short_emb.weight": ("countsketch-kronecker", (2, 20)),
-        "wide.weight": ("kronecker", (2, 9)), "tall.weight": ("kronecker", (9, 2)),
-        "conv.weight": ("kronecker", (3, 5)), "wide.bias": ("exact", (6,)), "tall.bias": ("dense", (7,)),
-        "conv.bias": ("exact", (8,)), "v": ("dense", (11,))}
+#: Per parameter, its kind, per-block dims (of one pair) and pairs a block in the hand-made plan
+#: below: each Kronecker one takes the order of products (or of hashing) that is cheaper for its
+#: shape, so both are used, with one pair and with several.
+DIMS = {"emb.weight": ("countsketch-kronecker", (9, 2), 3), "short_emb.weight": ("countsketch-kronecker", (2, 20), 1),
+        "wide.weight": ("kronecker", (2, 9), 1), "tall.weight": ("kronecker", (9, 2), 2),
+        "conv.weight": ("kronecker", (3, 5), 1), "wide.bias": ("exact", (6,), 1), "tall.bias": ("dense", (7,), 1),
+        "conv.bias": ("exact", (8,), 1), "v": ("dense", (11,), 1)}
 
 
 def _layout(model: nn.Module) -> ParamLayout:
@@ -59,16 +60,16 @@ def _plan(layout: ParamLayout, blocks: int, seed: int = 7) -> SketchPlan:
     exact = [s for s in layout.params if DIMS[s.name][0] == "exact"]
     rest = [s for s in layout.params if DIMS[s.name][0] != "exact"]
     e = sum(s.numel for s in exact)
-    width = sum(math.prod(DIMS[s.name][1]) for s in rest)
+    width = sum(DIMS[s.name][2] * math.prod(DIMS[s.name][1]) for s in rest)
     out, col, start = [], 0, e
     for s in exact:
         out.append(ParamSketch(s.name, s.shape, s.offset, "exact", (s.numel,), ((col, col + s.numel),)))
         col += s.numel
     for s in rest:
-        kind, dims = DIMS[s.name]
-        w = math.prod(dims)
+        kind, dims, pairs = DIMS[s.name]
+        w = pairs * math.prod(dims)
         out.append(ParamSketch(s.name, s.shape, s.offset, kind, dims,
-                               tuple((start + j * width, start + j * width + w) for j in range(blocks))))
+                               tuple((start + j * width, start + j * width + w) for j in range(blocks)), pairs))
         start += w
     order = {s.name: i for i, s in enumerate(layout.params)}
     out.sort(key=lambda ps: order[ps.name])
