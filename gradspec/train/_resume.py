@@ -17,6 +17,7 @@ from gradspec.train._checkpoint import (
     CONFIG_NAME,
     METRICS_NAME,
     RUN_NAME,
+    STORE_NAME,
     load_checkpoint,
     open_resumable,
     read_run_config,
@@ -32,6 +33,7 @@ from gradspec.train._config import (
 from gradspec.train._distributed import Ranks
 from gradspec.train._hooks import StepHooks
 from gradspec.train._run import _Run
+from gradspec.train._sketching import plan_of_store, use_plan
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +66,26 @@ def _restore_run(
     run = _Run(config, task, out, progress, hooks, sigma=sigma, ranks=ranks)
     run.restore(state)
     run.run_info = run_info
+    _keep_store_plan(run, out, config)
     return run, state, saved, run_cfg, config, task
+
+
+def _keep_store_plan(run: _Run, out: Path, config: TrainConfig) -> None:
+    """A sketched run continues with the plan its store holds, when the store was written with
+    the run's sketch settings by rules this gradspec no longer makes (a version-1 plan): its new
+    rows must share the old rows' map. (Other settings are refused by `_check_sketch`.)"""
+    if config.sketch is None or not (out / STORE_NAME).exists():
+        return
+    from gradspec.store import GradientStore
+
+    try:
+        plan = plan_of_store(GradientStore.open(out / STORE_NAME, mode="r").sketch, config)
+    except (OSError, ValueError):  # a damaged store: open_resumable says what is wrong
+        return
+    if plan is not None and plan.to_dict() != run.plan.to_dict():
+        logger.info("resume: the store's sketch plan (version %s) is kept", plan.to_dict().get("version"))
+        run.plan, run.dense_sketch = use_plan(plan, config, run.ghost, run.device)
+        run.store_layout = plan.column_layout()
 
 
 def _same_run_info(saved: dict[str, Any] | None, given: dict[str, Any] | None, out: Path) -> dict[str, Any] | None:

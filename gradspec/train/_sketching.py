@@ -42,7 +42,7 @@ def sketch_plan(config: TrainConfig, layout: ParamLayout, model: nn.Module, ghos
     """
     if config.sketch is None:
         return None, None
-    from gradspec.sketch import DenseSketch, check_width, dense_kinds, make_plan, width_note
+    from gradspec.sketch import check_width, dense_kinds, make_plan, width_note
 
     check_width(config.sketch, layout.p)
     per_example = config.mode == CollectMode.PER_EXAMPLE
@@ -51,7 +51,29 @@ def sketch_plan(config: TrainConfig, layout: ParamLayout, model: nn.Module, ghos
     note = width_note(plan)
     if note and log:
         logger.info("sketch: %s", note)
-    if per_example:
+    return use_plan(plan, config, ghost, device)
+
+
+def use_plan(plan: Any, config: TrainConfig, ghost: Any, device: torch.device) -> tuple[Any, Any]:
+    """(plan, `DenseSketch` or None): ``plan`` set up to sketch the run's rows (per-example:
+    by ``ghost``; per-step: a `DenseSketch` on ``device``)."""
+    from gradspec.sketch import DenseSketch
+
+    if config.mode == CollectMode.PER_EXAMPLE:
         ghost.set_sketch(plan)
         return plan, None
     return plan, DenseSketch(plan, device=device)
+
+
+def plan_of_store(attribute: dict[str, Any] | None, config: TrainConfig) -> Any:
+    """The plan a resumed run keeps: its store's (``gradspec.sketch``), when the store was
+    written with the run's sketch settings (M, seed, blocks), even by rules this gradspec no
+    longer makes (a version-1 plan); None otherwise (the resume then refuses other settings)."""
+    if attribute is None or config.sketch is None:
+        return None
+    from gradspec.sketch import SketchPlan
+
+    made = (attribute.get("requested_M"), attribute.get("seed"), len(attribute.get("blocks") or []))
+    if made != (config.sketch, config.sketch_seed, config.sketch_blocks):
+        return None
+    return SketchPlan.from_dict(attribute)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from gradspec._layout import ParamLayout
 from gradspec.collect import collect
 from gradspec.sketch import SketchPlan, dense_kinds, make_plan, sketch_rows
 from gradspec.store import GradientStore
@@ -95,3 +96,29 @@ def test_m_at_or_above_p_is_refused_before_anything_is_written(tmp_path):
     # per-example rows too
     with pytest.raises(ValueError, match="is not below p = 215"):
         collect(cfg(sketch=215, mode="per-example"), out=tmp_path / "run", task=tiny_task())
+
+
+@pytest.mark.parametrize("mode", ["batch", "per-example"])
+def test_a_run_started_under_plan_version_1_resumes_with_its_own_plan(tmp_path, monkeypatch, mode):
+    """A store written by the rules of an older gradspec (sketch plan version 1, issue 22) is
+    continued with the plan it holds, not with the plan this gradspec would make: the new rows
+    share the old rows' map (as in one uninterrupted version-1 run)."""
+    import functools
+
+    import gradspec.sketch
+
+    config = _sketched(backend="ghost", mode=mode, steps=4)
+    real = gradspec.sketch.make_plan
+    with monkeypatch.context() as m:  # the older gradspec
+        m.setattr(gradspec.sketch, "make_plan", functools.partial(real, version=1))
+        full = collect(config, out=tmp_path / "full", task=tiny_task())
+        collect(config, out=tmp_path / "part", task=tiny_task(), stop_after=2)
+    old = GradientStore.open(tmp_path / "part" / "gradients.zarr").sketch
+    plan = SketchPlan.from_dict(old)
+    layout = ParamLayout.from_shapes((s.name, s.shape) for s in plan.params)
+    now = real(layout, dense_kinds(layout, tiny_task().model), M, seed=3, blocks=J)
+    assert old["version"] == 1 and now.to_dict() != plan.to_dict()  # this gradspec makes another plan
+    done = collect(out=tmp_path / "part", task=tiny_task(), resume=True)  # this gradspec
+    a, b = GradientStore.open(full.store), GradientStore.open(done.store)
+    assert b.sketch == a.sketch == old and b.status == "complete"
+    np.testing.assert_array_equal(b.read(), a.read())
