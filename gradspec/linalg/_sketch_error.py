@@ -61,14 +61,14 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
+from gradspec.linalg._sketch_jackknife import ANGLE_KS, jackknife_error, principal_sines
+
 #: Joint confidence the Bonferroni multiplier z is set for (the k intervals together).
 CONFIDENCE = 0.999
 #: Multipliers of the expansion (first order, second order) and of the Wishart edge.
 FIRST, SECOND, EDGE = 1.5, 2.0, 1.5
 #: Largest cluster of mixed eigenvalues the expansion is used for (beyond: the Ostrowski cap).
 MAX_CLUSTER = 64
-#: The k of the subspace bounds reported (and k itself).
-ANGLE_KS = (1, 10, 100)
 
 STATEMENT = (
     "calibrated estimate (not a theorem) from the spread of the J independent unbiased block "
@@ -229,8 +229,6 @@ def sketch_report(consumer: Any, op: Any, k: int) -> dict[str, Any]:
     rounding = unit * float(np.sqrt(getattr(op, "panel_cols", 8192)))
     grams, exact = consumer.blocks()
     if getattr(consumer.plan, "version", 1) >= 2:
-        from gradspec.linalg._sketch_jackknife import jackknife_error
-
         report = jackknife_error(grams, exact, k=k, rounding=rounding)
     else:  # a store of issue 22's plan: its perturbation statement, as it was written with
         report = sketch_error(grams, exact, k=k, rounding=rounding)
@@ -251,12 +249,6 @@ def _angle(lam: np.ndarray, c: np.ndarray, q: int, z: float, rounding: float, n:
         first = FIRST * z * float(np.sqrt((c[:q, q:] / d**2).sum()))
         bound = min(1.0, first + 10 * rounding * lam[0] / float(d.min()))
     return {"k": int(q), "bound": bound, "vacuous": bool(bound >= 1.0), "exact_rank": bool(q == n)}
-
-
-def principal_sines(a: np.ndarray, b: np.ndarray) -> float:
-    """sin of the largest principal angle between the column spaces of a and b (orthonormal,
-    the same number of columns): ‖b − a·aᵀb‖₂, accurate for small angles too."""
-    return float(np.linalg.norm(b - a @ (a.T @ b), 2)) if b.size else 0.0
 
 
 def compare_to_exact(sketched: Any, exact: Any) -> dict[str, Any]:

@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from gradspec.linalg._sketch_error import ANGLE_KS, principal_sines
-
+#: The k of the subspace bounds reported (and k itself), for either statement.
+ANGLE_KS = (1, 10, 100)
 #: The two-sided level of each σ interval (marginal, per σ).
 LEVEL = 0.95
 #: The multiplier of the angle bound's jackknife standard deviation (calibrated).
@@ -58,6 +58,12 @@ STATEMENT = (
     "1.5*t*jackknife s.d. of the largest principal sine; calibrated on real per-example gradients "
     "(docs/sketch_calibration.md)"
 )
+
+
+def principal_sines(a: np.ndarray, b: np.ndarray) -> float:
+    """sin of the largest principal angle between the column spaces of a and b (orthonormal,
+    the same number of columns): ‖b − a·aᵀb‖₂, accurate for small angles too."""
+    return float(np.linalg.norm(b - a @ (a.T @ b), 2)) if b.size else 0.0
 
 
 def _t(level: float, dof: int) -> float:

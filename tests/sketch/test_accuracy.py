@@ -1,0 +1,134 @@
+"""The version-2 sketch's accuracy against a dense Gaussian sketch of the same rows and width, and
+the calibration of its jackknife error statement (issue 37), on real per-example gradients of a
+small mixed model (Conv2d, GroupNorm, Embedding, LayerNorm, transformers' Conv1D, Linear and a
+4-class head) on scikit-learn's digits. Exact rows are computed once; each seed applies a plan
+with the float64 reference ``sketch_rows`` (what ``collect --sketch`` stores)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from gradspec.linalg._sketch_jackknife import jackknife_error
+from gradspec.sketch import make_plan, sketch_rows
+from gradspec.train import GhostClipping, select_parameters
+
+
+class _Mixed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers.pytorch_utils import Conv1D
+
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.gn = nn.GroupNorm(2, 8)
+        self.emb = nn.Embedding(17, 16)
+        self.ln = nn.LayerNorm(24)
+        self.proj = Conv1D(48, 24)
+        self.fc = nn.Linear(48, 96)
+        self.head = nn.Linear(96, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.gn(self.conv(x.unsqueeze(1) / 16.0))).flatten(2).transpose(1, 2)
+        t = self.ln(torch.cat([h, self.emb(x.long().flatten(1))], -1))
+        return self.head(torch.tanh(self.fc(torch.tanh(self.proj(t)).mean(1))))
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    """(layout, kinds, H): 160 clipped per-example gradient rows after 60 SGD steps."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x, y = torch.as_tensor(d.images, dtype=torch.float64), torch.as_tensor(d.target)
+    x, y = x[y < 4], y[y < 4]
+    torch.manual_seed(0)
+    model = _Mixed().double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        i = torch.randint(0, len(y), (32,), generator=gen)
+        loss = nn.functional.cross_entropy(model(x[i]), y[i])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def f(p, xi, yi):
+        return nn.functional.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
+
+    r = 160
+    gs = vmap(grad(f), in_dims=(None, 0, 0))(params, x[:r], y[:r])
+    h = torch.cat([gs[k].reshape(r, -1) for k in params], 1)
+    c = h.norm(dim=1).median()
+    h = h * torch.clamp(c / h.norm(dim=1), max=1.0)[:, None]
+    names = select_parameters(model, ["*"])
+    ghost = GhostClipping(model, lambda call, b: call(b["x"]), lambda out, b: out.sum(1), names)
+    assert ghost.layout.names == list(params)
+    return ghost.layout, ghost.sketch_kinds(), h
+
+
+def _dense(h: torch.Tensor, m: int, seed: int) -> torch.Tensor:
+    """A dense Gaussian sketch of h's rows, width m: (U S) Z has the law of h P^T."""
+    u, s, _ = torch.linalg.svd(h, full_matrices=False)
+    z = torch.randn(s.numel(), m, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    return (u * s) @ z / math.sqrt(m)
+
+
+def _rms(s_hat: torch.Tensor, s: torch.Tensor, k: int = 10) -> float:
+    return float((((s_hat[:k] - s[:k]) / s[:k]) ** 2).mean().sqrt())
+
+
+def test_error_within_2_5x_a_dense_sketch(mixed):
+    """RMS relative error of sigma_1..10 over 4 seeds at M = 1024: the version-2 plan (its own
+    choice of exact / dense / paired Kronecker kinds) within 2.5x a dense Gaussian sketch's,
+    where the version-1 plan is far outside. (With every structured kind kept, dense_budget=0,
+    it is not: ~7x here, docs/sketch_calibration.md.)"""
+    layout, kinds, h = mixed
+    s = torch.linalg.svdvals(h)
+    errs = {"v2": [], "v1": [], "dense": []}
+    for seed in range(4):
+        plan = make_plan(layout, kinds, 1024, seed=seed, blocks=4)
+        errs["v2"].append(_rms(torch.linalg.svdvals(sketch_rows(plan, h)), s))
+        old = make_plan(layout, kinds, 1024, seed=seed, blocks=4, version=1)
+        errs["v1"].append(_rms(torch.linalg.svdvals(sketch_rows(old, h)), s))
+        errs["dense"].append(_rms(torch.linalg.svdvals(_dense(h, plan.M, seed)), s))
+    e = {k: float(np.sqrt(np.mean(np.square(v)))) for k, v in errs.items()}
+    assert e["v2"] <= 2.5 * e["dense"], e
+    assert e["v1"] > 2.5 * e["dense"], e  # the test can fail: the old plan does
+
+
+def test_jackknife_intervals_cover_and_are_not_trivially_wide(mixed):
+    """Over 24 seeded sketches (M = 1024, 2048; J = 8), the per-sigma intervals of the top 20 are
+    finite, cover the true sigma at >= 88% (95% nominal; a small sweep), and their median
+    half-width is at most 4x the RMS actual error (and, so that the test can fail, not below
+    half of it); the top-1 angle bound is below 1 and holds."""
+    layout, kinds, h = mixed
+    u, s, _ = torch.linalg.svd(h, full_matrices=False)
+    k, J = 20, 8
+    sig, lo, up = [], [], []
+    for m in (1024, 2048):
+        for seed in range(12):
+            plan = make_plan(layout, kinds, m, seed=100 + seed, blocks=J)
+            y = sketch_rows(plan, h)
+            e = plan.exact_width
+            grams = [(b @ b.T).numpy() for b in (y[:, slice(*plan.block_range(j))] for j in range(J))]
+            rep = jackknife_error(grams, (y[:, :e] @ y[:, :e].T).numpy() if e else None, k=k, angle_ks=(1,))
+            assert all(x is not None for x in rep["sigma_upper"])
+            sig.append(rep["sigma"])
+            lo.append(rep["sigma_lower"])
+            up.append(rep["sigma_upper"])
+            w = np.linalg.eigh(sum(grams) + ((y[:, :e] @ y[:, :e].T).numpy() if e else 0))[1][:, ::-1]
+            a = rep["angles"][0]
+            true = float(np.linalg.norm(w[:, :1] - u[:, :1].numpy() @ (u[:, :1].numpy().T @ w[:, :1])))
+            assert a["k"] == 1 and true <= a["bound"] < 1, (true, a)
+    sig, lo, up = (np.asarray(v) for v in (sig, lo, up))
+    truth = s[:k].numpy()[None]
+    cover = float(np.mean((lo <= truth) & (truth <= up)))
+    ratio = float(np.median((up - lo) / 2) / np.sqrt(np.mean((sig - truth) ** 2)))
+    assert cover >= 0.88, cover
+    assert 0.5 <= ratio <= 4.0, ratio
