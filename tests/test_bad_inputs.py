@@ -324,6 +324,8 @@ ROWS: list[Row] = [
                                     "--oversample", "-1"], r"--oversample must be an integer >= 0, got -1"),
     cli("pca-memory-0", ["pca", "{grads}", "--k", "5", "--out", "{new}", "--memory", "0"],
         r"--memory must be a positive size such as 4G, got '0'"),
+    cli("pca-memory-too-small", ["pca", "{grads}", "--k", "5", "--out", "{new}", "--memory", "100K"],
+        r"needs 18\.8 MiB, over the memory budget for blocks in flight, 50\.0 KiB \(pca gives them half of --memory\)"),
     cli("pca-seed-negative", ["pca", "{grads}", "--k", "5", "--out", "{new}", "--method", "orthogonal",
                               "--seed", "-1"], r"--seed must be an integer >= 0, got -1"),
     cli("pca-scheduler-tf32", ["pca", "{grads}", "--k", "5", "--out", "{new}", "--scheduler", "tcp://nowhere:1",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from gradspec._enums import PcaMethod
+from gradspec._units import size_text
 
 #: Above this many rows, an r×r eigendecomposition (r³ flops) outweighs a few Krylov passes.
 MAX_GRAM_ROWS = 20_000
@@ -38,20 +39,20 @@ def choose_method(
     need = gram_bytes(r)
     if need <= memory // 2 and r <= MAX_GRAM_ROWS:
         return PcaMethod.GRAM, (
-            f"exact Gram: the {r}×{r} Gram stage needs {need / 2**20:.0f} MiB (budget {memory / 2**20:.0f} MiB); "
+            f"exact Gram: the {r}×{r} Gram stage needs {size_text(need)} (budget {size_text(memory)}); "
             "two passes over H, float64 accumulation"
         )
     kb = krylov_bytes(r, k, iters, oversample)
     if kb > memory // 2:
         raise ValueError(
-            f"too little memory: the Krylov basis for r={r}, k={k} needs {kb / 2**30:.2f} GiB and the Gram "
-            f"{need / 2**30:.2f} GiB, over half the budget of {memory / 2**30:.2f} GiB; raise --memory, "
+            f"too little memory: the Krylov basis for r={r}, k={k} needs {size_text(kb)} and the Gram "
+            f"{size_text(need)}, over half the budget of {size_text(memory)}; raise --memory, "
             "lower --k or select fewer --rows"
         )
     why = (
         f"r exceeds {MAX_GRAM_ROWS}"
         if r > MAX_GRAM_ROWS
-        else f"the Gram needs {need / 2**30:.2f} GiB"
+        else f"the Gram needs {size_text(need)}"
     )
     return PcaMethod.KRYLOV, f"randomized block Krylov ({iters + 1} passes): {why}, over the budget"
 
@@ -77,6 +78,6 @@ def check_memory(
         else "lower --k or --iters"
     )
     raise ValueError(
-        f"too little memory for --method {method.value}: it needs {need / 2**30:.2f} GiB for r={r}, "
-        f"k={k}, over half the budget of {memory / 2**30:.2f} GiB; raise --memory or {hint}"
+        f"too little memory for --method {method.value}: it needs {size_text(need)} for r={r}, "
+        f"k={k}, over half the budget of {size_text(memory)}; raise --memory or {hint}"
     )

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from gradspec._device import resolve_device
+from gradspec._units import size_text
 from gradspec.linalg._kernel_choice import check_gram_pass, choose_gram_kernel
 from gradspec.linalg._kernels import GramKernel, gram_kernel
 from gradspec.linalg._operator_base import ArraySink, OperatorBase, Sink, scipy_operator
@@ -140,10 +141,10 @@ class GradientOperator(OperatorBase):
             if chunk is None and block_cols is None:
                 bc = max(self.panel_cols, int((self.memory - panel) // (r * 4)))
             else:
-                need = (per_block + panel) / 2**30
                 raise ValueError(
-                    f"a column block of {r} rows × {bc} columns needs {need:.2f} GiB, over the memory "
-                    f"budget of {self.memory / 2**30:.2f} GiB; raise --memory or select fewer rows"
+                    f"a column block of {r} rows × {bc} columns needs {size_text(per_block + panel)}, over "
+                    f"the memory budget for blocks in flight, {size_text(self.memory)} (pca gives them "
+                    "half of --memory); raise --memory or select fewer rows"
                 )
         return prefetch, bc
 

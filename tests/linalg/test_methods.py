@@ -131,7 +131,7 @@ def test_auto_says_what_it_chose(caplog):
         and "method gram" in caplog.text
     )
     method, why = choose_method(r=5000, p=10**6, k=100, memory=200 * 2**20)
-    assert method == "krylov" and "Gram needs 0.56 GiB" in why
+    assert method == "krylov" and "Gram needs 572 MiB" in why  # sizes in their unit (was "0.56 GiB")
     method, why = choose_method(r=50_000, p=10**6, k=100, memory=64 * 2**30)
     assert method == "krylov" and "r exceeds" in why
 
