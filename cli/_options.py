@@ -97,14 +97,21 @@ SETTINGS = {
 def parse_task_options(items: list[str]) -> dict:
     """``--task-option KEY=VALUE`` items as a dict (values read as JSON where they parse)."""
     options = {}
+    given = {}
     for item in items:
         if "=" not in item:
             raise ValueError(f"--task-option takes KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
+        name = key.replace("-", "_")
+        if name in options:  # was: the last value kept without a word
+            raise ValueError(
+                f"task option {name!r} is given twice (-t {given[name]}, -t {item}); give it once"
+            )
+        given[name] = item
         try:
-            options[key.replace("-", "_")] = json.loads(value)
+            options[name] = json.loads(value)
         except json.JSONDecodeError:
-            options[key.replace("-", "_")] = value
+            options[name] = value
     return options
 
 

@@ -268,6 +268,8 @@ ROWS: list[Row] = [
         r"target epsilon must be a finite number, got nan"),
     cli("collect-task-option-typo", ["collect", "--out", "{new}", "--steps", "3", *LOWRANK, "-t", "bogus=1"],
         r"unknown option\(s\) \['bogus'\] for task 'lowrank'; valid options are"),
+    cli("collect-task-option-twice", ["collect", "--out", "{new}", "--steps", "3", *LOWRANK, "-t", "r=5"],
+        r"task option 'r' is given twice \(-t r=3, -t r=5\); give it once"),
     cli("collect-sigma-nan", ["collect", "--out", "{new}", "--steps", "3", "--noise-multiplier", "nan", *LOWRANK],
         r"noise multiplier.*finite"),
     cli("collect-epochs-inf", ["collect", "--out", "{new}", "--epochs", "inf", *LOWRANK],
