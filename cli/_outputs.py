@@ -51,9 +51,11 @@ def check_outputs(out: Path, names: Iterable[str], *, overwrite: bool) -> None:
     Raises:
         FileExistsError: ``out`` is a file; or a name is a link or a directory; or (without
             ``overwrite``) a name exists and is not a file gradspec wrote there, unchanged.
+        ValueError: ``out`` is, or lies inside, a Zarr store.
     """
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {str(out)!r} is a file, not a directory: choose a directory")
+    _refuse_inside_a_store(out)
     if not out.exists():
         return
     record = _record(out)
@@ -75,6 +77,19 @@ def check_outputs(out: Path, names: Iterable[str], *, overwrite: bool) -> None:
             f"--out {str(out)!r} already holds {shown}, which gradspec did not write (or which changed "
             "since): pass --overwrite to replace them, or choose another --out"
         )
+
+
+def _refuse_inside_a_store(out: Path) -> None:
+    """A Zarr store (a spectrum or gradients store) is gradspec's own folder, not a place for
+    report.json and figures (was: `decay SPEC --out SPEC/decay` wrote into the store's folder)."""
+    path = out.resolve()
+    for folder in (path, *path.parents):
+        if (folder / "zarr.json").is_file():
+            where = "is" if folder == path else "lies inside"
+            raise ValueError(
+                f"--out {str(out)!r} {where} the Zarr store {str(folder)!r}; choose a directory "
+                "outside it"
+            )
 
 
 def record_outputs(out: Path, names: Iterable[str]) -> None:
