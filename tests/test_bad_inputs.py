@@ -440,6 +440,8 @@ ROWS: list[Row] = [
         r"the basis has 100 rows but the run trains 20 parameters"),
     cli("retrain-rank-above-p", [*RETRAIN, "-a", "subspace", "--rank", "500", "--projector", "random"],
         r"rank k=500 exceeds the 20 trained parameters"),
+    cli("retrain-complement-all-dimensions", [*RETRAIN, "-a", "complement", "--rank", "20", "--projector", "random"],
+        r"-a complement with k = 20 removes all 20 trained dimensions: .*noise alone; choose k < 20"),
     lib("retrain-noise-seed-repeats-gradient-noise",
         lambda fx: gs.retrain(config=gs.CollectConfig(task="lowrank", steps=2), algorithm="noisy-adagrad",
                               options={"noise_seed": 2}, out=Path(fx["new"])),

@@ -295,6 +295,31 @@ def _refuse_sketched(spectrum: str | os.PathLike) -> None:
             "so they cannot project a run's gradients; use the spectrum of an unsketched store")
 
 
+#: Energy of H outside its top-k directions (a share of ‖H‖_F²) at or below which the top-k
+#: span all of H: float32 rows leave ~1e-14 there, a k below H's rank far more.
+COMPLEMENT_OF_ALL = 1e-6
+
+
+def _warn_complement_of_all(path: str | os.PathLike, rank: int) -> None:
+    """Warn when ``-a complement`` removes every direction of the spectrum's H (k = its rank).
+
+    Not refused: the complement still has p - k dimensions, and a retraining run's gradients
+    (another trajectory, other batches) can have parts outside the span of the collected
+    ones; whether they carry learning is the control's question. But where a model's
+    gradients lie in that span (a low-rank task), every update is the noise alone."""
+    from gradspec.store import SpectrumStore
+
+    explained = SpectrumStore.open(path).array("cumulative_explained_variance")
+    left = max(0.0, 1.0 - float(explained[rank - 1])) if 0 < rank <= explained.size else 1.0
+    if left <= COMPLEMENT_OF_ALL:
+        held = "all" if left < 1e-12 else f"all but {left:.1g}"
+        logger.warning(
+            "-a complement with k = %d removes every direction of the gradients %r was computed from "
+            "(their top %d hold %s of their energy: k is their rank); the run trains only on the parts "
+            "of its own gradients outside their span, and on noise alone where its gradients lie in "
+            "it; choose a smaller k to keep some of them", rank, os.fspath(path), rank, held)
+
+
 def make_projector(
     kind: ProjectorKind | str, *, rank: int, spectrum: str | os.PathLike | None = None,
     basis: torch.Tensor | None = None, public_size: int = 100, period: int = 1, seed: int = 0,
@@ -390,6 +415,8 @@ def make_algorithm(name: Algorithm | str, **options: Any) -> StepHooks:
     if algorithm == Algorithm.SUBSPACE:
         return SubspaceRetrain(projector, **options)
     if algorithm == Algorithm.COMPLEMENT:
+        if proj_opts.get("spectrum") is not None:
+            _warn_complement_of_all(proj_opts["spectrum"], int(proj_opts["rank"]))
         return ComplementRetrain(projector)
     if algorithm == Algorithm.NOISY_ADAGRAD:
         if "noise_seed" in options:

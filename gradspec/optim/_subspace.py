@@ -141,6 +141,18 @@ class ComplementRetrain(SubspaceRetrain):
     def __init__(self, projector: Projector) -> None:
         super().__init__(projector, noise=NoiseSpace.FULL)
 
+    def setup(self, ctx: StepContext) -> None:
+        """Refuse a subspace of all p dimensions: its complement is {0} and every update would
+        be the noise alone (was: trained on noise with exit 0)."""
+        p = ctx.layout.p
+        if self.projector.rank == p:  # above p, the projector's own setup refuses it
+            raise ValueError(
+                f"-a complement with k = {self.projector.rank} removes all {p} trained dimensions: "
+                "nothing is left to train in and every update would be noise alone; choose k < "
+                f"{p}"
+            )
+        super().setup(ctx)
+
     def before_noise(self, total: Tensor) -> Tensor:
         """Project the subspace out of the clipped sum, s − V(Vᵀs): sensitivity stays C."""
         return self.projector.project_out(total)

@@ -37,6 +37,9 @@ def test_a_sweep_beside_the_subspace_learns_nothing_in_the_complement_of_all_gra
                               "--noise-multipliers", "0", "--projector", str(spectrum), "--steps", "30",
                               "--eval-every", "30", "--no-plot", "--out", str(out), *COMMON])
     assert res.exit_code == 0, res.output
+    # k = 3 is H's rank (the lowrank task's gradients span r = 3 dimensions): the complement keeps
+    # none of them, so the run says so (issue 34 §6: it trained on noise alone without a word)
+    assert "-a complement with k = 3 removes every direction of the gradients" in res.output
     rows = {r["algorithm"]: r for r in csv.DictReader((out / "summary.csv").read_text().splitlines())}
     assert set(rows) == {"subspace", "complement"} and rows["complement"]["rank"] == "3"
     task = make_task("lowrank", seed=0, **LOWRANK)
@@ -55,6 +58,7 @@ def test_one_private_run_reports_its_epsilon_and_the_subspace_caveat(tmp_path, s
                               *COMMON])
     assert res.exit_code == 0, res.output
     assert "(complement, k = 2, 3 steps)" in res.output
+    assert "removes every direction" not in res.output  # k = 2 < 3 keeps one of H's directions
     (line,) = [ln for ln in res.output.splitlines() if ln.startswith("privacy")]
     assert "NOT a DP guarantee" in line  # V came from the same private training data
 
