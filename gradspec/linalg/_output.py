@@ -106,6 +106,8 @@ def _open_output(
         if store.load_state() is None:
             logger.info("%r holds no completed pass: starting afresh in it", str(out))
         return store, None
+    if not overwrite and not is_url(out) and Path(out).exists():
+        _refuse_to_drop_a_saved_state(out, desc)
     target = out
     final = None
     if overwrite and not is_url(out) and Path(out).exists():
@@ -132,6 +134,30 @@ def _open_output(
         overwrite=overwrite or final is not None,
     )
     return store, final
+
+
+def _refuse_to_drop_a_saved_state(out: Any, desc: dict) -> None:
+    """A plain run into an unfinished store that holds an iterative run's saved state would delete
+    it (was: a warning, and the state of a killed krylov run gone, even for a run of another
+    gradients store, right after `info` said `--resume` continues it): only --overwrite may."""
+    from gradspec.store import SpectrumStatus, SpectrumStore
+
+    try:
+        existing = SpectrumStore.open(out)
+        if existing.status == SpectrumStatus.COMPLETE:
+            return  # the store layer refuses a complete store without --overwrite
+        done = existing.summary().get("iterations_done")
+    except (ValueError, OSError):
+        return  # not a spectrum store, or damaged: the store layer says so
+    if done is None:
+        return  # nothing to resume: replacing it loses nothing
+    src = (existing.source or {}).get("abspath")
+    other = "" if src is None or src == desc.get("abspath") else f" of another gradients store ({src})"
+    raise FileExistsError(
+        f"{str(out)!r} holds the saved state of an unfinished {existing.method} run{other}, "
+        f"{done} iteration(s) done: `gradspec pca ... --resume` continues it, --overwrite discards "
+        "it; or choose another --out"
+    )
 
 
 def _rows_label(value: Any) -> str:
@@ -189,7 +215,7 @@ def _give_up(store: Any, exc: BaseException) -> None:
         if store.load_state() is not None:
             store.mark_unfinished(status, f"{type(exc).__name__}: {exc}")
             logger.warning(
-                "pca %s; its state is kept in %r: --resume continues it, a plain rerun replaces it",
+                "pca %s; its state is kept in %r: --resume continues it, --overwrite replaces it",
                 status,
                 store.path,
             )

@@ -46,7 +46,9 @@ one-writer lock (``_spectrum_owner``: who writes it, and whether that writer is
 gone), ``complete`` when finished, ``failed``/``interrupted`` when the run
 stopped with an error and left a resumable state (a run with nothing to resume
 removes its partial store). An unfinished store that no live process owns is
-replaced by a plain rerun; a complete one never is without ``overwrite``.
+replaced by a plain rerun, unless it holds a saved state that ``--resume`` would
+continue (`gradspec pca` refuses to discard one without ``overwrite``); a complete
+one never is without ``overwrite``.
 """
 
 from __future__ import annotations

@@ -303,11 +303,40 @@ def test_resume_after_the_store_grew_names_the_rows(interrupted):
                    "rows: saved 0:60, now 0:70")
 
 
-def test_a_plain_rerun_replaces_the_interrupted_run(interrupted):
+def test_a_plain_rerun_keeps_the_interrupted_runs_state_and_overwrite_replaces_it(interrupted):
+    """Issue 34 §6 (data loss): a plain rerun deleted the saved state with only a warning, right after
+    `info` had said `--resume` continues it, even a rerun of another gradients store."""
     tmp, args = interrupted
-    res = ok(*args)
-    assert "replacing the unfinished spectrum store" in res.output
-    assert SpectrumStore.open(tmp / "s.zarr").status == "complete"
+    out = tmp / "s.zarr"
+    make_store(tmp / "other.zarr", power_rows(60, 100, seed=3))
+    other = [a if a != tmp / "g.zarr" else tmp / "other.zarr" for a in args]
+    for argv, whose in ((args, ""), (["pca", tmp / "other.zarr", "--k", 4, "--out", out], " of another gradients store")):
+        one_line_error(invoke(*argv), f"holds the saved state of an unfinished orthogonal run{whose}",
+                       "2 iteration(s) done: `gradspec pca ... --resume` continues it, --overwrite discards it")
+        assert SpectrumStore.open(out).status == "interrupted"
+        assert SpectrumStore.open(out).summary()["iterations_done"] == 2
+    res = ok(*other, "--overwrite")
+    assert SpectrumStore.open(out).status == "complete"
+    assert SpectrumStore.open(out).source["abspath"] == str((tmp / "other.zarr").resolve())
+    assert "--resume" not in res.output
+
+
+def test_a_plain_rerun_keeps_the_state_of_a_killed_run(interrupted):
+    """A run killed by SIGKILL stays `running`, its writer gone: `info` says `--resume` continues
+    it, and a plain rerun must not delete what it would continue."""
+    import socket
+
+    tmp, args = interrupted
+    out = tmp / "s.zarr"
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a pid that is no process now
+    attrs = zarr.open_group(str(out), mode="r+").attrs
+    attrs.update({"gradspec.status": "running", "gradspec.owner": {"host": socket.gethostname(), "pid": child.pid}})
+    assert "--resume` continues it" in SpectrumStore.open(out).summary()["writer"]
+    one_line_error(invoke(*args), "holds the saved state of an unfinished orthogonal run, 2 iteration(s) done")
+    assert SpectrumStore.open(out).summary()["iterations_done"] == 2
+    ok(*args, "--resume")
+    assert SpectrumStore.open(out).status == "complete"
 
 
 # ---------------------------------------------------------------- 5. failed runs
