@@ -16,6 +16,7 @@ from gradspec.linalg._auto import check_memory, choose_method, parse_memory
 from gradspec.linalg._kernels import KERNEL_CHOICES
 from gradspec.linalg._operator_base import verify_mode
 from gradspec.linalg._output import (
+    _check_not_source,
     _give_up,
     _lock_output,
     _open_output,
@@ -228,6 +229,8 @@ def pca(
     if sketch is not None:
         run_params["sketch"] = sketch.describe()
         run_params["right_vectors"] = "sketch space"
+    if out is not None:
+        _check_not_source(out, desc)  # before the lock: a refused --out leaves no lock file behind
     lock = _lock_output(out) if out is not None else None
     try:
         return _pca_into(out, op, meth, run_params, resume, overwrite, v_dtype, mode, it, tol,

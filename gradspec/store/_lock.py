@@ -82,6 +82,9 @@ class RunLock:
         name: the lock file's name inside ``directory``.
         timeout: seconds to wait for a busy lock (0: fail at once).
         what: how messages call the directory (e.g. ``"run directory"``).
+        subject: how the busy message names what the lock guards, when that is not the
+            directory itself (a spectrum store's lock lives in its parent); default: ``what``
+            and the directory.
 
     Raises (from :meth:`acquire`):
         DirectoryBusyError: another process or thread holds the lock; the
@@ -94,12 +97,13 @@ class RunLock:
 
     def __init__(
         self, directory: str | os.PathLike, *, name: str = LOCK_NAME, timeout: float = 0.0,
-        what: str = "directory",
+        what: str = "directory", subject: str | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.path = self.directory / name
         self.timeout = float(timeout)
         self.what = what
+        self.subject = subject
         self._key: str | None = None
 
     # ------------------------------------------------------------------ queries
@@ -224,8 +228,9 @@ class RunLock:
         where = f" on {owner['host']}" if owner.get("host") else ""
         since = f" since {owner['started']}" if owner.get("started") else ""
         who = f" ({owner['thread']})" if owner.get("thread") else ""
+        subject = self.subject or f"{self.what} {str(self.directory)!r}"
         return DirectoryBusyError(
-            f"{self.what} {str(self.directory)!r} is in use by pid {pid}{where}{since}{who}: "
+            f"{subject} is in use by pid {pid}{where}{since}{who}: "
             "one writer at a time; wait for it to finish (or stop it), or choose another directory",
             owner,
         )

@@ -41,7 +41,9 @@ def writer_lock(path: str | os.PathLike) -> RunLock | None:
     if is_url(path):
         return None
     where = Path(path)
-    return RunLock(where.parent, name=f".{where.name}.lock", what=f"spectrum store {where.name!r}")
+    # was: "spectrum store 'sp.zarr' 'pe' is in use" (the store's name, then its parent folder)
+    return RunLock(where.parent, name=f".{where.name}.lock", what=f"spectrum store {where.name!r}",
+                   subject=f"the spectrum store {str(path)!r}")
 
 
 def alive(owner: dict[str, Any] | None) -> bool:

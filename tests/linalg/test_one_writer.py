@@ -3,6 +3,7 @@ printed their results, but the store held only the second's)."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -26,7 +27,8 @@ def test_a_second_pca_on_the_same_out_is_refused_while_the_first_writes(tmp_path
     t.start()
     try:
         assert held.wait(30)
-        with pytest.raises(DirectoryBusyError, match="spectrum store 's.zarr'"):
+        # the store by its path (was: "spectrum store 's.zarr' '<its folder>' is in use")
+        with pytest.raises(DirectoryBusyError, match=f"^the spectrum store {re.escape(repr(str(out)))} is in use by pid"):
             gradspec.pca(source=h, k=3, out=out, overwrite=True)
         assert not out.exists()  # nothing written
     finally:
@@ -35,6 +37,21 @@ def test_a_second_pca_on_the_same_out_is_refused_while_the_first_writes(tmp_path
     gradspec.pca(source=h, k=3, out=out)  # the lock is released with the first writer
     again = gradspec.pca(source=h, k=3, out=out, overwrite=True, seed=1)  # and by each pca
     assert SpectrumStore.open(out).status == "complete" and again.sigma.shape == (3,)
+
+
+def test_a_refused_out_inside_the_gradient_store_leaves_no_lock_file_in_it(tmp_path):
+    """Issue 34 §6: `pca G --out G/sub.zarr` was refused, but left `.sub.zarr.lock` inside G."""
+    from gradspec.store import META_FIELDS, GradientStore, ParamLayout
+
+    g = tmp_path / "g.zarr"
+    store = GradientStore.create(g, layout=ParamLayout.from_shapes([("w", (300,))]))
+    store.write_rows(0, np.random.default_rng(0).standard_normal((20, 300)).astype(np.float32),
+                     {f: np.arange(20) for f in META_FIELDS})
+    store.commit(20)
+    before = sorted(p.name for p in g.iterdir())
+    with pytest.raises(ValueError, match="is or contains the gradient store being read"):
+        gradspec.pca(source=g, k=3, out=g / "sub.zarr")
+    assert sorted(p.name for p in g.iterdir()) == before
 
 
 def test_info_says_when_a_running_stores_writer_is_gone(tmp_path):
