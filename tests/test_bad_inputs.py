@@ -222,6 +222,10 @@ ROWS: list[Row] = [
     cli("account-epsilon-unreachable-small", ["account", "--epsilon", "0.01", "--q", "1", "--steps", "10000000",
                                               "--delta", "1e-5", "--method", "rdp"],
         r"needs noise_multiplier > 1e\+06; raise the target, or lower the sample rate"),
+    cli("account-epsilon-steps-beyond-pld", ["account", "--epsilon", "1", "--q", "0.01", "--steps", "1000000000",
+                                            "--delta", "1e-5"],
+        r"^error: calibrating the noise multiplier for epsilon = 1 by PLD over 1,000,000,000 steps needs more "
+        r"than the 16,777,216 loss points PLD allows; use method 'rdp' \(--method rdp\)"),
     cli("account-delta-above-1-over-n", [*ACCOUNT, "--noise-multiplier", "1", "--n", "100", "--delta", "0.5"],
         r"--delta 0\.5 is not below 1/n = 0\.01 \(n = 100\).* give a smaller --delta"),
     cli("account-sigma-tiny", [*ACCOUNT, "--noise-multiplier", "0.001", "--delta", "1e-5"],

@@ -8,6 +8,7 @@ import math
 from gradspec._enums import Accounting, Sampling, parse_choice
 from gradspec.privacy._accountant import PrivacyAccountant
 from gradspec.privacy._epochs import steps_per_epoch
+from gradspec.privacy._pld import MAX_PLD_POINTS, PldTooLarge
 from gradspec.privacy._validate import (
     _check_float,
     _check_int,
@@ -148,11 +149,20 @@ def calibrate_noise_multiplier(
             method=method,
         )
 
-    if method == Accounting.PLD:
-        lo, e_lo, hi, e_hi = _pld_bracket(eps, target, tol, sample_rate, steps, delta, sampling)
-    else:
-        lo, e_lo, hi, e_hi = _bracket(eps, target, 1.0, 0.5)
-    sigma = _illinois(eps, target, tol, lo, e_lo, hi, e_hi)
+    try:
+        if method == Accounting.PLD:
+            lo, e_lo, hi, e_hi = _pld_bracket(eps, target, tol, sample_rate, steps, delta, sampling)
+        else:
+            lo, e_lo, hi, e_hi = _bracket(eps, target, 1.0, 0.5)
+        sigma = _illinois(eps, target, tol, lo, e_lo, hi, e_hi)
+    except PldTooLarge:
+        # Its message names the noise multiplier of one step of the search, which the user
+        # never gave (was: "at q = 0.01 and noise multiplier 1279 it takes at most ...").
+        raise ValueError(
+            f"calibrating the noise multiplier for epsilon = {target:g} by PLD over {steps:,} steps "
+            f"needs more than the {MAX_PLD_POINTS:,} loss points PLD allows; use method 'rdp' "
+            "(--method rdp), which answers any number of steps, or fewer steps"
+        ) from None
     logger.debug("calibrated sigma=%.6g for epsilon=%g (%s, %s)", sigma, target, method, sampling)
     return sigma
 

@@ -45,6 +45,11 @@ TAIL_MASS = 1e-15
 # 0.7 GB) and takes seconds. Building a single step of 2^24 points in dp-accounting takes
 # a minute and about 3 GB (its Python dicts), which is why the limit is not higher.
 MAX_PLD_POINTS = 2**24
+
+
+class PldTooLarge(ValueError):
+    """A PLD distribution would exceed :data:`MAX_PLD_POINTS` points (refused before it is
+    allocated); a calibration catches it to say so without the noise multiplier it tried."""
 _BYTES_PER_POINT = 40  # peak memory of a self-composition, per point (reported in the refusal)
 _CACHE_POINTS = 2**24  # single steps kept (the most recent one always)
 _SPECTRUM_POINTS = 2**22  # a transform is kept for the next query only up to this size (32 MiB)
@@ -325,7 +330,7 @@ def pld_epsilon(
             (q, sigma, count), (step, _) = poisson[0], steps[0]
             fits = f"; at q = {q:.4g} and noise multiplier {sigma:.4g} it takes at most {step.max_count(MAX_PLD_POINTS):,} steps"
         count = sum(c for _, _, c in poisson)
-        raise ValueError(
+        raise PldTooLarge(
             f"PLD accounting of {count:,} steps needs {total:.3g} loss points (about "
             f"{total * _BYTES_PER_POINT / 2**30:.3g} GiB), more than the {MAX_PLD_POINTS:,} it allows{fits}: "
             "use method 'rdp' (--method rdp), which answers any number of steps"
