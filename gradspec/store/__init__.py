@@ -63,7 +63,7 @@ def open_store(path, mode: str = "r"):
         return GradientStore.open(path, mode)
     if kind == "spectrum":
         return SpectrumStore.open(path, mode)
-    raise ValueError(f"{str(path)!r} is a gradspec store of unknown kind {kind!r}; upgrade gradspec")
+    raise ValueError(f"{str(path)!r} is a gradspec store of unknown kind {kind!r}; its zarr.json is damaged")
 
 
 __all__ += ["open_store"]

@@ -20,6 +20,8 @@ import numpy as np
 import zarr
 
 KIND_KEY = "gradspec.kind"
+#: The kinds of store gradspec writes (``gradspec.kind``); any other value is damage.
+KNOWN_KINDS = ("gradients", "spectrum")
 FORMAT_KEY = "gradspec.format"
 FORMAT = 1
 
@@ -65,13 +67,21 @@ def open_checked(path: str | os.PathLike, kind: str | None, mode: str = "r") -> 
     found = attrs.get(KIND_KEY)
     if found is None:
         raise ValueError(f"{str(path)!r} is a Zarr group but not a gradspec store (no {KIND_KEY})")
+    if found not in KNOWN_KINDS:  # was: "upgrade gradspec" for what is, far likelier, an edit
+        raise ValueError(
+            f"{str(path)!r} is a gradspec store of unknown kind {found!r} (gradspec writes "
+            f"{' and '.join(KNOWN_KINDS)} stores): its zarr.json is damaged; restore it from a copy"
+        )
     if kind is not None and found != kind:
         raise ValueError(f"{str(path)!r} is a {found} store, not a {kind} store")
     fmt = attrs.get(FORMAT_KEY, 0)
     if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 0:
         raise ValueError(f"{str(path)!r} has {FORMAT_KEY} = {fmt!r}, not a format number; the store is damaged")
     if fmt > FORMAT:
-        raise ValueError(f"{str(path)!r} was written by a newer gradspec; upgrade gradspec to read it")
+        raise ValueError(
+            f"{str(path)!r} has {FORMAT_KEY} = {fmt}, a format this gradspec does not know (it reads up "
+            f"to {FORMAT}): its zarr.json is damaged, or a later gradspec wrote it"
+        )
     return group
 
 

@@ -51,3 +51,25 @@ def test_a_store_of_the_other_kind_is_one_line_naming_both_kinds(stores, tmp_pat
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert res.exit_code != 0 and len(lines) == 1 and says in lines[0], res.output
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("attr, value, says", [
+    ("gradspec.kind", "gradientz", "is a gradspec store of unknown kind 'gradientz' (gradspec writes gradients "
+                                   "and spectrum stores): its zarr.json is damaged; restore it from a copy"),
+    ("gradspec.format", 7, "has gradspec.format = 7, a format this gradspec does not know (it reads up to 1): "
+                           "its zarr.json is damaged, or a later gradspec wrote it"),
+], ids=["kind", "format"])
+def test_an_edited_kind_or_format_says_damaged_not_upgrade(stores, attr, value, says):
+    """Issue 34 §6: an edited gradspec.kind was told to "upgrade gradspec"; the pca of it said
+    "is a gradientz store, not a gradients store"."""
+    grads, _ = stores
+    zarr.open_group(str(grads), mode="r+").attrs[attr] = value
+    openers = [open_store, GradientStore.open] + ([SpectrumStore.open] if attr == "gradspec.kind" else [])
+    for call in (lambda o=o: o(grads) for o in openers):
+        with pytest.raises(ValueError) as err:
+            call()
+        assert says in str(err.value) and "upgrade" not in str(err.value)
+    for argv in (["info", str(grads)], ["pca", str(grads), "--k", "2", "--out", str(grads.parent / "x.zarr")]):
+        res = CliRunner().invoke(app, argv)
+        lines = [line for line in res.output.splitlines() if line.startswith("error:")]
+        assert res.exit_code == 2 and len(lines) == 1 and says in lines[0], res.output
