@@ -84,7 +84,12 @@ def make_store(path: Path, r: int, p: int, latent: int, seed: int = 0) -> None:
     for i in range(0, r, 32):
         b = min(32, r - i)
         noise = rng.standard_normal((b, p), dtype=np.float32) / np.sqrt(np.float32(p))
-        store.write_rows(i, a[i : i + b] @ g + 0.01 * noise, {f: np.arange(i, i + b) for f in META_FIELDS})
+        # No training made these rows: steps are their numbers; loss, norms and the clipped share
+        # are unknown (NaN, as the store format says), not the row numbers (`info` showed
+        # "clipped 99950%").
+        meta = {f: np.full(b, np.nan) for f in META_FIELDS}
+        meta.update(step=np.arange(i, i + b), epoch=np.zeros(b), batch_size=np.ones(b))
+        store.write_rows(i, a[i : i + b] @ g + 0.01 * noise, meta)
         store.commit(i + b)
     store.set_status("complete")
 

@@ -100,7 +100,7 @@ def info_command(
                 norms = "grad norms not recorded by this source"
             else:
                 clipped = ("not clipped" if c.get("max_grad_norm", cfg.get("max_grad_norm", 0)) is None
-                           else f"clipped {rows['frac_clipped_mean']:.0%}")
+                           else _clipped(rows["frac_clipped_mean"]))
                 partial = rows.get("rows_with_norms", summary["shape"][0])
                 norms = (f"grad norm mean {rows['grad_norm_mean']:.3g} max {rows['grad_norm_max']:.3g}  "
                          f"{clipped}" + (f" ({partial} rows with norms)" if partial != summary["shape"][0] else ""))
@@ -219,6 +219,17 @@ def _verified(rep: dict, checksums: dict | None) -> None:
     if rep.get("absent_zero_chunks"):
         typer.echo(f"           {rep['absent_zero_chunks']} metadata chunk(s) absent: all-zero in a store that "
                    "predates gradspec writing them, or lost")
+
+
+def _clipped(frac: float | None) -> str:
+    """The mean share of examples clipped per step, or what is wrong with it: a mean outside
+    [0, 1] is no fraction (was: "clipped 99950%" for a store whose frac_clipped held row
+    numbers)."""
+    if frac is None or frac != frac:
+        return "clipped share not recorded"
+    if not 0.0 <= frac <= 1.0:
+        return f"clipped share unknown (meta/frac_clipped averages {frac:.4g}, not a fraction in [0, 1])"
+    return f"clipped {frac:.0%}"
 
 
 def _spectrum(summary: dict) -> None:
