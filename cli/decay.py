@@ -72,7 +72,10 @@ def decay_command(
     fmt: list[str] | None = typer.Option(
         None, "--format", help="Figure formats (default png and pdf)."
     ),
-    progress: bool = typer.Option(False, "--progress/--no-progress", help="Log progress."),
+    progress: bool = typer.Option(
+        True, "--progress/--no-progress",
+        help="Progress bars on stderr for the passes over the rows and V (as pca's).",
+    ),
 ) -> None:
     """Fit the spectrum's decay, measure G_k, evaluate the bounds; write report.json (+ figures)."""
     from gradspec.spectrum import decay_analysis, decay_config

@@ -219,7 +219,7 @@ def decay_analysis(
             (``_measure``): a cross-check; the numbers agree to the spectrum's precision.
         memory: bytes of gradient rows held at a time while rows are projected (default
             ``_measure.MEMORY``, 512 MiB); the rows are read once whatever it is.
-        progress: log progress.
+        progress: a progress bar on stderr for each pass over rows and V.
 
     Raises:
         ValueError: an unfinished spectrum; settings that do not fit it (``k_max``,

@@ -110,6 +110,15 @@ def _tile(item: tuple) -> tuple[int, int, Any]:
     )
 
 
+def _progress_bar(p: int) -> Any:
+    """A bar on stderr over the p columns one pass projects (gone when done, as pca's)."""
+    import sys
+
+    from tqdm import tqdm
+
+    return tqdm(total=p, unit="col", unit_scale=True, file=sys.stderr, leave=False, desc="G_k: rows onto V")
+
+
 def project_rows(
     col_blocks: Iterable[tuple[int, np.ndarray]] | Iterable[tuple[int, int, np.ndarray]],
     basis: RowSliceable | np.ndarray,
@@ -152,7 +161,8 @@ def project_rows(
             ``M = L Lᵀ`` (Cholesky; nested in k). A V stored in float32 is orthonormal only to
             ~1e-7, which otherwise limits the resolution of ``‖(I − P_k) g‖`` to about
             ``3e-4·‖g‖``; with the correction it is ~1e-8·‖g‖.
-        progress: log each block at INFO level.
+        progress: a progress bar on stderr over the p columns (the CLI's; `gradspec decay
+            --no-progress` turns it off).
 
     Returns:
         :class:`RowProjections`.
@@ -185,51 +195,56 @@ def project_rows(
     block: tuple[int, int] | None = None  # the column block being read: (offset, width)
     v: np.ndarray | None = None  # its rows of V, as stored
     done = 0  # its rows read so far
-    for item in col_blocks:
-        r0, off, tile = _tile(item)
-        h = np.asarray(tile)
-        if h.ndim != 2:
-            raise ValueError(f"column blocks must be 2-D (rows, cols), got shape {h.shape}")
-        if coords is None:
-            n = h.shape[0] if n_rows is None else int(n_rows)
-            coords = np.zeros((n, kmax))
-            sq = np.zeros(n)
-        n, c = coords.shape[0], h.shape[1]
-        if len(item) == 2 and h.shape[0] != n:
-            raise ValueError(f"column blocks disagree on the row count: {h.shape[0]} vs {n}")
-        if block is None or block != (off, c) or done == n:
-            if block is not None and done != n:
+    bar = _progress_bar(p) if progress else None
+    try:
+        for item in col_blocks:
+            r0, off, tile = _tile(item)
+            h = np.asarray(tile)
+            if h.ndim != 2:
+                raise ValueError(f"column blocks must be 2-D (rows, cols), got shape {h.shape}")
+            if coords is None:
+                n = h.shape[0] if n_rows is None else int(n_rows)
+                coords = np.zeros((n, kmax))
+                sq = np.zeros(n)
+            n, c = coords.shape[0], h.shape[1]
+            if len(item) == 2 and h.shape[0] != n:
+                raise ValueError(f"column blocks disagree on the row count: {h.shape[0]} vs {n}")
+            if block is None or block != (off, c) or done == n:
+                if block is not None and done != n:
+                    raise ValueError(
+                        f"the tiles of column block [{block[0]}, {sum(block)}) end at row {done} of "
+                        f"{n}: give each column block's rows once, in order"
+                    )
+                if off < 0 or off + c > p:
+                    raise ValueError(
+                        f"column block [{off}, {off + c}) lies outside the basis rows [0, {p})"
+                    )
+                block, done = (off, c), 0
+                v = np.asarray(basis[off : off + c, :kmax]) if kmax else None
+                for j in range(0, c, PANEL_COLS) if v is not None else ():
+                    v64 = v[j : j + PANEL_COLS].astype(np.float64, copy=False)
+                    col_norm_sq += np.einsum("ij,ij->j", v64, v64)
+                    if gram is not None:
+                        gram += v64.T @ v64
+                covered += c
+                spans.append((off, off + c))
+            if r0 != done or r0 + h.shape[0] > n:
                 raise ValueError(
-                    f"the tiles of column block [{block[0]}, {sum(block)}) end at row {done} of "
-                    f"{n}: give each column block's rows once, in order"
+                    f"a tile of rows {r0}..{r0 + h.shape[0] - 1} of column block [{off}, {off + c}) "
+                    f"came where row {done} of {n} was due: give each column block's rows once, in order"
                 )
-            if off < 0 or off + c > p:
-                raise ValueError(
-                    f"column block [{off}, {off + c}) lies outside the basis rows [0, {p})"
-                )
-            block, done = (off, c), 0
-            v = np.asarray(basis[off : off + c, :kmax]) if kmax else None
-            for j in range(0, c, PANEL_COLS) if v is not None else ():
-                v64 = v[j : j + PANEL_COLS].astype(np.float64, copy=False)
-                col_norm_sq += np.einsum("ij,ij->j", v64, v64)
-                if gram is not None:
-                    gram += v64.T @ v64
-            covered += c
-            spans.append((off, off + c))
-        if r0 != done or r0 + h.shape[0] > n:
-            raise ValueError(
-                f"a tile of rows {r0}..{r0 + h.shape[0] - 1} of column block [{off}, {off + c}) "
-                f"came where row {done} of {n} was due: give each column block's rows once, in order"
-            )
-        rows = slice(r0, r0 + h.shape[0])
-        for j in range(0, c, PANEL_COLS):
-            h64 = h[:, j : j + PANEL_COLS].astype(np.float64, copy=False)
-            if v is not None:
-                coords[rows] += h64 @ v[j : j + PANEL_COLS].astype(np.float64, copy=False)
-            sq[rows] += np.einsum("ij,ij->i", h64, h64)
-        done += h.shape[0]
-        if progress and done == n:
-            logger.info("projected columns %d/%d", covered, p)
+            rows = slice(r0, r0 + h.shape[0])
+            for j in range(0, c, PANEL_COLS):
+                h64 = h[:, j : j + PANEL_COLS].astype(np.float64, copy=False)
+                if v is not None:
+                    coords[rows] += h64 @ v[j : j + PANEL_COLS].astype(np.float64, copy=False)
+                sq[rows] += np.einsum("ij,ij->i", h64, h64)
+            done += h.shape[0]
+            if bar is not None and done == n:
+                bar.update(c)
+    finally:
+        if bar is not None:
+            bar.close()
     if coords is None or sq is None:
         raise ValueError("no column blocks were given")
     if block is not None and done != coords.shape[0]:

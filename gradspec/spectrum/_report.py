@@ -287,7 +287,7 @@ def analyze_spectrum(
         heldout_steps: their steps.
         total_energy: ``‖H‖_F²`` for the explained variance of the spectrum itself.
         sources: where the inputs came from (paths, row ranges), copied into the report.
-        progress: log progress.
+        progress: a progress bar on stderr for each pass over rows and V.
 
     Returns:
         :class:`DecayAnalysis`; ``.to_dict()`` is ``report.json``.

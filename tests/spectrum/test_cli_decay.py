@@ -221,3 +221,15 @@ def test_the_checked_figure_names_cover_every_figure_decay_and_plot_write(stores
                                       "-l", "a", "-l", "b", "--format", "svg"])
     assert res.exit_code == 0, res.output
     assert {p.stem for p in figs.glob("*.svg")} == set(OVERLAY_FIGURES)
+
+
+def test_decay_shows_its_passes_over_the_rows_on_stderr_unless_no_progress(stores, tmp_path):
+    """Issue 34 §6: decay ran 57 s on the main store with no output; the project's convention is a
+    bar on stderr, switchable off (pca's, collect's)."""
+    args = ["decay", str(stores["spec"]), "--no-plots", "--heldout-rows", "40:60"]
+    res = CliRunner().invoke(_app(), [*args, "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert "G_k: rows onto V" in res.stderr and "col/s" in res.stderr, res.stderr
+    assert "G_k: rows onto V" not in res.stdout
+    res = CliRunner().invoke(_app(), [*args, "--out", str(tmp_path / "b"), "--no-progress"])
+    assert res.exit_code == 0 and "G_k: rows onto V" not in res.output, res.output
