@@ -60,6 +60,13 @@ Backend = Annotated[str, typer.Option(
     "optimizers that use only the clipped sum; several times faster, a fraction of the memory), auto (the default: ghost "
     "where it applies and every selected layer has a ghost rule, else vmap; the engine used is printed and "
     "recorded in the store as per_example_engine).")]
+#: retrain's --backend: no store, no --mode, --per-example or --sketch (was: collect's words).
+RetrainBackend = Annotated[str, typer.Option(
+    "--backend", help=f"Per-example engine, {choices(PerExampleBackend)}: vmap (torch.func), hooks (Opacus), "
+    "ghost (ghost clipping: the clipped sum without per-example gradients, for algorithms that use only the "
+    "clipped sum, not adadps; several times faster, a fraction of the memory), auto (the default: ghost where "
+    "the algorithm allows it and every trained layer has a ghost rule, else vmap; the engine used is logged "
+    "and recorded in the run's run.json as per_example_engine).")]
 Microbatch = Annotated[int, typer.Option(
     "--microbatch", help="Examples per per-example-gradient call (bounds memory).")]
 EvalEvery = Annotated[int, typer.Option("--eval-every", help="Evaluate every N steps (0: only at the end).")]

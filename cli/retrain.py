@@ -78,7 +78,7 @@ def retrain_command(
     optimizer: opt.Optimizer = "sgd",  # retraining's default (collect's is adam); noisy-adagrad and dp-adam use sgd
     lr: opt.Lr = 0.05,
     microbatch: opt.Microbatch = 32,
-    backend: opt.Backend = "auto",
+    backend: opt.RetrainBackend = "auto",
     eval_every: opt.EvalEvery = 20,
     log_every: opt.LogEvery = 10,
     seed: opt.Seed = 0,  # also seeds the random projector and the public examples drawn

@@ -44,3 +44,16 @@ def test_an_interrupted_run_is_continued_with_resume(tmp_path, killed_after):
     assert eval_line == [line for line in fresh.output.splitlines() if line.startswith("eval")]
     with_sweep = runner.invoke(app, [*longer, "--out", out, "--resume", "--sweep"])
     assert with_sweep.exit_code == 2 and "--resume is for one run" in with_sweep.stderr
+
+
+def test_retrain_help_describes_backend_in_retrains_words():
+    """Issue 34 §6: retrain's --backend help was collect's (--per-example --sketch, "recorded in the
+    store"); retrain has neither a store nor those options."""
+    res = CliRunner().invoke(app, ["retrain", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    start = text.index("--backend")
+    backend = text[start : text.index("--", start + len("--backend ") + 20)]
+    assert "adadps" in backend and "run.json" in backend, backend
+    for collect_only in ("--sketch", "--per-example", "--mode", "store"):
+        assert collect_only not in backend, backend
