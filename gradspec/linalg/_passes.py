@@ -137,26 +137,43 @@ class Widen:
         return cast_into(buf, x)
 
 
-#: Columns of H whose p-side probes one generator draws (aligned at multiples of it).
-PROBE_TILE = 1024
+#: Columns of H whose p-side probes one generator draws (aligned at multiples of it; the
+#: widest panel, so a panel takes one or two tiles).
+PROBE_TILE = 8192
+_MASK64 = (1 << 64) - 1
 
 
-def panel_gaussians(seed: int, col: int, w: int, s: int) -> torch.Tensor:
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser (Steele, Lea & Flood 2014): a bijection of 64-bit words that
+    spreads every input bit over the output."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def panel_gaussians(seed: int, col: int, w: int, s: int, cache: dict | None = None) -> torch.Tensor:
     """The w×s Gaussian probes of columns [col, col + w) of H (CPU, float32 draws).
 
-    Every tile of ``PROBE_TILE`` columns draws from its own generator, seeded by (``seed``,
-    tile): a column's probes depend on its index in H only, not on how the pass cuts H into
-    blocks and panels, so a Dask worker, which sees only its block, draws what the local pass
-    draws. float32 draws are N(0, 1) rounded to 24 bits, which moves the χ² quantiles the
+    Every tile of ``PROBE_TILE`` columns draws from its own generator, seeded by a hash of
+    (``seed``, tile): a column's probes depend on its index in H only, not on how the pass cuts
+    H into blocks and panels, so a Dask worker, which sees only its block, draws what the local
+    pass draws. ``cache`` keeps the last tile drawn, for the next panel (panels come in column
+    order). float32 draws are N(0, 1) rounded to 24 bits, which moves the χ² quantiles the
     bounds use by ~1e-7 of themselves."""
     first, last = col // PROBE_TILE, (col + w - 1) // PROBE_TILE
-    tiles = []
+    parts = []
     for t in range(first, last + 1):
-        state = np.random.SeedSequence([int(seed), 0x48745F, t]).generate_state(1, np.uint64)[0]
-        gen = torch.Generator().manual_seed(int(state >> np.uint64(1)))
-        tiles.append(torch.randn(PROBE_TILE, s, generator=gen))
-    start = col - first * PROBE_TILE
-    return torch.cat(tiles)[start : start + w]
+        tile = None if cache is None else cache.get(t)
+        if tile is None:
+            gen = torch.Generator().manual_seed(_mix64(_mix64(int(seed) & _MASK64) ^ t) >> 1)
+            tile = torch.randn(PROBE_TILE, s, generator=gen)
+            if cache is not None:
+                cache.clear()
+                cache[t] = tile
+        lo, hi = max(col, t * PROBE_TILE), min(col + w, (t + 1) * PROBE_TILE)
+        parts.append(tile[lo - t * PROBE_TILE : hi - t * PROBE_TILE])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class HtProbes:
@@ -179,9 +196,11 @@ class HtProbes:
         self.a = torch.zeros((s, op.shape[0]), dtype=torch.float64, device=dev)  # Gᵀ·Hᵀ
         self.b = torch.zeros((s, k), dtype=torch.float64, device=dev)  # Gᵀ·V_s
         self.wide = Widen(dev)
+        self.tiles: dict[int, torch.Tensor] = {}
 
     def update(self, off: int, p: torch.Tensor, vs: torch.Tensor) -> None:
-        gt = panel_gaussians(self.seed, self.col0 + off, p.shape[1], self.s).to(self.dev, torch.float64).T
+        g = panel_gaussians(self.seed, self.col0 + off, p.shape[1], self.s, self.tiles)
+        gt = g.to(self.dev, torch.float64).T
         self.a.addmm_(gt, self.wide("p", p).T)
         self.b.addmm_(gt, self.wide("v", vs))
 
