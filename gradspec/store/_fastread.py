@@ -117,7 +117,7 @@ class ChunkFileReader:
                     if not n:
                         break
                     got += n
-                while got == self._chunk_bytes and extra < len(tail):  # one syscall per chunk file
+                while got == self._chunk_bytes and extra < len(tail):  # the trailer, then end of file
                     n = f.readinto(memoryview(tail)[extra:])
                     if not n:
                         break
