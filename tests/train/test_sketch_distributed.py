@@ -26,6 +26,7 @@ from .test_distributed import ROWS, _assert_same_rows, _collect, _ok
 SKETCH = {"sketch": 96, "sketch_blocks": 4, "sketch_seed": 2}
 
 
+@pytest.mark.slow  # 21 s: two gloo processes; DenseSketch's arithmetic is covered fast in tests/sketch/test_dense.py
 def test_two_ranks_sketch_per_step_rows_as_one_process(tmp_path):
     options = {"backend": "ghost", "steps": 6, "batch_size": 16, **SKETCH}
     lead, other = _ok(run_ranks(_collect, tmp_path / "two", options))
