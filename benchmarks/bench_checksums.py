@@ -4,7 +4,10 @@ Two gradient stores of the same content (float32, seeded Gaussian rows, gradspec
 chunks) are written side by side: one as gradspec writes it now (codecs ``bytes``,
 ``crc32c``: every chunk file ends with its CRC-32C, which the direct chunk reader checks),
 one as gradspec wrote it before checksums (``bytes`` only). Both are read once to be in the
-page cache. Then, in one process, interleaved (the order alternates each repeat):
+page cache. Three variants are timed: ``plain`` (the store without checksums), ``crc32c`` (the
+checksummed one, read as gradspec reads it) and ``unchecked`` (the checksummed one with the
+direct reader's check turned off: what the file format alone costs). In one process,
+interleaved (each variant first, second and third in turn):
 
 - ``read``: one pass of ``GradientStore.iter_col_blocks`` over every column, nothing else
   (the read path alone: the most the check can cost);
@@ -15,9 +18,11 @@ page cache. Then, in one process, interleaved (the order alternates each repeat)
   work one pass's reads (and checks) cost, which other processes' load hardly changes.
 
 The table gives each one's median and fastest wall time over the repeats, the ratio of
-median wall times (checksummed / plain), the same for CPU seconds (every thread of the
-process: the work the check adds, less sensitive than wall time to what else the machine
-runs), and the CRC-32C rate of google_crc32c on one 8 MiB chunk.
+median wall times to ``plain``, the median of the repeats' own ratios to ``plain`` (a
+repeat's variants run a minute apart at most, so this follows the machine's load less), the
+same for CPU seconds (every thread of the process: the work the check adds, less sensitive
+than wall time to what else the machine runs), and the CRC-32C rate of google_crc32c on one
+8 MiB chunk.
 
     python benchmarks/bench_checksums.py                       # r = 1000, p = 400,000 (1.6 GB a store)
     python benchmarks/bench_checksums.py --r 200 --p 50000 --repeats 3   # a smoke run
@@ -26,6 +31,7 @@ runs), and the CRC-32C rate of google_crc32c on one 8 MiB chunk.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -104,6 +110,24 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
+@contextlib.contextmanager
+def check(on: bool):
+    """The direct reader's CRC check on (as gradspec reads) or off (the file format alone)."""
+    import gradspec.store._fastread as fastread
+
+    real = fastread.raw_matches
+    if not on:
+        fastread.raw_matches = lambda raw: True
+    try:
+        yield
+    finally:
+        fastread.raw_matches = real
+
+
+#: variant -> (store, check on): gradspec now; before checksums; a checksummed store, check off
+VARIANTS = {"plain": ("plain", True), "crc32c": ("crc32c", True), "unchecked": ("crc32c", False)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--r", type=int, default=1000)
@@ -115,6 +139,14 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the two stores go (a temporary folder)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    names = list(VARIANTS)
+    times: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}
+
+    def record(what: str, name: str, t: float, c: float) -> None:
+        times.setdefault((what, name), []).append(t)
+        cpu.setdefault((what, name), []).append(c)
+
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         stores = {"crc32c": Path(tmp) / "crc.zarr", "plain": Path(tmp) / "plain.zarr"}
         for name, path in stores.items():
@@ -124,43 +156,47 @@ def main() -> None:
         assert GradientStore.open(stores["crc32c"])._direct is not None  # both on the direct path
         for path in stores.values():  # into the page cache
             read_pass(path)
-        times: dict[tuple[str, str], list[float]] = {}
-        cpu: dict[tuple[str, str], list[float]] = {}
         sigmas = {}
         for rep in range(args.repeats):
-            order = list(stores) if rep % 2 == 0 else list(reversed(stores))
+            order = names[rep % 3:] + names[: rep % 3]  # each variant first, second and third in turn
             for name in order:
-                t, c = read_pass(stores[name])
-                times.setdefault(("read", name), []).append(t)
-                cpu.setdefault(("read", name), []).append(c)
+                store, on = VARIANTS[name]
+                with check(on):
+                    record("read", name, *read_pass(stores[store]))
             for name in order if not args.no_pca else ():
-                t, c, sigmas[name] = pca_pass(stores[name], args.k)
-                times.setdefault(("pca", name), []).append(t)
-                cpu.setdefault(("pca", name), []).append(c)
+                store, on = VARIANTS[name]
+                with check(on):
+                    t, c, sigmas[name] = pca_pass(stores[store], args.k)
+                record("pca", name, t, c)
             print(f"repeat {rep + 1}/{args.repeats}: " + "  ".join(
                 f"{w} {n} {times[(w, n)][-1]:.2f}s" for w in ("read", "pca") for n in order if (w, n) in times),
                 file=sys.stderr)
         for rep in range(args.inline_repeats):
-            for name in list(stores) if rep % 2 == 0 else list(reversed(stores)):
-                c = inline_pass(stores[name])
-                times.setdefault(("inline", name), []).append(c)
-                cpu.setdefault(("inline", name), []).append(c)
+            for name in names[rep % 3:] + names[: rep % 3]:
+                store, on = VARIANTS[name]
+                with check(on):
+                    c = inline_pass(stores[store])
+                record("inline", name, c, c)
         if not args.no_pca:
-            assert np.array_equal(sigmas["crc32c"], sigmas["plain"]), "the two stores gave different sigma"
+            assert all(np.array_equal(sigmas[n], sigmas["plain"]) for n in names), "the stores gave different sigma"
     gb = args.r * args.p * 4 / 1e9
     lines = [f"per-chunk crc32c cost: r = {args.r:,}, p = {args.p:,} float32 ({gb:.2f} GB a store, "
-             f"page cache), k = {args.k}, {args.repeats} interleaved repeats; google_crc32c "
-             f"{crc_rate():.1f} GB/s on an 8 MiB chunk",
-             f"{'pass':<6} {'store':<8} {'median s':>9} {'fastest s':>10} {'ratio':>7} {'CPU s':>8} {'CPU ratio':>10}"]
+             f"page cache), k = {args.k}, {args.repeats} interleaved repeats ({args.inline_repeats} of inline); "
+             f"google_crc32c {crc_rate():.1f} GB/s on an 8 MiB chunk",
+             "plain: written without checksums; crc32c: with them, read as gradspec reads; unchecked: the "
+             "crc32c store with the direct reader's check turned off (the file format alone)",
+             "ratio: of medians to plain; paired: median over repeats of each repeat's ratio to plain",
+             f"{'pass':<6} {'store':<9} {'median s':>9} {'fastest s':>10} {'ratio':>7} {'paired':>7} "
+             f"{'CPU s':>8} {'CPU ratio':>10}"]
     for what in ("read", "pca", "inline"):
         if (what, "plain") not in times:
             continue
-        base = statistics.median(times[(what, "plain")])
-        cbase = statistics.median(cpu[(what, "plain")])
-        for name in ("plain", "crc32c"):
+        base, cbase = statistics.median(times[(what, "plain")]), statistics.median(cpu[(what, "plain")])
+        for name in names:
             ts, cs = times[(what, name)], cpu[(what, name)]
             med, cmed = statistics.median(ts), statistics.median(cs)
-            lines.append(f"{what:<6} {name:<8} {med:>9.3f} {min(ts):>10.3f} {med / base:>7.3f} "
+            paired = statistics.median(a / b for a, b in zip(ts, times[(what, "plain")], strict=True))
+            lines.append(f"{what:<6} {name:<9} {med:>9.3f} {min(ts):>10.3f} {med / base:>7.3f} {paired:>7.3f} "
                          f"{cmed:>8.2f} {cmed / cbase:>10.3f}")
     emit(lines, args.out)
 

@@ -14,9 +14,12 @@ stores — goes through zarr.
 
 A store that checksums its chunks (``_checksum``: codecs ``bytes`` then
 ``crc32c``) has a chunk file of the C-order chunk followed by its 4-byte
-CRC-32C; the chunk is read into the block as before, its trailer beside it,
-and the CRC of the block's bytes is checked before the block is used — the
-check zarr's codec pipeline would make, which this path bypasses.
+CRC-32C. Such a file is read whole into ``bytes``, its CRC checked with the
+GIL released, then copied into the block — the check zarr's codec pipeline
+would make, which this path bypasses. (Checking the block in place would hold
+the GIL while the CRC runs, and the computing thread's next product would wait
+on it: 5-7% of an exact pca, against none this way; the copy costs less than
+reading into the block directly: ``benchmarks/bench_checksums.py``.)
 
 Chunks are replaced atomically on local disk (``_zarr``), so a file is read
 whole in its old or new version. A chunk file that is missing, short, long or
@@ -36,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from gradspec.store._checksum import PROBLEM as CORRUPT
-from gradspec.store._checksum import TRAILER, crc_matches, has_checksum
+from gradspec.store._checksum import TRAILER, has_checksum, raw_matches
 
 
 def local_root(array: Any) -> str | None:
@@ -103,25 +106,40 @@ class ChunkFileReader:
     def _path(self, i: int, j: int) -> str:
         return os.path.join(self._root, *self._a.metadata.encode_chunk_key((i, j)).split("/"))
 
+    def _read_file(self, f: Any, into: np.ndarray) -> tuple[int, bool]:
+        """Read an open chunk file into ``into``: (bytes read, the checksum holds)."""
+        if not self._crc:
+            view = memoryview(into).cast("B")
+            got = 0
+            while got < self._chunk_bytes:
+                n = f.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+            if got == self._chunk_bytes:
+                got += len(f.read(1))  # one syscall more: a longer file is damage
+            return got, True
+        want = self._chunk_bytes + TRAILER + 1  # the chunk, its checksum, one byte to see a longer file
+        raw = f.read(want)
+        while 0 < len(raw) < want:  # a short read (rare): read on to the end of the file
+            more = f.read(want - len(raw))
+            if not more:
+                break
+            raw += more
+        if len(raw) != self._chunk_bytes + TRAILER:
+            return len(raw), True
+        if not raw_matches(raw):  # the GIL released (see the module note)
+            return len(raw), False
+        np.copyto(into.reshape(-1).view(np.uint8), np.frombuffer(raw, np.uint8, count=self._chunk_bytes))
+        return len(raw), True
+
     def _read_chunk(self, i: int, j: int, into: np.ndarray) -> None:
         """Fill ``into`` (a C-contiguous chunk-shaped buffer) with chunk (i, j), its checksum checked."""
-        view = memoryview(into).cast("B")
-        tail = bytearray(self._trailer + 1)  # the checksum, and one byte to see a longer file
-        got = extra = 0
         try:
             # O_NOFOLLOW: a chunk linked out of the store (to any file the user can read) is
             # damage, never read through
             with open(os.open(self._path(i, j), os.O_RDONLY | os.O_NOFOLLOW), "rb", buffering=0) as f:
-                while got < self._chunk_bytes:
-                    n = f.readinto(view[got:])
-                    if not n:
-                        break
-                    got += n
-                while got == self._chunk_bytes and extra < len(tail):  # the trailer, then end of file
-                    n = f.readinto(memoryview(tail)[extra:])
-                    if not n:
-                        break
-                    extra += n
+                got, intact = self._read_file(f, into)
         except FileNotFoundError:
             if self._on_damage is not None:
                 self._on_damage(i, j, "missing")
@@ -136,10 +154,10 @@ class ChunkFileReader:
                              "through a link; the store is damaged or not its own") from None
         size = self._chunk_bytes + self._trailer
         problem = None
-        if got + extra != size:
-            problem = (f"truncated ({got + extra} of {size} bytes)" if got + extra < size
+        if got != size:
+            problem = (f"truncated ({got} of {size} bytes)" if got < size
                        else f"longer than the {size} bytes of a chunk")
-        elif self._crc and not crc_matches(into, tail[:TRAILER]):
+        elif not intact:
             problem = CORRUPT
         if problem is not None:
             if self._on_damage is not None:
