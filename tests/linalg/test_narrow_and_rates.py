@@ -1,4 +1,4 @@
-"""Narrow (bfloat16/float16) panels widened tile by tile, and the rates each pass records."""
+"""Narrow (bfloat16/float16) panels widened into a reused buffer, and the rates each pass records."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from tests.linalg.cases import Case
 
 @pytest.mark.parametrize("src", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("dst", [torch.float32, torch.float64])
-def test_cast_into_widens_exactly_tile_by_tile(monkeypatch, src, dst):
-    monkeypatch.setattr(prec, "TILE_BYTES", 256)  # many tiles of a few rows each
+def test_cast_into_widens_exactly_into_the_buffer(src, dst):
     a = torch.from_numpy(np.random.default_rng(0).standard_normal((37, 50))).to(src)
     flat = torch.full((37 * 64,), np.nan, dtype=dst)
     out = prec.cast_into(flat, a)
@@ -124,3 +123,16 @@ def test_narrow_stores_stream_as_stored_and_match_their_widened_copy_exactly(tmp
         np.testing.assert_array_equal(narrow.gram(), ref.gram())
         np.testing.assert_array_equal(narrow.hht(q), ref.hht(q))
         np.testing.assert_array_equal(narrow.rmatmat(q), ref.rmatmat(q))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sq_norms_are_float64_sums_of_exact_squares(dtype):
+    from gradspec.linalg._passes import sq_norms
+
+    v = torch.from_numpy(np.random.default_rng(1).standard_normal((3000, 7)) * 1e3).to(dtype)
+    got = sq_norms(v)
+    assert got.dtype == torch.float64 and got.shape == (7,)
+    want = np.square(v.numpy().astype(np.float64)).sum(axis=0)  # exact squares, float64 sums
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-14, atol=0)
+    # float32 sums of the same squares would be ~1e-7 off: the check can tell them apart
+    assert np.max(np.abs(np.square(v.numpy().astype(np.float32)).sum(axis=0, dtype=np.float32) - want) / want) > 1e-12
