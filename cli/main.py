@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from cli import account, collect, decay, info, pca, report, retrain
+from cli import account, collect, decay, info, pca, replay, report, retrain
 from cli._common import setup_logging
 
 app = typer.Typer(
@@ -80,6 +80,7 @@ for _name, _command in (
     ("info", info.info_command),
     ("account", account.account_command),
     ("pca", pca.pca_command),
+    ("replay", replay.replay_command),
     ("decay", decay.decay_command),
     ("plot", decay.plot_command),
     ("report", report.report_command),

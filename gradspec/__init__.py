@@ -41,6 +41,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "CollectConfig", "CollectResult", "GhostClipping", "PerExampleGradients", "StepHooks", "TrainConfig",
         "TrainResult",
         "evaluate", "layout_for", "select_parameters",
+        # a per-step sketched run replayed: its directions in parameter space (issue 37 §4)
+        "ReplayMismatch", "ReplayResult", "replay",
         # Hugging Face attention masks that keep the model's own masking under vmap
         "attention_is_causal", "attention_mask_4d",
     ),

@@ -275,6 +275,8 @@ def _refuse_sketched(spectrum: str | os.PathLike) -> None:
     from gradspec.store import GradientStore, SpectrumStore
 
     src = SpectrumStore.open(spectrum).source
+    if src.get("replay"):  # `gradspec replay`: V in parameter space, from the run's exact rows
+        return
     sketched = None
     candidates = [Path(r) for r in (src.get("path"), src.get("abspath")) if r]
     for candidate in [*candidates, *(Path(spectrum).parent / c.name for c in candidates)]:
@@ -292,7 +294,8 @@ def _refuse_sketched(spectrum: str | os.PathLike) -> None:
         raise ValueError(
             f"the spectrum store {os.fspath(spectrum)!r} was computed on a sketched gradient store (gradspec "
             "collect --sketch): its right singular vectors live in the sketch's columns, not in parameter space, "
-            "so they cannot project a run's gradients; use the spectrum of an unsketched store")
+            "so they cannot project a run's gradients; `gradspec replay STORE --spectrum SPECTRUM --out V` "
+            "replays a per-step run into parameter space, or use the spectrum of an unsketched store")
 
 
 #: Energy of H outside its top-k directions (a share of ‖H‖_F²) at or below which the top-k

@@ -28,6 +28,7 @@ from gradspec.train._loop import (
     train,
 )
 from gradspec.train._per_example import PerExampleGradients
+from gradspec.train._replay import ReplayMismatch, ReplayResult, replay
 from gradspec.train._sampling import PoissonSampler, ShuffleSampler
 from gradspec.train._sink import RowSink, RowSinkFactory
 
@@ -49,6 +50,10 @@ __all__ = [
     "read_run_info",
     "resolve_device",
     "package_versions",
+    # a per-step sketched run replayed: its directions in parameter space (issue 37 §4)
+    "replay",
+    "ReplayResult",
+    "ReplayMismatch",
     # under torch.distributed (torchrun): which process this is, the process group
     "Ranks",
     "RankLostError",

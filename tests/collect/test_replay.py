@@ -1,0 +1,170 @@
+"""`gradspec.train.replay` (issue 37 §4): a per-step sketched run's directions in parameter space.
+
+Checked against an unsketched per-step collection of the same seeded run (its stored rows are
+the exact H): the replay's accumulation is Hᵀ·U·Σ⁻¹ of the sketched spectrum's U and σ, its V
+spans it and is orthonormal, and with every direction of the rows (K = r) it is the exact SVD
+of H. `retrain --projector` takes the result. A run that does not replay bit for bit is refused
+in one line naming the step and the size of the difference, nothing written: a changed stored
+row, changed data, a changed learning rate that no record shows (caught at step 1, the first
+row it acts on), and a changed record (caught before any step).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+from gradspec.collect import collect
+from gradspec.linalg import pca
+from gradspec.spectrum import principal_angles
+from gradspec.store import GradientStore, SpectrumStore
+from gradspec.train import ReplayMismatch, TrainConfig, replay
+
+from ._tiny import tiny_task
+from .test_collect import cfg
+
+STEPS, M = 12, 96
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():  # the runs sum in one order, so that they take the same steps bit for bit
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """An exact and a sketched per-step collection of one seeded run, and pca of each."""
+    root = tmp_path_factory.mktemp("replay")
+    exact = collect(cfg(steps=STEPS), out=root / "exact", task=tiny_task())
+    sketched = collect(cfg(steps=STEPS, sketch=M, sketch_blocks=4, sketch_seed=3), out=root / "sketch",
+                       task=tiny_task())
+    for k in (4, STEPS):
+        pca(source=str(sketched.store), k=k, out=root / f"spec{k}", progress=False)
+        pca(source=str(exact.store), k=k, out=root / f"exact{k}", progress=False)
+    return root
+
+
+def _h(runs) -> np.ndarray:
+    return GradientStore.open(runs / "exact" / "gradients.zarr").read().astype(np.float64)
+
+
+def test_the_replayed_v_is_ht_u_sigma_inverse_of_the_exact_rows(runs, tmp_path):
+    res = replay(runs / "sketch" / "gradients.zarr", runs / "spec4", out=tmp_path / "v", task=tiny_task(),
+                 keep_raw=True)
+    spec = SpectrumStore.open(runs / "spec4")
+    want = _h(runs).T @ spec.U / spec.sigma  # the issue's V = Hᵀ·U·Σ⁻¹, from the exact store
+    assert res.raw.shape == want.shape == (215, 4)
+    np.testing.assert_allclose(res.raw, want, rtol=0, atol=1e-9 * np.abs(want).max())
+    assert res.rows_checked == res.rows_exact == STEPS and res.max_relative_difference == 0.0
+    out = SpectrumStore.open(tmp_path / "v")
+    v = out.read_v().astype(np.float64)
+    assert out.status == "complete" and out.shape == (STEPS, 215) and out.k == res.k == 4
+    np.testing.assert_allclose(v.T @ v, np.eye(4), atol=1e-6)  # orthonormal (float32 V)
+    assert principal_angles(v, want).max() < 1e-6  # the span of Hᵀ·U·Σ⁻¹
+    # Rayleigh–Ritz: Hᵀ·u_i = σ_i·v_i with the stored U and σ; σ_i ≤ σ_i(H) (interlacing)
+    np.testing.assert_allclose(_h(runs).T @ out.U, v * out.sigma, atol=1e-6 * out.sigma[0])
+    exact = SpectrumStore.open(runs / "exact4").sigma
+    assert np.all(out.sigma <= exact * (1 + 1e-6))
+    rec = out.source["replay"]
+    assert rec["verification"]["rows_bit_exact"] == STEPS and rec["K"] == 4 and rec["passes"] == 1
+    assert "Rayleigh-Ritz" in rec["orthonormalisation"]
+    assert [d["name"] for d in out.source["layout"]] == ["emb.weight", "norm.weight", "norm.bias", "fc1.weight",
+                                                         "fc1.bias", "fc2.weight", "fc2.bias"]
+
+
+def test_with_every_direction_of_the_rows_the_replay_is_the_exact_svd(runs, tmp_path):
+    """K = r: U_K spans every row, so the Ritz step is the SVD of the exact H (angles ~ float32 V)."""
+    res = replay(runs / "sketch" / "gradients.zarr", runs / f"spec{STEPS}", out=tmp_path / "v", k=4,
+                 task=tiny_task(), memory=8 * (STEPS + 16) * 50)  # 50 columns a replay: 5 replays
+    assert res.passes == 5 and res.k == 4
+    v = SpectrumStore.open(tmp_path / "v").read_v()
+    exact = SpectrumStore.open(runs / f"exact{STEPS}")
+    assert principal_angles(v, exact.read_v()[:, :4]).max() < 1e-4
+    np.testing.assert_allclose(res.sigma, exact.sigma[:4], rtol=1e-6)
+    # while the sketch's own sigma is off by percents
+    assert np.abs(res.sigma_sketch[:4] / exact.sigma[:4] - 1).max() > 1e-3
+
+
+def test_retrain_takes_the_replayed_spectrum_and_refuses_the_sketched_one(runs, tmp_path):
+    from gradspec.optim import retrain
+
+    replay(runs / "sketch" / "gradients.zarr", runs / "spec4", out=tmp_path / "v", task=tiny_task())
+    config = cfg(steps=3, eval_every=0)
+    done = retrain(config=config, algorithm="subspace", out=tmp_path / "rt", task=tiny_task(),
+                   options={"projector": "spectrum", "spectrum": tmp_path / "v", "rank": 3})
+    assert done.steps == 3
+    with pytest.raises(ValueError, match="gradspec replay STORE --spectrum SPECTRUM --out V"):
+        retrain(config=config, algorithm="subspace", out=tmp_path / "rt2", task=tiny_task(),
+                options={"projector": "spectrum", "spectrum": runs / "spec4", "rank": 3})
+
+
+def _copy(runs, tmp_path):
+    shutil.copytree(runs / "sketch", tmp_path / "sketch")
+    return tmp_path / "sketch" / "gradients.zarr"
+
+
+def _refused(store, spectrum, tmp_path, match, **kw):
+    with pytest.raises(ValueError, match=match) as err:
+        replay(store, spectrum, out=tmp_path / "v", **{"task": tiny_task(), **kw})
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "v").exists()  # nothing usable: no store, no partial one, no accumulators
+    assert not list(tmp_path.glob(".v.partial-*")) and not list(tmp_path.glob(".replay-*"))
+    return err
+
+
+def test_a_changed_stored_row_is_refused_naming_the_step(runs, tmp_path):
+    store = _copy(runs, tmp_path)
+    grads = zarr.open_group(store, mode="r+")["grads"]
+    row = grads[5]
+    row[7] += 1e-3 * np.abs(row).max()
+    grads[5] = row
+    err = _refused(store, runs / "spec4", tmp_path, r"^step 5 \(row 5\) does not replay: its recomputed sketch "
+                   r"differs from the stored row by [0-9.e-]+ .*nothing written$")
+    assert err.type is ReplayMismatch
+
+
+def test_changed_data_is_refused_at_the_first_step(runs, tmp_path):
+    _refused(runs / "sketch" / "gradients.zarr", runs / "spec4", tmp_path, r"^step 0 \(row 0\) does not replay",
+             task=tiny_task(seed=1))
+
+
+def test_a_changed_learning_rate_no_record_shows_is_refused_at_the_step_it_acts_on(runs, tmp_path, monkeypatch):
+    real = TrainConfig.from_dict.__func__
+
+    def other_lr(cls, d):
+        return real(cls, {**d, "lr": d["lr"] * 1.01})
+
+    monkeypatch.setattr(TrainConfig, "from_dict", classmethod(other_lr))
+    # step 0's row is computed before the first update: the same; step 1's is not
+    _refused(runs / "sketch" / "gradients.zarr", runs / "spec4", tmp_path, r"^step 1 \(row 1\) does not replay")
+
+
+def test_a_changed_record_is_refused_before_any_step(runs, tmp_path):
+    store = _copy(runs, tmp_path)
+    g = GradientStore.open(store, mode="r+")
+    g.update_config(collect={**g.config["collect"], "seed": 1})
+    _refused(store, runs / "spec4", tmp_path, "config digest differs")
+    # config.json of the run directory against the store's record
+    shutil.rmtree(tmp_path / "sketch")
+    store = _copy(runs, tmp_path)
+    path = tmp_path / "sketch" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "lr": 0.5}))
+    _refused(store, runs / "spec4", tmp_path, r"config.json and the store .* record different settings \(--lr: 0.5")
+
+
+def test_what_cannot_be_replayed_is_refused(runs, tmp_path):
+    _refused(runs / "exact" / "gradients.zarr", runs / "exact4", tmp_path, "is not sketched")
+    _refused(runs / "sketch" / "gradients.zarr", runs / "exact4", tmp_path, "replay the store it was computed from, as")
+    _refused(runs / "sketch" / "gradients.zarr", runs / "spec4", tmp_path, r"--k 5 is outside \[1, 4\]", k=5)
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "x").write_text("")
+    with pytest.raises(FileExistsError, match="not a spectrum store"):
+        replay(runs / "sketch" / "gradients.zarr", runs / "spec4", out=tmp_path / "v", task=tiny_task())
