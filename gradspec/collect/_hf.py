@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 from transformers import TrainerCallback
 
+from gradspec._norms import row_norms64
 from gradspec.collect._recorder import GradientRecorder
 from gradspec.collect._rows import ROW_EXAMPLE, ROW_EXAMPLE_UNCLIPPED
 
@@ -297,7 +298,7 @@ class GradientRecorderCallback(TrainerCallback):
                 if self.max_grad_norm is not None:  # float64 norms, rows <= C exactly
                     g, norm, factor = clip_rows(g, self.max_grad_norm)
                 else:
-                    norm = torch.linalg.vector_norm(g, dim=1, dtype=torch.float64)
+                    norm = row_norms64(g)
                     factor = torch.ones_like(norm)
                 rows.append(g.detach())
                 losses.append(loss)

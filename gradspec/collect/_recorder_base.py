@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from gradspec._norms import row_norms64
 from gradspec.collect._recorder_ranks import NoWriter, recorder_ranks, step_over_ranks
 from gradspec.collect._recorder_setup import (
     STORE_NAME,
@@ -53,7 +54,6 @@ from gradspec.collect._rows import (
     flat_rows,
     floats,
     norm_stats,
-    row_norms64,
     run_config,
 )
 from gradspec.privacy import bound_rows_
@@ -365,7 +365,7 @@ class RecorderBase:
         if losses.size == 1:
             losses = np.full(b, losses[0])
         index = np.full(b, -1) if example_index is None else as_tensor(example_index).reshape(-1).cpu().numpy()
-        norms_arr = floats(torch.linalg.vector_norm(rows.double(), dim=1) if norms is None else norms)
+        norms_arr = floats(row_norms64(torch.as_tensor(rows)) if norms is None else norms)
         clip = self.max_grad_norm if max_grad_norm is None else max_grad_norm
         factors = floats(clip_factors) if clip_factors is not None else None
         for name, arr in (("loss", losses), ("example_index", index), ("norms", norms_arr),

@@ -89,17 +89,8 @@ class OwnedRows(NamedTuple):
     rows: Tensor
 
 
-def row_norms64(rows: Tensor) -> Tensor:
-    """Each row's norm accumulated in float64 (b,), as `gradspec.privacy.bound_rows_` takes it.
-
-    A norm is finite exactly when its row is (float32 squares summed in float64 cannot
-    overflow), so this one pass is also the rows' finiteness check.
-    """
-    return torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64)
-
-
 def bound_owned_rows(rows: Tensor, norms: Tensor, max_norm: float) -> Tensor:
-    """Float32 rows (b, p) of float64 norms ``norms`` (:func:`row_norms64`) bounded in place for
+    """Float32 rows (b, p) of float64 norms ``norms`` (``gradspec._norms.row_norms64``) bounded in place for
     a float32 store: `gradspec.privacy.bound_rows_` runs on the rows above C only (it leaves the
     others bit for bit), instead of on a copy of them all."""
     from gradspec.privacy import bound_rows_

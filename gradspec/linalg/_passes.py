@@ -15,31 +15,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from gradspec._norms import sq_norms64
 from gradspec.linalg._kernels import block_edges, sym_finish, sym_update
 from gradspec.linalg._operator_base import Sink
 from gradspec.linalg._precision import cast_into, to_device, to_numpy
 
-#: Rows of V per chunk when its squared column norms are summed in float64 on a GPU (the
-#: float64 copy of a chunk stays in cache; a float64 copy of a whole panel of V would not).
-NORM_CHUNK = 1024
-
 
 def sq_norms(v: torch.Tensor) -> torch.Tensor:
     """Σ_j v[j, i]² for each column i of V's rows v (w×k), in float64 (exact products of
-    float32 numbers).
-
-    On the CPU one numpy ``einsum`` per panel, in float64 (it converts in buffered pieces,
-    single-threaded): torch's chunked float64 norms ran one OpenMP region per 1,024 rows, and
-    under load each region's barrier waits for a descheduled thread (a loaded pca's V pass
-    spent 7.8 s of 57 in them; einsum: 3.5 ms per 8,192 × 300 panel against 9-17 ms).
-    """
-    if v.device.type == "cpu":
-        a = v.detach().numpy()
-        return torch.from_numpy(np.einsum("ij,ij->j", a, a, dtype=np.float64))
-    out = torch.zeros(v.shape[1], dtype=torch.float64, device=v.device)
-    for j in range(0, v.shape[0], NORM_CHUNK):
-        out += torch.linalg.vector_norm(v[j : j + NORM_CHUNK], dim=0, dtype=torch.float64) ** 2
-    return out
+    float32 numbers): ``gradspec._norms.sq_norms64`` (one numpy einsum on the CPU; torch's
+    chunked float64 norms ran one OpenMP region per 1,024 rows, whose barriers wait for a
+    descheduled thread under load: 7.8 s of a loaded pca's 57 s V pass)."""
+    return sq_norms64(v, 0).to(v.device)
 
 
 class _Gram:

@@ -23,6 +23,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from gradspec._norms import row_norms64
+
 #: Opacus's guard added to a norm before dividing by it (``clip_factors(..., eps=...)``).
 OPACUS_CLIP_EPS = 1e-6
 
@@ -88,7 +90,7 @@ def bound_rows_(rows: Tensor, max_norm: float, *, dtype: torch.dtype | None = No
     """
     c = _check_max_norm(max_norm)
     out = rows if dtype is None or rows.dtype == dtype else rows.to(dtype)
-    norms = torch.linalg.vector_norm(out, dim=1, dtype=torch.float64)
+    norms = row_norms64(out)
     if not torch.is_floating_point(out):
         raise TypeError(f"rows must be floating point, got {out.dtype}")
     u = _unit_roundoff(out.dtype)
@@ -102,7 +104,7 @@ def bound_rows_(rows: Tensor, max_norm: float, *, dtype: torch.dtype | None = No
                 raise RuntimeError(f"row {int(idx[0])} cannot be brought under C = {c} (norm {float(over[0])})")
             fixed = (out[idx].double() * ((c / over) * (1.0 - margin))[:, None].to(out.device)).to(out.dtype)
             out[idx] = fixed
-            over = torch.linalg.vector_norm(fixed, dim=1, dtype=torch.float64)
+            over = row_norms64(fixed)
             still = over > c
             idx, over = idx[still], over[still]
             margin *= 4
@@ -126,7 +128,7 @@ def clip_rows(grads: Tensor, max_norm: float, *, dtype: torch.dtype | None = Non
     """
     if grads.ndim != 2:
         raise ValueError(f"grads must be 2-d (batch, parameters), got shape {tuple(grads.shape)}")
-    norms = torch.linalg.vector_norm(grads, dim=1, dtype=torch.float64)
+    norms = row_norms64(grads)
     factors = clip_factors(norms, max_norm, eps=eps)
     target = grads.dtype if dtype is None else dtype
     if bool((factors == 1).all()):
@@ -174,8 +176,7 @@ def per_parameter_norms(grads: Tensor, spans: Sequence[tuple[int, int]]) -> Tens
         raise ValueError(f"grads must be 2-d (batch, parameters), got shape {tuple(grads.shape)}")
     if not spans:
         return torch.zeros(grads.shape[0], 0, dtype=torch.float64, device=grads.device)
-    return torch.stack([torch.linalg.vector_norm(grads[:, a:b], dim=1, dtype=torch.float64)
-                        for a, b in spans], dim=1)
+    return torch.stack([row_norms64(grads[:, a:b]) for a, b in spans], dim=1).to(grads.device)
 
 
 def norm_stats(norms: Tensor, max_norm: float) -> dict[str, float]:

@@ -20,6 +20,7 @@ import torch
 
 from gradspec._device import resolve_device
 from gradspec._enums import CollectMode, GradDtype, PerExampleBackend, Sampling
+from gradspec._norms import row_norms64
 from gradspec.tasks import Task
 from gradspec.train._checkpoint import layout_difference
 from gradspec.train._config import TrainConfig
@@ -354,7 +355,7 @@ class _Run:
                 if c.clip:  # float64 norms; every clipped row's norm <= C exactly (privacy.clip_rows)
                     grads, norm, factor = clip_rows(grads, c.max_grad_norm)
                 else:
-                    norm = torch.linalg.vector_norm(grads, dim=1, dtype=torch.float64)
+                    norm = row_norms64(grads)
                     factor = torch.ones_like(norm)
                 total += grads.sum(0)
                 norms.append(norm)

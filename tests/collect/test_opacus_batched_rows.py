@@ -10,8 +10,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from gradspec._norms import row_norms64
 from gradspec.collect import GradientRecorder
-from gradspec.collect._rows import bound_owned_rows, example_rows_per_chunk, row_norms64
+from gradspec.collect._rows import bound_owned_rows, example_rows_per_chunk
 from gradspec.privacy import bound_rows_
 from gradspec.store import GradientStore, WriterError
 
