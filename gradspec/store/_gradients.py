@@ -167,6 +167,7 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
         self._meta = {name: array(f"meta/{name}") for name in self._meta_fields}
         self._load_norms(attrs, array, damaged)
         self._stats = array(STATS_ARRAY) if STATS_ARRAY in group else None
+        self._small_held: list[tuple[int, dict[str, np.ndarray]]] = []  # rows' meta until commit (_gradients_write)
         for name, arr in self._arrays().items():
             if arr.shape[0] < self._rows:
                 raise StoreDamagedError(

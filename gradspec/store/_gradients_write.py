@@ -94,12 +94,50 @@ class GradientWrites:
                 )
         self._ensure_capacity(start + b)
         self._grads[start : start + b] = disk
-        for name, v in values.items():
-            self._meta[name][start : start + b] = v
+        small = dict(values)
         if param_norms is not None:
-            self._param_norms[start : start + b] = param_norms
+            small[PARAM_NORMS_ARRAY] = param_norms
         if stats is not None:
-            self._stats[start : start + b] = stats
+            small[STATS_ARRAY] = stats
+        self._hold_small(start, small)
+
+    # The per-row arrays beside grads (meta/*, param_norms, dtype stats) have chunks of
+    # thousands of rows: written with every row chunk, each is a read-modify-write of a
+    # partly filled chunk (~1.8 ms of zarr per array, ten or more arrays, whatever p is).
+    # Their rows are held here until the commit that makes them visible (or until
+    # SMALL_ROWS_HELD rows are held), then written in one piece per array: uncommitted
+    # rows are discarded on resume anyway, so nothing a crash could keep is lost.
+    # Measured in an Opacus loop at p = 115,210 (64-row chunks, a commit every 32 steps):
+    # meta writes were 29 ms of a 68 ms write per step.
+    SMALL_ROWS_HELD = 1 << 16
+
+    def _hold_small(self, start: int, values: dict[str, np.ndarray]) -> None:
+        held = self._small_held
+        if held:
+            last_start, last = held[-1]
+            if start != last_start + next(iter(last.values())).shape[0]:
+                self._write_small()  # not contiguous with what is held: write that first
+                held = self._small_held
+        held.append((start, values))
+        if sum(next(iter(v.values())).shape[0] for _, v in held) >= self.SMALL_ROWS_HELD:
+            self._write_small()
+
+    def _write_small(self) -> None:
+        """Write the held per-row arrays, one contiguous piece per array."""
+        held = self._small_held
+        if not held:
+            return
+        self._small_held = []
+        start = held[0][0]
+        end = start + sum(next(iter(v.values())).shape[0] for _, v in held)
+        for name in held[0][1]:
+            joined = np.concatenate([v[name] for _, v in held])
+            if name == PARAM_NORMS_ARRAY:
+                self._param_norms[start:end] = joined
+            elif name == STATS_ARRAY:
+                self._stats[start:end] = joined
+            else:
+                self._meta[name][start:end] = joined
 
     def _report_upto(self, n: int) -> tuple[int, np.ndarray, float]:
         """The accumulated dtype stats of rows [0, n), reading only rows not yet summed."""
@@ -119,6 +157,7 @@ class GradientWrites:
         committed rows are checked to exist first (a stat each).
         """
         self._check_writable()
+        self._write_small()
         n = int(n_rows)
         cap = min(arr.shape[0] for arr in self._arrays().values())
         if not 0 <= n <= cap:
@@ -157,6 +196,7 @@ class GradientWrites:
         more rows later grows the arrays again.
         """
         self._check_writable()
+        self._small_held = []  # rows past the committed ones: dropped with them
         for arr in self._arrays().values():
             if arr.shape[0] > self._rows:
                 arr.resize((self._rows, *arr.shape[1:]))

@@ -246,3 +246,37 @@ def test_the_writer_queue_bounds_rows_and_bytes_not_hand_offs(tmp_path):
     w2.put(data[30:], meta(10))
     w2.close()
     np.testing.assert_array_equal(GradientStore.open(tmp_path / "h.zarr").read(), data)
+
+
+def test_row_metadata_is_written_once_per_commit_not_per_row_chunk(tmp_path, monkeypatch):
+    """Each meta/* array (thousands of rows a chunk) used to be rewritten with every row chunk of
+    grads: a read-modify-write per array per chunk, as costly as the gradient bytes at p ~ 1e5.
+    Now their rows are held until the commit and written in one piece per array."""
+    lay = layout(60)
+    s = GradientStore.create(tmp_path / "g.zarr", layout=lay, rows_per_chunk=4)
+    calls: dict[str, int] = {}
+    real = zarr.Array.__setitem__
+
+    def counted(self, key, value):
+        calls[self.path] = calls.get(self.path, 0) + 1
+        return real(self, key, value)
+
+    monkeypatch.setattr(zarr.Array, "__setitem__", counted)
+    data = np.arange(24 * lay.p, dtype=np.float32).reshape(24, lay.p)
+    for i in range(6):  # six row chunks, then one commit
+        s.write_rows(4 * i, data[4 * i : 4 * i + 4], meta(4, 4 * i))
+    assert calls.get("grads") == 6 and not any(k.startswith("meta/") for k in calls)
+    s.commit(24)
+    assert {k: v for k, v in calls.items() if k.startswith("meta/")} == {f"meta/{k}": 1 for k in META_FIELDS}
+    monkeypatch.undo()
+    r = GradientStore.open(tmp_path / "g.zarr")
+    np.testing.assert_array_equal(r.read(), data)
+    want = {k: np.concatenate([meta(4, 4 * i)[k] for i in range(6)]) for k in META_FIELDS}
+    for k, v in r.row_meta().items():
+        np.testing.assert_array_equal(v, want[k].astype(v.dtype))  # loss is stored as float32
+    # rows written but never committed are dropped with their held metadata, not written later
+    s.write_rows(24, data[:4], meta(4, 100))
+    s.finalize()
+    s.commit(24)
+    assert GradientStore.open(tmp_path / "g.zarr").n_rows == 24
+    np.testing.assert_array_equal(GradientStore.open(tmp_path / "g.zarr").row_meta()["step"], want["step"])
