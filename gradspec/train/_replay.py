@@ -126,7 +126,9 @@ def replay(
                     case.task.model.load_state_dict(initial)  # the run trained it in place
                 check, acc = one_pass(case, a, b, Path(tmp), progress=progress, what=f"{n + 1}/{len(bounds)}")
                 parts.put(a, acc)
-            result = write(case, parts, out, check, passes=len(bounds), chunk=chunk, t0=t0, keep_raw=keep_raw)
+            replayed = time.perf_counter() - t0
+            result = write(case, parts, out, check, passes=len(bounds), chunk=chunk, t0=t0, keep_raw=keep_raw,
+                           replayed=replayed)
         return result
     finally:
         if lock is not None:
