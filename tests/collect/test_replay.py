@@ -168,3 +168,14 @@ def test_what_cannot_be_replayed_is_refused(runs, tmp_path):
     (tmp_path / "v" / "x").write_text("")
     with pytest.raises(FileExistsError, match="not a spectrum store"):
         replay(runs / "sketch" / "gradients.zarr", runs / "spec4", out=tmp_path / "v", task=tiny_task())
+
+
+def test_a_bfloat16_store_of_every_other_step_replays_bit_for_bit(tmp_path):
+    """The recomputed sketch is rounded to the store's dtype as the writer rounds it; steps that
+    store no row (--every 2) are replayed too (they move the parameters)."""
+    config = cfg(steps=6, every=2, dtype="bfloat16", sketch=M, sketch_blocks=4)
+    run = collect(config, out=tmp_path / "run", task=tiny_task())
+    pca(source=str(run.store), k=2, out=tmp_path / "spec", progress=False)
+    res = replay(run.store, tmp_path / "spec", out=tmp_path / "v", task=tiny_task())
+    assert res.rows_checked == res.rows_exact == 3 and res.record["verification"]["store_dtype"] == "bfloat16"
+    assert res.record["verification"]["tolerance"] == 2.0**-7
