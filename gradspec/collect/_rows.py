@@ -95,10 +95,7 @@ def bound_owned_rows(rows: Tensor, norms: Tensor, max_norm: float) -> Tensor:
     others bit for bit), instead of on a copy of them all."""
     from gradspec.privacy import bound_rows_
 
-    over = torch.nonzero(norms > max_norm).flatten()
-    if over.numel():
-        rows[over] = bound_rows_(rows[over], max_norm)
-    return rows
+    return bound_rows_(rows, max_norm, norms=norms)
 
 
 def as_tensor(x: Tensor | np.ndarray | float | Sequence[float]) -> Tensor:

@@ -167,3 +167,26 @@ def test_noise_rejects_bad_std(std):
 def test_noise_rejects_integer_dtype():
     with pytest.raises(ValueError, match="floating dtype"):
         gaussian_noise((3,), 1.0, generator=None, dtype=torch.int64)
+
+
+def test_bound_rows_scales_only_the_rows_over_C_in_place():
+    """Rows of the stored dtype are scaled one by one in place (no copy of the batch, no float64
+    copy of a row): the rows under C keep every bit, those over C end within a few u of C."""
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randn(6, 300_000, generator=g)
+    norms64 = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64)
+    rows *= (C / norms64).float()[:, None]  # clipped in float32: about half end just over C
+    rows[2] *= 0.5  # well under C
+    before = rows.clone()
+    norms = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64)
+    assert bool((norms > C).any()), "the case needs rows over C by rounding"
+    out = bound_rows_(rows, C, norms=norms)
+    assert out.data_ptr() == rows.data_ptr()
+    after = torch.linalg.vector_norm(out, dim=1, dtype=torch.float64)
+    assert bool((after <= C).all())
+    u = torch.finfo(torch.float32).eps / 2
+    for i in range(6):
+        if norms[i] <= C:
+            assert torch.equal(out[i], before[i])
+        else:
+            assert after[i] >= C * (1 - 16 * u)
