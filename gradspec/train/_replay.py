@@ -117,6 +117,10 @@ def replay(
         per_col = 8 * K + 8 * BUFFER_ROWS  # accumulators and the row buffer, per column
         chunk = max(1, min(p, budget // per_col))
         bounds = [(a, min(p, a + chunk)) for a in range(0, p, chunk)]
+        if len(bounds) > 1:
+            logger.warning("the %d x %d float64 accumulators and their row buffer (%.3g GB) exceed --memory "
+                           "%.3g GB: %d replays, each the cost of the training run; raise --memory for fewer",
+                           K, p, per_col * p / 1e9, budget / 1e9, len(bounds))
         with tempfile.TemporaryDirectory(prefix=".replay-", dir=out.parent if out.parent.exists() else None) as tmp:
             parts = Parts(Path(tmp), p, K, len(bounds))
             initial = copy.deepcopy(case.task.model.state_dict())
@@ -238,7 +242,14 @@ class _Case:
             raise ValueError(f"the store's sketch (--sketch {made[0]} --sketch-seed {made[1]} --sketch-blocks "
                              f"{made[2]}) is not the one its settings record (--sketch {config.sketch} "
                              f"--sketch-seed {config.sketch_seed} --sketch-blocks {config.sketch_blocks})")
-        config, task = bind_task(config, task)
+        if task is None and config.custom_task:
+            raise ValueError(f"the run's task {config.task.removeprefix('custom:')!r} was built in Python, not by the "
+                             "task registry: replay it from Python with gradspec.replay(store, spectrum, out=..., "
+                             "task=the_same_task)")
+        bound, task = bind_task(config, task)
+        if (bound.task, bound.task_options) != (config.task, config.task_options):
+            raise ValueError(f"the task given is {bound.task!r} {bound.task_options}, the run's {config.task!r} "
+                             f"{config.task_options}: replay with the run's own task")
         dtype = str(g.dtype)
         tol = TOLERANCE.get(dtype, 1e-5) if tolerance is None else float(tolerance)
         if not tol >= 0:

@@ -93,6 +93,19 @@ def test_with_every_direction_of_the_rows_the_replay_is_the_exact_svd(runs, tmp_
     assert np.abs(res.sigma_sketch[:4] / exact.sigma[:4] - 1).max() > 1e-3
 
 
+def test_a_spectrum_of_some_rows_replays_those_rows(runs, tmp_path):
+    """pca --rows 2:9: U weighs those rows only; the others are replayed (and checked), not added."""
+    pca(source=str(runs / "sketch" / "gradients.zarr"), k=3, rows=slice(2, 9), out=tmp_path / "spec",
+        progress=False)
+    res = replay(runs / "sketch" / "gradients.zarr", tmp_path / "spec", out=tmp_path / "v", task=tiny_task(),
+                 keep_raw=True)
+    spec = SpectrumStore.open(tmp_path / "spec")
+    want = _h(runs)[2:9].T @ spec.U / spec.sigma
+    np.testing.assert_allclose(res.raw, want, rtol=0, atol=1e-9 * np.abs(want).max())
+    out = SpectrumStore.open(tmp_path / "v")
+    assert res.rows_checked == STEPS and out.shape == (7, 215) and list(out.source_rows) == list(range(2, 9))
+
+
 def test_retrain_takes_the_replayed_spectrum_and_refuses_the_sketched_one(runs, tmp_path):
     from gradspec.optim import retrain
 
@@ -164,6 +177,8 @@ def test_what_cannot_be_replayed_is_refused(runs, tmp_path):
     _refused(runs / "exact" / "gradients.zarr", runs / "exact4", tmp_path, "is not sketched")
     _refused(runs / "sketch" / "gradients.zarr", runs / "exact4", tmp_path, "replay the store it was computed from, as")
     _refused(runs / "sketch" / "gradients.zarr", runs / "spec4", tmp_path, r"--k 5 is outside \[1, 4\]", k=5)
+    _refused(runs / "sketch" / "gradients.zarr", runs / "spec4", tmp_path, r"replay it from Python with "
+             r"gradspec.replay\(store, spectrum, out=..., task=the_same_task\)$", task=None)
     (tmp_path / "v").mkdir()
     (tmp_path / "v" / "x").write_text("")
     with pytest.raises(FileExistsError, match="not a spectrum store"):
