@@ -150,14 +150,16 @@ def _sketch(rep: dict | None) -> None:
     top = f"{rel[0]:.2%}" if rep["relative_half_width"][0] is not None else "unbounded"
     med = f"{rep['median_relative_half_width']:.2%}" if rep.get("median_relative_half_width") is not None else "unbounded"
     ang = ", ".join(f"k={a['k']}: " + ("vacuous" if a["vacuous"] else f"{a['bound']:.2g}") for a in rep["angles"])
-    # A version-2 store's jackknife intervals are nominal 95% but measured to cover ~72% of the
-    # top 100 (docs/sketch_calibration.md): the line must not read as a guarantee.
+    # Spectra computed before the block bootstrap hold the jackknife's intervals: nominal 95% but
+    # measured to cover ~72% of the top 100 (docs/sketch_calibration.md): not a guarantee. Newer
+    # ones carry the bootstrap's measured calibration in one line (``calibration``).
     uncalibrated = "NOT YET CALIBRATED" in str(rep.get("statement", ""))
     typer.echo(
         f"sketch: M={rep['M']} J={rep['J']} p={rep['p']}: sigma_1 within ±{top}, median ±{med} "
         f"({len(rel)}/{rep['k']} bounded); sin(angle) of top-k U {ang}; V lives in sketch space"
         + ("\n  (intervals nominal 95%, not yet calibrated: they covered 72% of the true top-100 sigma "
            "in docs/sketch_calibration.md, so read them as about one actual error wide)" if uncalibrated else "")
+        + (f"\n  ({rep['calibration']})" if rep.get("calibration") and not uncalibrated else "")
     )
 
 

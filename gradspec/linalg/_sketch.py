@@ -31,7 +31,7 @@ from gradspec.store import SKETCH_KEY
 
 SKETCH_VERSION = 2
 #: The plan versions read (gradspec.sketch.VERSIONS): 1 (issue 22) gets ``_sketch_error``'s
-#: perturbation statement, 2 (issue 37) the block jackknife of ``_sketch_jackknife``.
+#: perturbation statement, 2 (issue 37) the block bootstrap of ``_sketch_jackknife``.
 SKETCH_VERSIONS = (1, 2)
 
 

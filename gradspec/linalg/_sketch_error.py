@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from gradspec.linalg._sketch_jackknife import ANGLE_KS, jackknife_error, principal_sines
+from gradspec.linalg._sketch_jackknife import ANGLE_KS, block_error, principal_sines
 
 #: Joint confidence the Bonferroni multiplier z is set for (the k intervals together).
 CONFIDENCE = 0.999
@@ -219,8 +219,8 @@ def sketch_error(
 
 def sketch_report(consumer: Any, op: Any, k: int) -> dict[str, Any]:
     """The ``sketch`` section of a sketched store's accuracy report, from the Gram pass's
-    per-block Grams (``_sketch.SketchGram``): for a version-2 plan the block jackknife
-    (``_sketch_jackknife.jackknife_error``), for a version-1 plan :func:`sketch_error`, for
+    per-block Grams (``_sketch.SketchGram``): for a version-2 plan the block bootstrap
+    (``_sketch_jackknife.block_error``), for a version-1 plan :func:`sketch_error`, for
     the k directions kept, with M, J, p and the sketch's kind and seed; V lives in sketch space."""
     from gradspec.linalg._verify import UNIT_ROUNDOFF
 
@@ -229,7 +229,7 @@ def sketch_report(consumer: Any, op: Any, k: int) -> dict[str, Any]:
     rounding = unit * float(np.sqrt(getattr(op, "panel_cols", 8192)))
     grams, exact = consumer.blocks()
     if getattr(consumer.plan, "version", 1) >= 2:
-        report = jackknife_error(grams, exact, k=k, rounding=rounding)
+        report = block_error(grams, exact, k=k, rounding=rounding)
     else:  # a store of issue 22's plan: its perturbation statement, as it was written with
         report = sketch_error(grams, exact, k=k, rounding=rounding)
     return {**consumer.plan.describe(), **report, "right_vectors": "sketch space"}

@@ -96,8 +96,9 @@ def test_info_shows_the_sketch_and_pca_runs(run):
     assert "kronecker-gaussian" in line and "4 independent blocks" in line and "seed 5" in line
     res = invoke("pca", run / "gradients.zarr", "--k", 3, "--out", run.parent / "spectrum.zarr")
     assert res.exit_code == 0, res.output
-    # the jackknife intervals are nominal 95% but not calibrated: the line must not read as a guarantee
-    assert "not yet calibrated" in res.output, res.output
+    # the block bootstrap's intervals say what they measured, where (not the old jackknife's caveat)
+    assert "calibrated" in res.output and "docs/sketch_calibration.md" in res.output, res.output
+    assert "not yet calibrated" not in res.output, res.output
     res = invoke("retrain", "--out", run.parent / "retrain", "-a", "pdp-sgd", "--projector",
                  run.parent / "spectrum.zarr", "--rank", 2, "--steps", 1, *CNN[:4], "--eval-every", "0")
     assert res.exit_code != 0 and "sketched gradient store" in res.output
