@@ -3,20 +3,28 @@
 Real per-example gradients of small real models on real data (scikit-learn's 8x8 digits):
 ``mixed`` (Conv2d + GroupNorm + Embedding of pixel intensities + LayerNorm + transformers'
 Conv1D + Linear + a 4-class head), ``mlp`` (10 classes) and ``cnn`` (10 classes), each trained
-150 SGD steps, then the clipped per-example gradients of r examples computed once (torch.func).
-Each seeded case applies a sketch plan (``make_plan``, the ghost rules' kinds) to those rows
-with the float64 reference ``sketch_rows`` — what ``collect --sketch M`` stores, without
-retraining — and states the error from its J block Grams (``jackknife_error``, what ``pca``
-reports for a version-2 store). Beside it, a dense Gaussian sketch of the same width and J
-(drawn as (U S) Z, Z r x M Gaussian: the same law as H P^T for Gaussian P).
+150 SGD steps, then the clipped per-example gradients of max(r) examples computed once
+(torch.func). Each seeded case applies a sketch plan (``make_plan``, the ghost rules' kinds) to
+those rows with the float64 reference ``sketch_rows`` — what ``collect --sketch M`` stores,
+without retraining — and states the error from its J block Grams (``block_bootstrap`` then
+``state``: what ``pca`` reports for a version-2 store, ``block_error``), beside the old
+jackknife-t (``jackknife_error``). A smaller r takes the *last* r examples' rows, whose Gram
+is a sub-block of the same sketch draw. Beside it, a dense Gaussian sketch of the same width
+and J (drawn as (U S) Z, Z r x M Gaussian: the same law as H P^T for Gaussian P).
 
 Prints, per model / M / r: RMS relative error of sigma_1..10 (version-1 plan, version-2 plan,
-dense), coverage of the top-k intervals (k = min(100, r/4)), and the median half-width over
-the RMS actual error; writes a markdown table and a PNG of error against M.
+dense), coverage of the top-k intervals (k = min(100, r/4)), the median half-width over the
+RMS actual error (per i over the row's cases, median over i), and the angle bounds; then the
+pooled coverage of all, the fit seeds (< --fit-seeds, where the multipliers were chosen) and
+the held-out seeds; writes a markdown table and a PNG of error against M.
+
+With ``--cache DIR`` every model's rows, case's Grams and bootstrap summary are kept there, so
+an interrupted run resumes (seeds run outermost) and ``--cached-only`` tabulates what is
+cached under the module's current multipliers without computing anything.
 
 Usage:
     python benchmarks/bench_sketch_calibration.py [--seeds 12] [--M 1024,4096,16384]
-        [--r 400,200] [--out docs/sketch_calibration.md] [--png docs/sketch_calibration.png]
+        [--r 400,200] [--cache DIR] [--cached-only] [--out table.md] [--png docs/sketch_calibration.png]
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -130,83 +139,240 @@ def rms_top(s_hat: np.ndarray, s: np.ndarray, k: int = 10) -> float:
     return float(np.sqrt(np.mean(((s_hat[:k] - s[:k]) / s[:k]) ** 2)))
 
 
+def model_rows(name: str, r: int, cache: Path | None) -> tuple[Any, Any, torch.Tensor]:
+    """(layout, kinds, H) of a model: r clipped per-example rows (cached as .npy under cache)."""
+    f = cache / f"rows_{name}_{r}.npy" if cache else None
+    if f is not None and f.exists():
+        cls, _ = MODELS[name]
+        torch.manual_seed(0)
+        model = cls().double()
+        h = torch.from_numpy(np.load(f))
+    else:
+        model, _, h, _ = rows(name, r=r)
+        if f is not None:
+            np.save(f, h.numpy())
+    layout, kinds = kinds_layout(model)
+    return layout, kinds, h
+
+
+def case_grams(name: str, layout: Any, kinds: Any, h: torch.Tensor, us: torch.Tensor, m: int, seed: int,
+               J: int, cache: Path | None) -> dict[str, np.ndarray]:  # noqa: N803
+    """One seeded case of all r rows: the version-2 plan's J block Grams (``grams``, J x r x r) and
+    exact Gram (``exact``, r x r, zeros if none), a dense Gaussian J-block sketch's (``dense``), and
+    the version-1 plan's sketched sigma (``s_v1``, all r rows). Cached as one .npz per case."""
+    from gradspec.sketch import make_plan, sketch_rows
+
+    f = cache / f"case_{name}_{h.shape[0]}_{m}_{J}_{seed}.npz" if cache else None
+    if f is not None and f.exists():
+        with np.load(f) as z:
+            return dict(z)
+    p1 = make_plan(layout, kinds, m, seed=seed, blocks=J, version=1)
+    y1 = sketch_rows(p1, h)
+    p2 = make_plan(layout, kinds, m, seed=seed, blocks=J)
+    y2 = sketch_rows(p2, h)
+    grams, ex = blocks_of(y2, p2.exact_width, J)
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    width = (p2.M // J) * J
+    yd = us @ (torch.randn(us.shape[1], width, generator=gen, dtype=torch.float64) / math.sqrt(width))
+    dense, _ = blocks_of(yd, 0, J)
+    out = {"grams": np.stack(grams), "exact": np.zeros_like(grams[0]) if ex is None else ex,
+           "dense": np.stack(dense), "y1": (y1 @ y1.T).numpy(), "M": np.asarray(p2.M)}
+    if f is not None:
+        tmp = f.with_suffix(".tmp.npz")
+        np.savez(tmp, **out)
+        tmp.rename(f)
+    return out
+
+
+def case_statement(kind: str, name: str, r: int, m: int, seed: int, J: int, g: dict[str, np.ndarray],  # noqa: N803
+                   rows_: slice, s: np.ndarray, u: np.ndarray, k: int, replicates: int, cache: Path | None) -> dict:
+    """The block bootstrap's summary (``block_bootstrap``) of one case's Grams (``kind``: ``v2`` the
+    plan's, ``dense`` the dense sketch's), the true sines of its top-q eigenvectors and, for v2,
+    the old jackknife-t intervals; cached as one .npz per case."""
+    from gradspec.linalg._sketch_jackknife import (
+        _top,
+        block_bootstrap,
+        jackknife_error,
+        principal_sines,
+    )
+
+    f = cache / f"stat_{kind}_{name}_{r}_{m}_{J}_{seed}_B{replicates}.npz" if cache else None
+    if f is not None and f.exists():
+        with np.load(f) as z:
+            return dict(z)
+    grams = [x[rows_, rows_] for x in g["grams" if kind == "v2" else "dense"]]
+    exact = g["exact"][rows_, rows_] if kind == "v2" else None
+    boot = block_bootstrap(grams, exact, k=k, angle_ks=(1, 10), replicates=replicates)
+    total = np.sum(grams, axis=0) + (0 if exact is None else exact)
+    w = _top(total, k)[1]
+    out = {key: np.asarray(v) for key, v in boot.items()}
+    out["true_sine"] = np.asarray([principal_sines(u[:, :q], w[:, :q]) for q in boot["qs"]])
+    out["s"] = s[:k]
+    out["seed"] = np.asarray(seed)
+    if kind == "v2":
+        jk = jackknife_error(grams, exact, k=k, angle_ks=())
+        out["jk_lo"] = np.asarray(jk["sigma_lower"])
+        out["jk_up"] = np.asarray([np.inf if x is None else x for x in jk["sigma_upper"]])
+        out["jk_sig"] = np.asarray(jk["sigma"])
+        out["s_v1"] = np.sqrt(np.maximum(np.linalg.eigvalsh(g["y1"][rows_, rows_])[::-1][:10], 0))
+    if f is not None:
+        tmp = f.with_suffix(".tmp.npz")
+        np.savez(tmp, **out)
+        tmp.rename(f)
+    return out
+
+
+def summarise(stats: list[dict], with_jk: bool = False) -> dict[str, Any]:
+    """Coverage, median half-width / RMS error (per i over cases, median over i), the angle
+    counts and the fraction of finite intervals of one row's cases, with the module's constants."""
+    from gradspec.linalg._sketch_jackknife import state
+
+    sig, lo, up, ang = [], [], [], [0, 0, 0]
+    for z in stats:
+        rep = state(z)
+        sig.append(rep["sigma"])
+        lo.append(rep["sigma_lower"])
+        up.append([np.inf if x is None else x for x in rep["sigma_upper"]])
+        for a, t in zip(rep["angles"], z["true_sine"], strict=True):
+            if t < 0.5:
+                ang[1] += 1
+                ang[0] += int(a["bound"] < 1 and t <= a["bound"])
+            ang[2] += int(t > a["bound"])
+    sig, lo, up = (np.asarray(v) for v in (sig, lo, up))
+    truth = stats[0]["s"][None]
+    rms = np.sqrt(np.mean((sig - truth) ** 2, axis=0))
+    out = {"n": len(stats), "cover": float(np.mean((lo <= truth) & (truth <= up))),
+           "inside": int(np.sum((lo <= truth) & (truth <= up))), "total": int(truth.size * len(stats)),
+           "ratio": float(np.median(np.median((up - lo) / 2, axis=0) / rms)),
+           "finite": float(np.mean(np.isfinite(up))), "angles": ang,
+           "err": float(np.sqrt(np.mean([rms_top(x, truth[0]) ** 2 for x in sig])))}
+    if with_jk:
+        jlo, jup = np.stack([z["jk_lo"] for z in stats]), np.stack([z["jk_up"] for z in stats])
+        out["jk_cover"] = float(np.mean((jlo <= truth) & (truth <= jup)))
+        out["v1_err"] = float(np.sqrt(np.mean([rms_top(z["s_v1"], truth[0]) ** 2 for z in stats])))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mixed,mlp,cnn")
     ap.add_argument("--M", default="1024,4096,16384")
     ap.add_argument("--r", default="400,200")
     ap.add_argument("--seeds", type=int, default=12)
+    ap.add_argument("--dense-seeds", type=int, default=None, help="seeds of the dense column (default: all)")
     ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--cache", type=Path, default=None, help="folder of cached rows and cases (resumable)")
+    ap.add_argument("--cached-only", action="store_true", help="tabulate the cached cases only; compute none")
+    ap.add_argument("--fit-seeds", type=int, default=4,
+                    help="the seeds the multipliers were chosen on (the rest are reported as held out)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--png", type=Path, default=None)
     args = ap.parse_args(argv)
-    from gradspec.linalg._sketch_jackknife import jackknife_error
-    from gradspec.sketch import make_plan, sketch_rows
+    from gradspec.linalg._sketch_jackknife import REPLICATES
 
-    J = args.blocks
-    lines = ["| model | M | r | k | rel. error σ1..10: v1 plan | v2 plan | dense | v2/dense | coverage v2 | "
-             "coverage dense | median half-width / RMS error v2 | dense | angle bounds < 1 where sin < 0.5 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    curve: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    J, B = args.blocks, REPLICATES
+    models = args.models.split(",")
+    ms = [int(v) for v in args.M.split(",")]
+    rs = [int(v) for v in args.r.split(",")]
+    r_all = max(rs)
+    dense_seeds = args.seeds if args.dense_seeds is None else args.dense_seeds
+    if args.cache:
+        args.cache.mkdir(parents=True, exist_ok=True)
     t_all = time.time()
-    for name in args.models.split(","):
-        model, names, h_all, _ = rows(name, r=max(int(v) for v in args.r.split(",")))
-        layout, kinds = kinds_layout(model)
-        for r in (int(v) for v in args.r.split(",")):
-            h = h_all[:r]
-            s = torch.linalg.svdvals(h).numpy()
-            u, sv, _ = torch.linalg.svd(h, full_matrices=False)
-            us = u * sv
-            k = min(100, r // 4)
-            for m in (int(v) for v in args.M.split(",")):
-                err = {"v1": [], "v2": [], "dense": []}
-                stats = {"v2": [], "dense": []}
-                ang = [0, 0]
-                for seed in range(args.seeds):
-                    p1 = make_plan(layout, kinds, m, seed=seed, blocks=J, version=1)
-                    err["v1"].append(rms_top(torch.linalg.svdvals(sketch_rows(p1, h)).numpy(), s))
-                    p2 = make_plan(layout, kinds, m, seed=seed, blocks=J)
-                    y2 = sketch_rows(p2, h)
-                    gen = torch.Generator().manual_seed(10_000 + seed)
-                    width = (p2.M // J) * J
-                    yd = us @ (torch.randn(us.shape[1], width, generator=gen, dtype=torch.float64) / math.sqrt(width))
-                    for kind, y, exact in (("v2", y2, p2.exact_width), ("dense", yd, 0)):
-                        grams, ex = blocks_of(y, exact, J)
-                        rep = jackknife_error(grams, ex, k=k, angle_ks=(1, 10))
-                        sig = np.asarray(rep["sigma"])
-                        err[kind].append(rms_top(sig, s))
-                        lo = np.asarray(rep["sigma_lower"])
-                        up = np.asarray([np.inf if x is None else x for x in rep["sigma_upper"]])
-                        stats[kind].append((sig, lo, up))
-                        if kind == "v2":
-                            uw = np.linalg.eigh(sum(grams) + (0 if ex is None else ex))[1][:, ::-1]
-                            for a in rep["angles"]:
-                                q = a["k"]
-                                true = float(np.linalg.norm(uw[:, :q] - u[:, :q].numpy() @ (u[:, :q].numpy().T @ uw[:, :q]), 2))
-                                if true < 0.5:
-                                    ang[0] += 1
-                                    ang[1] += int(a["bound"] < 1 and a["bound"] >= true)
-                res = {}
-                for kind in ("v2", "dense"):
-                    sig = np.stack([x[0] for x in stats[kind]])
-                    lo = np.stack([x[1] for x in stats[kind]])
-                    up = np.stack([x[2] for x in stats[kind]])
-                    truth = s[:k][None]
-                    cover = float(np.mean((lo <= truth) & (truth <= up)))
-                    rms_err = np.sqrt(np.mean((sig - truth) ** 2, axis=0))
-                    half = (up - lo) / 2
-                    ratio = float(np.median(np.median(half, axis=0) / rms_err))
-                    res[kind] = (cover, ratio)
-                e = {kk: float(np.sqrt(np.mean(np.square(v)))) for kk, v in err.items()}
-                for kk, v in e.items():
-                    curve.setdefault(name, {}).setdefault(kk, []).append((m, v)) if r == 400 else None
-                lines.append(f"| {name} | {m:,} | {r} | {k} | {e['v1']:.2%} | {e['v2']:.2%} | {e['dense']:.2%} | "
-                             f"{e['v2'] / e['dense']:.2f} | {res['v2'][0]:.1%} | {res['dense'][0]:.1%} | "
-                             f"{res['v2'][1]:.2f} | {res['dense'][1]:.2f} | {ang[1]}/{ang[0]} |")
+    data = {}
+    for name in models:
+        layout, kinds, h = model_rows(name, r_all, args.cache)
+        parts = {}
+        u_all, s_all, _ = torch.linalg.svd(h, full_matrices=False)
+        for r in rs:  # r < r_all: the last r rows (other examples), sketched by the same draw
+            sl = slice(r_all - r, r_all)
+            u, s, _ = torch.linalg.svd(h[sl], full_matrices=False)
+            parts[r] = (sl, s.numpy(), u.numpy())
+        data[name] = (layout, kinds, h, u_all * s_all, parts)
+
+    def have(kind: str, name: str, r: int, m: int, seed: int) -> bool:
+        return bool(args.cache and (args.cache / f"stat_{kind}_{name}_{r}_{m}_{J}_{seed}_B{B}.npz").exists())
+
+    stats: dict[tuple, dict[str, list]] = {}
+    for seed in range(args.seeds):  # seeds outermost: an interrupted run has every row
+        for name in models:
+            layout, kinds, h, us, parts = data[name]
+            for m in ms:
+                g = None
+                for r in rs:
+                    sl, s, u = parts[r]
+                    k = min(100, r // 4)
+                    for kind in ("v2", "dense"):
+                        if kind == "dense" and seed >= dense_seeds:
+                            continue
+                        if args.cached_only and not have(kind, name, r, m, seed):
+                            continue
+                        if g is None:
+                            t = time.time()
+                            g = case_grams(name, layout, kinds, h, us, m, seed, J, args.cache)
+                        z = case_statement(kind, name, r, m, seed, J, g, sl, s, u, k, B, args.cache)
+                        stats.setdefault((name, m, r), {}).setdefault(kind, []).append(z)
+                if g is not None and not args.cached_only:
+                    print(f"seed {seed} {name} M={m}: {time.time() - t:.0f} s", flush=True)
+
+    lines = ["| model | M | r | k | cases | rel. error σ1..10: v1 plan | v2 plan | dense | v2/dense | "
+             "coverage v2 | coverage dense | old jackknife-t coverage | median half-width / RMS error v2 | "
+             "dense | angle bounds < 1 and hold where sin < 0.5 | bounds below the true sin |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    curve: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    split: dict[str, list] = {"fit": [0, 0, [], 0], "held out": [0, 0, [], 0]}
+    tot = {"v2": [0, 0, [0, 0, 0]], "dense": [0, 0, [0, 0, 0]]}
+    for name in models:
+        for r in rs:
+            for m in ms:
+                row = stats.get((name, m, r))
+                if not row or "v2" not in row:
+                    continue
+                v2 = summarise(row["v2"], with_jk=True)
+                dn = summarise(row["dense"]) if row.get("dense") else None
+                for part, sub in (("fit", [z for z in row["v2"] if z["seed"] < args.fit_seeds]),
+                                  ("held out", [z for z in row["v2"] if z["seed"] >= args.fit_seeds])):
+                    if sub:
+                        res = summarise(sub)
+                        split[part][0] += res["inside"]
+                        split[part][1] += res["total"]
+                        split[part][2].append(res["ratio"])
+                        split[part][3] += len(sub)
+                for kind, res in (("v2", v2), ("dense", dn)):
+                    if res:
+                        tot[kind][0] += res["inside"]
+                        tot[kind][1] += res["total"]
+                        tot[kind][2] = [a + b for a, b in zip(tot[kind][2], res["angles"], strict=True)]
+                if r == r_all:
+                    curve.setdefault(name, {}).setdefault("v1", []).append((m, v2["v1_err"]))
+                    curve[name].setdefault("v2", []).append((m, v2["err"]))
+                    if dn:
+                        curve[name].setdefault("dense", []).append((m, dn["err"]))
+                def d(key: str, fmt: str, dn: dict | None = dn) -> str:
+                    return format(dn[key], fmt) if dn else "–"
+
+                lines.append(
+                    f"| {name} | {m:,} | {r} | {min(100, r // 4)} | {v2['n']} | {v2['v1_err']:.2%} | {v2['err']:.2%} | "
+                    f"{d('err', '.2%')} | {v2['err'] / dn['err'] if dn else float('nan'):.2f} | {v2['cover']:.1%} | "
+                    f"{d('cover', '.1%')} | {v2['jk_cover']:.1%} | {v2['ratio']:.2f} | {d('ratio', '.2f')} | "
+                    f"{v2['angles'][0]}/{v2['angles'][1]} | {v2['angles'][2]} |")
                 print(lines[-1], flush=True)
     lines.append("")
-    lines.append(f"{args.seeds} seeds per row, J = {J}; {time.time() - t_all:.0f} s in all.")
+    n_v2 = sum(len(v.get("v2", [])) for v in stats.values())
+    n_dn = sum(len(v.get("dense", [])) for v in stats.values())
+    for kind, n in (("v2", n_v2), ("dense", n_dn)):
+        inside, total, ang = tot[kind]
+        if total:
+            lines.append(f"All {kind} cases: {n} cases, {inside:,}/{total:,} σ inside ({inside / total:.1%}); angle "
+                         f"bounds < 1 and holding {ang[0]}/{ang[1]} where the true sin < 0.5, {ang[2]} below the true sin.")
+    for part, (inside, total, ratios, n) in split.items():
+        if total:
+            lines.append(f"{part.capitalize()} v2 cases (seeds {'<' if part == 'fit' else '>='} {args.fit_seeds}): {n} cases, "
+                         f"{inside / total:.1%} of σ inside, median over rows of the width ratio {np.median(ratios):.2f}.")
+    lines.append(f"J = {J}, {B} bootstrap replicates; {time.time() - t_all:.0f} s for this table "
+                 "(cases from the cache are not recomputed).")
     text = "\n".join(lines)
+    print(text)
     if args.out:
         args.out.write_text(text + "\n")
     if args.png:
@@ -218,8 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         fig, ax = plt.subplots(figsize=(6, 4))
         for (name, kinds_), color in zip(curve.items(), ["C0", "C1", "C2", "C3"], strict=False):
             for kind, style in (("v1", ":"), ("v2", "-"), ("dense", "--")):
-                pts = np.asarray(kinds_[kind])
-                ax.loglog(pts[:, 0], pts[:, 1], style, color=color, marker="o", label=f"{name} {kind}")
+                if kind in kinds_:
+                    pts = np.asarray(kinds_[kind])
+                    ax.loglog(pts[:, 0], pts[:, 1], style, color=color, marker="o", label=f"{name} {kind}")
         ax.set_xlabel("M (stored columns)")
         ax.set_ylabel("RMS relative error of σ1..10")
         ax.legend(fontsize=7, ncol=3)
