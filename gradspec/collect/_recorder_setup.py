@@ -116,7 +116,7 @@ def recorder_sketch(recorder: Any, sketch: int | None, *, seed: int, blocks: int
     if note and writer:
         logger.info("sketch: %s", note)
     device = recorder.params[0].device if recorder.params else "cpu"
-    return plan, DenseSketch(plan, device=device) if writer else None
+    return plan, DenseSketch(plan, device=device, dtype=torch.float32) if writer else None
 
 
 def _sketch_text(attribute: Mapping[str, Any] | None) -> str:

@@ -62,7 +62,7 @@ def use_plan(plan: Any, config: TrainConfig, ghost: Any, device: torch.device) -
     if config.mode == CollectMode.PER_EXAMPLE:
         ghost.set_sketch(plan)
         return plan, None
-    return plan, DenseSketch(plan, device=device)
+    return plan, DenseSketch(plan, device=device, dtype=torch.float32)
 
 
 def plan_of_store(attribute: dict[str, Any] | None, config: TrainConfig) -> Any:

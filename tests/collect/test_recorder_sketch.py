@@ -52,7 +52,7 @@ def test_a_plain_loop_records_the_sketch_of_each_step_row(tmp_path):
     sk = sketched.sketch
     assert sk["p"] == exact.p == 215 and sketched.p == sk["M"] <= M and len(sk["blocks"]) == J and sk["seed"] == 4
     want = _reference(sketched, exact.read())
-    np.testing.assert_allclose(sketched.read(), want, rtol=2.0**-23, atol=1e-12 * np.abs(want).max())
+    np.testing.assert_allclose(sketched.read(), want, rtol=1e-5, atol=2e-6 * np.abs(want).max())  # float32 products
     for key, values in exact.row_meta().items():
         np.testing.assert_array_equal(sketched.row_meta()[key], values)
     # the plan gradspec collect makes for the same parameters (so one seed gives one map)
@@ -76,8 +76,8 @@ def test_a_recorder_resumes_a_sketch_only_with_its_plan(tmp_path):
         rec.record_step(batch_size=1)
     store = GradientStore.open(first.path)
     assert store.n_rows == 3
-    np.testing.assert_allclose(store.read(rows=[2])[0], _reference(store, np.ones((1, 215)))[0], rtol=2.0**-23,
-                               atol=1e-12)
+    want = _reference(store, np.ones((1, 215)))[0]
+    np.testing.assert_allclose(store.read(rows=[2])[0], want, rtol=1e-5, atol=2e-6 * np.abs(want).max())
 
 
 @pytest.mark.parametrize(("options", "says"), [

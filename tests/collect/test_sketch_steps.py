@@ -31,13 +31,14 @@ def _sketched(**kw):
 
 
 def assert_rows_are_the_reference_of(sketched: GradientStore, exact: GradientStore) -> SketchPlan:
-    """The sketched store's rows equal the reference sketch of the exact per-step rows to float32
-    rounding: each value within 2^-24 of itself, plus float64 roundoff of the sums."""
+    """The sketched store's rows equal the float64 reference sketch of the exact per-step rows to
+    float32 products: the recording sketches in float32 (``DenseSketch(dtype=float32)``), whose
+    sums err by ~1e-6 of the row's largest sketched value (another plan differs by O(1))."""
     plan = SketchPlan.from_dict(sketched.sketch)
     want = sketch_rows(plan, torch.from_numpy(exact.read())).numpy()
     got = sketched.read()
     assert got.shape == (exact.n_rows, plan.M) and exact.n_rows > 0
-    np.testing.assert_allclose(got, want, rtol=2.0**-23, atol=1e-12 * np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6 * np.abs(want).max())
     return plan
 
 
