@@ -69,6 +69,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+#: Gaussian probes of the default ``cheap`` check on each side (``gradspec.linalg._verify``).
+PROBES = 16
+
 
 # ---------------------------------------------------------------- data
 def make_store(path: Path, r: int, p: int, latent: int, seed: int = 0) -> None:
@@ -217,6 +220,11 @@ def measure_floor(path: Path, r: int, p: int, k: int, device: str, work: Path) -
         "floor_s": flops / rate + t_read + t_write + t_eigh,
         "gram_floor_s": r * r * p / rate + t_read,
         "vpass_floor_s": 2 * r * p * k / rate + t_write,
+        # The default check's own arithmetic in the V pass (``_passes._Project``, ``HtProbes``):
+        # s = 16 Gaussian probes ride in V's GEMM (2rps float32 flops) and 16 more from the p
+        # side are float64 products (2ps(r + k) flops at the float64 GEMM rate).
+        "vpass_check_floor_s": 2 * r * p * k / rate + t_write + 2 * r * p * PROBES / rate
+        + 2 * p * PROBES * (r + k) / rates["gemm64"],
     }
 
 
@@ -523,7 +531,9 @@ def print_table(rows: list[dict], floor: dict, args) -> None:
             if "gram" in t:
                 extra += f"; Gram pass / its floor = {t['gram'] / floor['gram_floor_s']:.2f}"
             if "project" in t:
-                extra += f"; V pass / its floor = {t['project'] / floor['vpass_floor_s']:.2f}"
+                extra += (f"; V pass / its floor = {t['project'] / floor['vpass_floor_s']:.2f} "
+                          f"({t['project'] / floor['vpass_check_floor_s']:.2f} of the floor with the "
+                          f"check's probe products, {floor['vpass_check_floor_s']:.1f} s)")
             print(f"# {row['method']}: phases {t}{extra}; kernel {row.get('kernel')}, check {row.get('check')} "
                   f"(ok {row.get('check_ok')})")
             for e in row.get("rates", []):
