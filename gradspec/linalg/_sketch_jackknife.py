@@ -82,6 +82,18 @@ JACKKNIFE_STATEMENT = (
 )
 
 
+def sigma_interval(centre: np.ndarray, half: np.ndarray) -> tuple[np.ndarray, ...]:
+    """σ and its interval from an eigenvalue estimate ``centre`` ± ``half`` (clipped at 0):
+    (σ, lower, upper, relative half-width); an interval whose relative half-width exceeds
+    ``MAX_RELATIVE`` (or is undefined) is reported unbounded: [0, ∞), relative width ∞."""
+    sig = np.sqrt(centre)
+    s_lo, s_up = np.sqrt(np.maximum(centre - half, 0.0)), np.sqrt(centre + half)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(sig > 0, (s_up - s_lo) / (2 * sig), np.inf)
+    wild = ~(rel <= MAX_RELATIVE)
+    return sig, np.where(wild, 0.0, s_lo), np.where(wild, np.inf, s_up), np.where(wild, np.inf, rel)
+
+
 def principal_sines(a: np.ndarray, b: np.ndarray) -> float:
     """sin of the largest principal angle between the column spaces of a and b (orthonormal,
     the same number of columns): ‖b − a·aᵀb‖₂, accurate for small angles too."""
@@ -149,16 +161,7 @@ def jackknife_error(
     se = np.sqrt((J - 1) / J * ((loo - mean) ** 2).sum(axis=0))
     t = _t(level, J - 1)
     half = t * se + rounding * lam[0]
-    lower = np.maximum(corrected - half, 0.0)
-    upper = corrected + half
-    sig = np.sqrt(corrected)
-    s_lo, s_up = np.sqrt(lower), np.sqrt(upper)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(sig > 0, (s_up - s_lo) / (2 * sig), np.inf)
-    wild = ~(rel <= MAX_RELATIVE)
-    s_up = np.where(wild, np.inf, s_up)
-    s_lo = np.where(wild, 0.0, s_lo)
-    rel = np.where(wild, np.inf, rel)
+    sig, s_lo, s_up, rel = sigma_interval(corrected, half)
     angles = []
     for a, q in enumerate(qs):
         bound = min(1.0, ANGLE_FACTOR * t * float(np.sqrt((J - 1) / J * (sines[:, a] ** 2).sum())))
@@ -284,16 +287,7 @@ def state(
     k = lam.size
     centre = np.maximum(lam - np.asarray(boot["bias"]), 0.0)
     half = multiplier * sd + rounding * (lam[0] if k else 0.0)
-    lower = np.maximum(centre - half, 0.0)
-    upper = centre + half
-    sig = np.sqrt(centre)
-    s_lo, s_up = np.sqrt(lower), np.sqrt(upper)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(sig > 0, (s_up - s_lo) / (2 * sig), np.inf)
-    wild = ~(rel <= MAX_RELATIVE)
-    s_up = np.where(wild, np.inf, s_up)
-    s_lo = np.where(wild, 0.0, s_lo)
-    rel = np.where(wild, np.inf, rel)
+    sig, s_lo, s_up, rel = sigma_interval(centre, half)
     angles = []
     for q, rms in zip(boot["qs"], boot["sine_rms"], strict=True):
         bound = min(1.0, angle_multiplier * float(rms) + 10 * rounding)
