@@ -48,7 +48,8 @@ def test_rows_are_the_sketch_of_the_exact_per_step_rows(runs):
     assert sk["p"] == exact.p == 26_010 and sk["requested_M"] == 1024 and sketched.p == sk["M"] <= 1024
     plan = SketchPlan.from_dict(sk)
     want = sketch_rows(plan, torch.from_numpy(exact.read())).numpy()
-    np.testing.assert_allclose(sketched.read(), want, rtol=2.0**-23, atol=1e-12 * np.abs(want).max())
+    # the recording sketches in float32: ~1e-6 of the largest value (another plan differs by O(1))
+    np.testing.assert_allclose(sketched.read(), want, rtol=1e-5, atol=2e-6 * np.abs(want).max())
     np.testing.assert_array_equal(sketched.row_meta()["loss"], exact.row_meta()["loss"])
     # the stored width, and why it is below the asked one, in the store and in one info line
     res = invoke("info", runs / "sketch" / "gradients.zarr")
