@@ -113,6 +113,23 @@ def _top(g: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return lam[::-1], w[:, ::-1]
 
 
+def _estimate(grams: Sequence[np.ndarray], exact: np.ndarray | None, k: int,
+              angle_ks: Sequence[int]) -> tuple[int, np.ndarray, np.ndarray, int, list[int], int, np.ndarray, np.ndarray]:
+    """What both error statements start from: (J, Σ_j G_j, Ĝ = G_e + Σ_j G_j, k ≤ r, the subspace sizes q stated,
+    the eigenpairs needed n, the top-n eigenvalues of Ĝ (clipped at 0) and their eigenvectors)."""
+    J = len(grams)
+    if J < 2:
+        raise ValueError("the sketch error needs J >= 2 independent blocks")
+    total = np.sum(grams, axis=0)
+    g = total if exact is None else total + exact
+    r = g.shape[0]
+    k = int(min(k, r))
+    qs = sorted(q for q in {*angle_ks, k} if q <= k and q < r)
+    n = max([k, *qs])
+    lam, w = _top(g, n)
+    return J, total, g, k, qs, n, np.maximum(lam, 0.0), w
+
+
 def jackknife_error(
     grams: Sequence[np.ndarray],
     exact: np.ndarray | None = None,
@@ -137,18 +154,8 @@ def jackknife_error(
         ``sigma_lower``, ``sigma_upper``, ``relative_half_width``, ``angles``, ...) plus
         ``sigma_raw`` and ``method`` (``"jackknife"``).
     """
-    J = len(grams)
-    if J < 2:
-        raise ValueError("the sketch error needs J >= 2 independent blocks")
-    total = np.sum(grams, axis=0)
+    J, total, _, k, qs, n, lam, w = _estimate(grams, exact, k, angle_ks)
     base = np.zeros_like(total) if exact is None else exact
-    g = total + base
-    r = g.shape[0]
-    k = int(min(k, r))
-    qs = sorted(q for q in {*angle_ks, k} if q <= k and q < r)
-    n = max([k, *qs])
-    lam, w = _top(g, n)
-    lam = np.maximum(lam, 0.0)
     loo = np.empty((J, k))
     sines = np.zeros((J, len(qs)))
     for j, gj in enumerate(grams):
@@ -245,17 +252,7 @@ def block_bootstrap(
         ``qs`` and ``sine_rms`` (per q: the RMS sine of the largest principal angle between
         the top-q eigenvectors of a replicate and of Ĝ), ``J``, ``replicates``.
     """
-    J = len(grams)
-    if J < 2:
-        raise ValueError("the sketch error needs J >= 2 independent blocks")
-    total = np.sum(grams, axis=0)
-    g = total if exact is None else total + exact
-    r = g.shape[0]
-    k = int(min(k, r))
-    qs = sorted(q for q in {*angle_ks, k} if q <= k and q < r)
-    n = max([k, *qs])
-    lam, w = _top(g, n)
-    lam = np.maximum(lam, 0.0)
+    J, total, g, k, qs, n, lam, w = _estimate(grams, exact, k, angle_ks)
     dev = np.stack([J * gj - total for gj in grams])  # Ĝ_j − Ĝ (the exact Gram cancels)
     scale = 1.0 / np.sqrt(J * (J - 1))
     xi = np.random.default_rng(seed).standard_normal((replicates, J))
