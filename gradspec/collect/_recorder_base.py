@@ -48,7 +48,6 @@ from gradspec.collect._rows import (
     Grad,
     OwnedRows,
     as_tensor,
-    bound_owned_rows,
     example_norms,
     example_rows_per_chunk,
     flat_rows,
@@ -234,7 +233,7 @@ class RecorderBase:
         if self.max_grad_norm is None or not self.per_example or self.store is None or self.store.sketch is not None:
             return rows.numpy() if isinstance(rows, Tensor) else rows
         if norms is not None and self.store.dtype == "float32":
-            return bound_owned_rows(rows, norms, self.max_grad_norm).numpy()
+            return bound_rows_(rows, self.max_grad_norm, norms=norms).numpy()  # in place, rows over C only
         t = torch.as_tensor(rows)
         stored = bound_rows_(t.clone() if t.dtype == STORE_TORCH_DTYPES[self.store.dtype] else t,
                              self.max_grad_norm, dtype=STORE_TORCH_DTYPES[self.store.dtype])

@@ -89,15 +89,6 @@ class OwnedRows(NamedTuple):
     rows: Tensor
 
 
-def bound_owned_rows(rows: Tensor, norms: Tensor, max_norm: float) -> Tensor:
-    """Float32 rows (b, p) of float64 norms ``norms`` (``gradspec._norms.row_norms64``) bounded in place for
-    a float32 store: `gradspec.privacy.bound_rows_` runs on the rows above C only (it leaves the
-    others bit for bit), instead of on a copy of them all."""
-    from gradspec.privacy import bound_rows_
-
-    return bound_rows_(rows, max_norm, norms=norms)
-
-
 def as_tensor(x: Tensor | np.ndarray | float | Sequence[float]) -> Tensor:
     """A detached tensor of ``x``; an Opacus ghost-clipping loss gives its per-example losses."""
     per_sample = getattr(x, "loss_per_sample", None)  # opacus DPTensorFastGradientClipping
