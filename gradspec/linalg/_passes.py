@@ -21,14 +21,6 @@ from gradspec.linalg._operator_base import Sink
 from gradspec.linalg._precision import cast_into, to_device, to_numpy
 
 
-def sq_norms(v: torch.Tensor) -> torch.Tensor:
-    """Σ_j v[j, i]² for each column i of V's rows v (w×k), in float64 (exact products of
-    float32 numbers): ``gradspec._norms.sq_norms64`` (one numpy einsum on the CPU; torch's
-    chunked float64 norms ran one OpenMP region per 1,024 rows, whose barriers wait for a
-    descheduled thread under load: 7.8 s of a loaded pca's 57 s V pass)."""
-    return sq_norms64(v, 0).to(v.device)
-
-
 class _Gram:
     """G = Σ P·Pᵀ over panels, accumulated in float64 by the operator's Gram kernel."""
 
@@ -298,12 +290,12 @@ class _Project:
         v = out[:, : self.k]
         self.sink(off, to_numpy(vs))
         rounded = vs.dtype != v.dtype and vs.dtype == torch.float32  # V stored narrower
-        self.n2 += sq_norms(vs)  # of V as stored
+        self.n2 += sq_norms64(vs, 0)  # of V as stored (float64 sums of exact squares)
         if self.verify == "none":
             return
         if self.verify == "cheap":
             if rounded:
-                self.rt2 += sq_norms(vs.to(v.dtype) - v) * self.sigma**2
+                self.rt2 += sq_norms64(vs.to(v.dtype) - v, 0) * self.sigma**2
             vprobe = vs if vs.dtype == p.dtype else vs.to(p.dtype)  # exact: the stored values
             self.probe += (out[:, self.k :].T @ vprobe).double()  # (PᵀΩ)ᵀ·V_s = Ωᵀ·P·V_s
             if self.ht is not None:

@@ -197,7 +197,7 @@ def per_parameter_norms(grads: Tensor, spans: Sequence[tuple[int, int]]) -> Tens
         raise ValueError(f"grads must be 2-d (batch, parameters), got shape {tuple(grads.shape)}")
     if not spans:
         return torch.zeros(grads.shape[0], 0, dtype=torch.float64, device=grads.device)
-    return torch.stack([row_norms64(grads[:, a:b]) for a, b in spans], dim=1).to(grads.device)
+    return torch.stack([row_norms64(grads[:, a:b]) for a, b in spans], dim=1)
 
 
 def norm_stats(norms: Tensor, max_norm: float) -> dict[str, float]:
