@@ -39,7 +39,9 @@ def decay_command(
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help=_OVERWRITE_HELP),
     gradients: Path | None = typer.Option(
-        None, "--gradients", help="Gradient store for G_k (default: the spectrum's source store)."
+        None, "--gradients",
+        help="Gradient store for G_k (default: the spectrum's source store; a replayed spectrum's own "
+        "rows need none, held-out rows need unsketched ones).",
     ),
     heldout_rows: str | None = typer.Option(
         None, "--heldout-rows", help="Rows A:B of the gradient store held out from the spectrum."

@@ -19,7 +19,8 @@ What it checks before reading a gradient (each is a one-line ``ValueError``):
 
 How each set of rows is measured — an exact spectrum's own rows from U, σ and the recorded row
 norms with no pass over H, every other set projected onto V in tiles of bounded rows — is
-``_measure`` (issue 36).
+``_measure`` (issue 36). A replayed spectrum's (`gradspec replay`) source store holds its rows
+sketched: they are never read, their G_k come from the spectrum or are not formed (``_measure``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from gradspec.spectrum._measure import MEMORY, measure_rows, tile_rows
+from gradspec.spectrum._measure import MEMORY, measure_rows, tile_rows, why_no_replayed_rows
 from gradspec.spectrum._report import REPORT_FORMAT, DecayAnalysis, DecayConfig, analyze_spectrum
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,14 @@ def _read_columns(spec: Any, store: Any) -> list[tuple[int, int]]:
 
     what = f"the gradient store {store.path!r}"
     src = spec.source
+    names = [d.get("name") for d in src.get("layout") or [] if isinstance(d, dict)]
+    if getattr(store, "sketch", None) is not None and not all(str(n).startswith("sketch.") for n in names):
+        own = (": a replayed spectrum's own rows are measured from the spectrum, without --gradients"
+               if spec.method == "replay" else "")
+        raise ValueError(
+            f"{what} holds sketched rows (its columns are sketch blocks, not parameters) and the spectrum's V "
+            f"is in parameter space: pass a store of unsketched rows of its parameters with --gradients{own}"
+        )
     try:
         expected = spec.param_layout()
     except ValueError:
@@ -210,7 +219,10 @@ def decay_analysis(
             source store. When it *is* the source store (same resolved path, or a copy
             of the same run), the spectrum's own rows are analysed as ``collected`` and
             ``heldout_rows`` of it — which must lie outside them — as ``heldout``; for
-            another store, ``heldout_rows`` of it (default all) are ``heldout``.
+            another store, ``heldout_rows`` of it (default all) are ``heldout``. A replayed
+            spectrum's own rows are never read (its source store holds them sketched): with
+            K = r their G_k come from U, σ and the row norms the replay recorded, with K < r
+            they are not formed (a warning says why).
         heldout_rows: rows of the gradient store held out (``"A:B"``, a slice or indices).
         use_gradients: False analyses σ only (no pass over any gradient store).
         config: analysis settings.
@@ -270,10 +282,18 @@ def decay_analysis(
             "uncentred rows"
         )
     kw: dict[str, Any] = {}
+    replayed = spec.method == "replay"  # its source store holds its rows sketched: never read for G_k
     if use_gradients:
         store = None
         if gradients is not None:
             store = gradients if hasattr(gradients, "iter_col_blocks") else GradientStore.open(gradients)
+        elif replayed:
+            if heldout_rows is not None:
+                raise ValueError(
+                    f"--heldout-rows of a replayed spectrum need unsketched rows: its source "
+                    f"{src.get('path')!r} holds them sketched (columns that are sketch blocks, not "
+                    "parameters); pass an unsketched store of its parameters with --gradients"
+                )
         else:
             # The resolved path first: a relative one means another store from another cwd.
             path = src.get("abspath") or src.get("path")
@@ -289,6 +309,9 @@ def decay_analysis(
                     "the spectrum's source store %r is not available; analysing σ only", path
                 )
                 notes.append(f"source gradient store {path!r} not found: G_k not measured")
+        if replayed:
+            _replayed_rows(spec, kw, sources, notes, ks=cfg.ranks(k), k=k, read_rows=read_rows,
+                           alone=store is None)
         if store is not None:
             cols = _read_columns(spec, store)
             relation = _relation(spec, store)
@@ -371,6 +394,40 @@ def decay_analysis(
     )
     analysis.notes.extend(notes)
     return analysis
+
+
+def _replayed_rows(spec: Any, kw: dict[str, Any], sources: dict[str, Any], notes: list[str], *,
+                   ks: np.ndarray, k: int, read_rows: bool, alone: bool) -> None:
+    """A replayed spectrum's own rows: G_k from U, σ and the recorded norms (K = r), else a warning.
+
+    Their steps come from the sketched source store's row metadata when it is there and still
+    holds the spectrum's rows (its rows are not read).
+    """
+    from gradspec.store import GradientStore, as_slice, describe_row_indices
+
+    why = why_no_replayed_rows(spec)
+    if why is not None and not read_rows:
+        what = "G_k not computed on the replayed spectrum's own rows" + (" (sigma fitted only)" if alone else "")
+        logger.warning("%s: %s", what, why)
+        notes.append(f"{what}: {why}")
+        return
+    own = spec.source_rows
+    kw["collected"], how, _ = measure_rows(spec=spec, store=None, rows=own, own=True, cols=[],
+                                           basis=_Columns(spec.V, k), ks=ks, tiles=0, read_rows=read_rows)
+    src = spec.source
+    path = src.get("abspath") or src.get("path")
+    store = GradientStore.open(path) if path is not None and Path(path).exists() else None
+    try:
+        same = store is not None and _relation(spec, store) == "source"
+    except ValueError:  # rewritten since: its metadata is not the rows'
+        same = False
+    if same:
+        kw["collected_steps"] = store.row_meta(as_slice(own))["step"]
+    else:
+        notes.append(f"the sketched store {path!r} the spectrum was replayed from is not there as it was: the "
+                     "rows' steps are unknown (no per-step error)")
+    sources["collected"] = {"path": spec.path, "relation": "replayed", "rows": describe_row_indices(own),
+                            "n_rows": int(own.size), "col_ranges": src.get("col_ranges"), "measured": how}
 
 
 def sigma_analysis(spectrum: Any) -> DecayAnalysis:

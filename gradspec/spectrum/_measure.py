@@ -9,6 +9,13 @@ Within the spectrum's precision this is what projecting the rows onto the stored
 to ~1e-13 with float64 products and a float64 V, and with float32 products to their Gram's
 rounding (~1e-6 relative on G_k, the σ error pca states for them).
 
+A replayed spectrum (method ``replay``, `gradspec replay`) is of rows its source store holds only
+sketched (columns that are sketch blocks, not V's parameters), so its own rows are never projected:
+with every direction of the rows replayed (K = r: U_K spans them all) its Rayleigh–Ritz step is
+the exact SVD of the exact rows, and U, σ and the exact rows' norms the replay recorded give G_k
+as above; with K < r its U = U_K·W are Ritz vectors of span(U_K) and its rows' G_k cannot be
+formed (:func:`why_no_replayed_rows`).
+
 Every other set of rows — held-out rows, and the own rows of an iterative (Ritz vectors:
 H·V = U·Σ only to their residuals), centred (G_k are of the raw rows) or TF32 spectrum — is
 projected onto V (:func:`project_rows`) in one pass over those rows and V, in tiles of rows
@@ -60,6 +67,26 @@ def why_project_own_rows(spec: Any) -> str | None:
     return None
 
 
+def why_no_replayed_rows(spec: Any) -> str | None:
+    """Why a replayed spectrum's own rows get no G_k (None: U, σ and the recorded norms give them).
+
+    Its rows cannot be projected onto V (the source store holds them sketched); the identity
+    ‖(I − P_k)h_i‖² = ‖h_i‖² − Σ_{j≤k} σ_j²·U_ij² needs exact left singular vectors, which the
+    replay's Rayleigh–Ritz step gives only when U_K spans every row (K = r).
+    """
+    rec = spec.source.get("replay") or {}
+    K, r = rec.get("K"), rec.get("rows_used", spec.shape[0])
+    if K is None or int(K) < int(r):
+        return (f"the replay used K = {K} of the r = {r} directions of the rows, so its U are Ritz vectors of "
+                "their span (H·V = U·Σ only there), and the rows are stored sketched, not in parameter "
+                f"space; replay every direction (`gradspec pca SKETCHED --k {r}`, then `gradspec replay`) "
+                "for their G_k, or pass unsketched rows of its parameters with --gradients (held out)")
+    if spec.row_sq_norms is None:
+        return ("the replayed spectrum records no row norms (the sketched store holds only sketched rows; "
+                "replays before this gradspec did not record them): rerun `gradspec replay`")
+    return None
+
+
 def measure_rows(
     *,
     spec: Any,
@@ -96,6 +123,14 @@ def measure_rows(
         blocks = store.iter_tiles(rows=sel, col_ranges=cols, tile_rows=tiles)
         return project_rows(blocks, basis, ks=ranks, n_rows=int(rows.size), progress=progress)
 
+    if own and spec.method == "replay":
+        why = ("read_rows: its rows are stored sketched, they cannot be projected onto its V in parameter "
+               "space") if read_rows else why_no_replayed_rows(spec)
+        if why is not None:
+            raise ValueError(f"G_k of the replayed spectrum's own rows cannot be formed: {why}")
+        how = ("from the replayed spectrum's U and sigma (K = r: the exact SVD of the exact rows) and the exact "
+               "rows' norms the replay recorded (no store read)")
+        return row_projections_from_svd(spec.row_sq_norms, spec.U[:, :k], spec.sigma[:k], ks), how, None
     why = ("asked to (read_rows)" if read_rows else why_project_own_rows(spec)) if own else None
     if own and why is None:
         norms = spec.row_sq_norms

@@ -23,7 +23,9 @@ Rayleigh–Ritz step of the exact rows on span(U_K): eigh(AᵀA) = W·Λ·Wᵀ, 
 U = U_K·W. So Hᵀ·u_i = σ_i·v_i exactly (in float64), V is orthonormal, its columns come in σ
 order, and σ_i = σ_i(U_Kᵀ·H) ≤ σ_i(H) (interlacing: no upward bias, unlike the sketch's σ).
 span(V) = span(Hᵀ·U_K·Σ_K⁻¹), the issue's V: the Σ⁻¹ scaling changes no span. With K = r (every
-direction of the rows) the result is the exact SVD of H, whatever the sketch's error.
+direction of the rows) the result is the exact SVD of H, whatever the sketch's error. Each used
+row's ‖h_t‖² is recorded too (``row_sq_norms``: the sketched store holds only Φ·h_t); with K = r
+they and U, σ give `gradspec decay` the rows' G_k as for an exact spectrum, with no store read.
 
 Cost: the training run again (evaluation, logging and checkpoints left out: they change nothing
 a step computes), plus the step's sketch (as in the collect run) and a K × p product per row.

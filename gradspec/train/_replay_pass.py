@@ -1,6 +1,7 @@
 """One replay of a per-step sketched run (`gradspec.train.replay`, see ``_replay``): the trainer's
 own loop (``_loop._train``) run again, each row it would store checked against the stored one,
-and its exact row added to the accumulators Aᵀ = U_Kᵀ·H[:, a:b]."""
+and its exact row added to the accumulators Aᵀ = U_Kᵀ·H[:, a:b] (its squared norm kept: the sketched
+store holds only the sketched rows)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class _Check:
     worst: float = 0.0
     worst_step: int | None = None
     frob2: float = 0.0
+    sq_norms: np.ndarray | None = None  # (n_rows,) ‖h_i‖² of the exact rows used (0 elsewhere)
 
 
 class _Sink:
@@ -61,7 +63,7 @@ class _Sink:
         self.buf = torch.zeros((BUFFER_ROWS, b - a), dtype=torch.float64, device=device)
         self.cbuf = torch.zeros((BUFFER_ROWS, K), dtype=torch.float64, device=device)
         self.filled = 0
-        self.check = _Check()
+        self.check = _Check(sq_norms=np.zeros(g.n_rows))
         self.i = 0
 
     @property
@@ -105,7 +107,8 @@ class _Sink:
             c.worst, c.worst_step = rel, step
         if self.case.used[i]:
             h = self.tap.row.reshape(-1)
-            c.frob2 += float(torch.linalg.vector_norm(h, dtype=torch.float64) ** 2)
+            c.sq_norms[i] = float(torch.linalg.vector_norm(h, dtype=torch.float64) ** 2)
+            c.frob2 += c.sq_norms[i]
             self.buf[self.filled].copy_(h[self.a:self.b])
             self.cbuf[self.filled].copy_(torch.from_numpy(self.case.coef[i]))
             self.filled += 1

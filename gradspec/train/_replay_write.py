@@ -111,6 +111,9 @@ def write(case: Any, parts: Parts, out: Path, check: Any, *, passes: int, chunk:
                               "float64; eigh(A^T A) = W L W^T; sigma = L^1/2, V = A W L^-1/2, U = U_K W "
                               "(H^T u_i = sigma_i v_i); span(V) = span(H^T U_K Sigma_K^-1), whose Sigma^-1 "
                               "scaling changes no span",
+        "row_norms": "row_sq_norms: ||h_i||^2 of the exact replayed rows (the sketched store holds only "
+                     "sketched rows); with K = r, U and sigma are the exact SVD of H and gradspec decay forms "
+                     "the rows' G_k from U, sigma and these",
         "device": str(case.config.device), "torch": torch.__version__,
         "seconds_replay": round(replayed, 3),  # the checks, the run's steps, the accumulation
     }
@@ -118,8 +121,9 @@ def write(case: Any, parts: Parts, out: Path, check: Any, *, passes: int, chunk:
     params = {"k": kept, "k_requested": k, "method": "replay", "rank_rtol": None, "right_vectors": "parameter space",
               "reason": "replay of the seeded run: V = H^T U Sigma^-1 from its exact per-step rows",
               "k_reason": reason, "v_dtype": "float32", "center": False}
+    rows = np.asarray(case.spectrum.source_rows, dtype=np.int64)  # U's row order
     created = SpectrumStore.create(stage, r=r, p=p, k=kept, method="replay", params=params, source=src,
-                                   source_rows=np.asarray(case.spectrum.source_rows, dtype=np.int64),
+                                   source_rows=rows,
                                    v_dtype="float32", overwrite=True)
     try:
         raw = np.zeros((p, K)) if keep_raw else None
@@ -145,6 +149,7 @@ def write(case: Any, parts: Parts, out: Path, check: Any, *, passes: int, chunk:
             residual_h=outside / sigma, residual_ht=np.sqrt(err2),
             reconstruction_error=math.sqrt(max(0.0, 1.0 - float((sigma**2).sum()) / frob2)) if frob2 > 0 else 0.0,
             params=params, source=src, passes=passes, timings={"replay": replayed, "total": time.perf_counter() - t0},
+            row_sq_norms=check.sq_norms[rows],
             check={"check": "replay", "confidence": 1.0,
                    "residual_h_check": "bound: ||(I - U_K U_K^T) H||_F / sigma_i, from ||H||_F^2 and trace(A^T A)",
                    "residual_ht_check": "measured: the rounding of V (formed in float64) to float32; "

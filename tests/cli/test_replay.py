@@ -4,6 +4,7 @@ refused in one line naming the step, exit non-zero, nothing written."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -77,3 +78,32 @@ def test_a_run_that_does_not_replay_is_refused_in_one_line(run, tmp_path):
     assert errors[0].startswith("error: step 2 (row 2) does not replay: its recomputed sketch differs from the "
                                 "stored row by "), errors[0]
     assert not (tmp_path / "v").exists()
+
+
+def test_decay_of_a_replayed_spectrum(run, tmp_path):
+    """K = r (pca --k 4 of the 4 steps): decay forms the own rows' G_k from the replayed spectrum;
+    K = 3 < r: σ fitted, one warning line saying why there is no G_k and how to get it, exit 0;
+    --heldout-rows of the sketched store: one error line (was, for each: "... has no parameter
+    'conv1.weight' ...: it holds gradients of another model or parameter selection")."""
+    store = run / "sketch" / "gradients.zarr"
+    res = invoke("pca", store, "--k", 4, "--out", tmp_path / "spec4", "--no-progress")
+    assert res.exit_code == 0, res.output
+    for spec, out in ((tmp_path / "spec4", tmp_path / "v4"), (run / "spec", tmp_path / "v3")):
+        res = invoke("replay", store, "--spectrum", spec, "--out", out, "--no-progress")
+        assert res.exit_code == 0, res.output
+    res = invoke("decay", tmp_path / "v4", "--out", tmp_path / "d4", "--every-rank", "--no-plots", "--no-progress")
+    assert res.exit_code == 0, res.output
+    assert "G_k_collected: G_k (max) decays like" in res.output and "WARNING" not in res.output
+    report = json.loads((tmp_path / "d4" / "report.json").read_text())
+    assert report["sources"]["collected"]["measured"].startswith("from the replayed spectrum's U and sigma (K = r")
+    assert report["rows"]["collected"]["G_k"]["ks"] == [0, 1, 2, 3, 4]
+    res = invoke("decay", tmp_path / "v3", "--out", tmp_path / "d3", "--no-plots", "--no-progress")
+    assert res.exit_code == 0, res.output
+    assert "spectrum_fit:" in res.output and "G_k_collected" not in res.output
+    warned = [line for line in res.output.splitlines() if line.startswith("WARNING")]
+    assert len(warned) == 1 and "G_k not computed on the replayed spectrum's own rows (sigma fitted only): the " \
+        "replay used K = 3 of the r = 4 directions" in warned[0] and "gradspec pca SKETCHED --k 4" in warned[0], res.output
+    res = invoke("decay", tmp_path / "v4", "--out", tmp_path / "dh", "--heldout-rows", "0:2", "--no-plots")
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert res.exit_code != 0 and len(errors) == 1 and "Traceback" not in res.output, res.output
+    assert errors[0].startswith("error: --heldout-rows of a replayed spectrum need unsketched rows"), errors[0]

@@ -194,3 +194,101 @@ def test_a_bfloat16_store_of_every_other_step_replays_bit_for_bit(tmp_path):
     res = replay(run.store, tmp_path / "spec", out=tmp_path / "v", task=tiny_task())
     assert res.rows_checked == res.rows_exact == 3 and res.record["verification"]["store_dtype"] == "bfloat16"
     assert res.record["verification"]["tolerance"] == 2.0**-7
+
+
+# ---------------------------------------------------------------------- decay of a replayed spectrum
+DECAY = {"n": 64, "epsilon": 2.0, "delta": 1e-5, "diameter": 1.0}  # tiny's 64 training examples
+
+
+def _no_rows_read(monkeypatch):
+    """Reading any gradient block fails the test (row metadata stays readable)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("read a gradient row")
+
+    for name in ("iter_tiles", "iter_col_blocks", "iter_row_blocks", "read"):
+        monkeypatch.setattr(GradientStore, name, refuse)
+
+
+def _values(report, path=""):
+    """Every value of a report.json dict outside its sources, notes and summary, by path; a list
+    of numbers is one value."""
+    if isinstance(report, dict):
+        return {k: v for key, val in report.items() if key not in ("source", "sources", "notes", "summary")
+                for k, v in _values(val, f"{path}.{key}").items()}
+    if isinstance(report, list) and report and isinstance(report[0], dict | list):
+        return {k: v for i, val in enumerate(report) for k, v in _values(val, f"{path}[{i}]").items()}
+    return {path: report}
+
+
+def test_decay_of_a_replay_of_every_direction_is_decay_of_the_exact_rows(runs, tmp_path, monkeypatch):
+    """K = r: the replay is the exact SVD of the exact rows and records their norms, so decay forms
+    their G_k from the spectrum alone (no row read) and every number of report.json is the one
+    decay gives on the exact per-step collection of the same run (float64 pca)."""
+    from gradspec.spectrum import DecayConfig, decay_analysis
+
+    replay(runs / "sketch" / "gradients.zarr", runs / f"spec{STEPS}", out=tmp_path / "v", task=tiny_task())
+    out = SpectrumStore.open(tmp_path / "v")
+    np.testing.assert_allclose(out.row_sq_norms, (_h(runs) ** 2).sum(1), rtol=1e-12)  # U's rows: steps 0..11
+    assert "row_sq_norms" in out.source["replay"]["row_norms"]
+    pca(source=str(runs / "exact" / "gradients.zarr"), k=STEPS, precision="float64", out=tmp_path / "exact",
+        progress=False)
+    # At k = r both sides' G_k are rounding (‖h‖² − Σσ²U² cancels to ~1e-16 of ‖h‖²: ~1e-8 of G_0 after
+    # the root), and so is whatever is built on them there: every number is compared below rank r,
+    # G_k at every rank to that floor.
+    for config, rtol, floor in ((DecayConfig(**DECAY, k_max=STEPS - 2), 1e-9, 1e-12),
+                                (DecayConfig(**DECAY, every_rank=True), 1e-9, 1e-6)):
+        want = decay_analysis(spectrum=tmp_path / "exact", config=config).to_dict()
+        with monkeypatch.context() as m:
+            _no_rows_read(m)
+            got = decay_analysis(spectrum=tmp_path / "v", config=config).to_dict()
+        assert got["sources"]["collected"]["measured"].startswith("from the replayed spectrum's U and sigma (K = r")
+        assert got["summary"].keys() == want["summary"].keys() and "G_k_collected" in got["summary"]
+        a, b = _values(got), _values(want)
+        assert a.keys() == b.keys()
+        assert a[".rows.collected.reconstruction_error_by_step.steps"] == list(range(STEPS))  # the sketched store's
+        keys = [key for key in a if config.k_max or key.startswith(".rows.collected.G_k.")]
+        assert ".rows.collected.G_k.max" in keys
+        for key in keys:
+            x, y = np.asarray(a[key]), np.asarray(b[key])
+            if x.dtype.kind == "f" or y.dtype.kind == "f":
+                np.testing.assert_allclose(x, y, rtol=rtol, atol=floor * np.abs(y).max(), err_msg=key)
+            else:
+                assert a[key] == b[key], key
+
+
+def test_decay_of_a_replay_of_fewer_directions_fits_sigma_only_and_says_why(runs, tmp_path, caplog):
+    """K < r: U = U_K·W are Ritz vectors and the rows are stored sketched: no G_k of the own rows
+    (never ‖h‖² − Σσ²U² of Ritz vectors), a warning naming K, r and the fix; σ is fitted. Held-out
+    rows need unsketched rows (--gradients): asking for the sketched store's is refused in one line."""
+    from gradspec.spectrum import DecayConfig, decay_analysis
+
+    replay(runs / "sketch" / "gradients.zarr", runs / "spec4", out=tmp_path / "v", task=tiny_task())
+    with caplog.at_level("WARNING", logger="gradspec.spectrum"):
+        got = decay_analysis(spectrum=tmp_path / "v", config=DecayConfig(**DECAY))
+    assert got.rows == {} and got.fit_singular is not None
+    warned = [r.getMessage() for r in caplog.records if "G_k not computed" in r.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0]
+    assert "K = 4 of the r = 12 directions" in warned[0] and f"gradspec pca SKETCHED --k {STEPS}" in warned[0]
+    assert any("K = 4 of the r = 12" in note for note in got.notes)
+    for kw, match in (({"heldout_rows": "0:3"}, "^--heldout-rows of a replayed spectrum need unsketched rows"),
+                      ({"gradients": runs / "sketch" / "gradients.zarr"},
+                       "holds sketched rows .* leave out --gradients|holds sketched rows .* without --gradients$")):
+        with pytest.raises(ValueError, match=match) as err:
+            decay_analysis(spectrum=tmp_path / "v", **kw)
+        assert "\n" not in str(err.value) and "another model" not in str(err.value)
+    # unsketched rows of its parameters are projected onto its V, as for any spectrum
+    held = decay_analysis(spectrum=tmp_path / "v", gradients=runs / "exact" / "gradients.zarr").to_dict()
+    assert held["rows"]["heldout"]["G_k"]["n_rows"] == STEPS and "collected" not in held["rows"]
+
+
+def test_decay_of_a_replay_without_recorded_row_norms_measures_no_g_k(runs, tmp_path):
+    """A replay written before the norms were recorded: the sketched store's norms are not the rows'
+    (a plausible wrong G_k), so σ only, and the note says to replay again."""
+    from gradspec.spectrum import decay_analysis
+
+    replay(runs / "sketch" / "gradients.zarr", runs / f"spec{STEPS}", out=tmp_path / "v", task=tiny_task())
+    del SpectrumStore.open(tmp_path / "v", mode="r+")._group["row_sq_norms"]
+    got = decay_analysis(spectrum=tmp_path / "v")
+    assert got.rows == {} and any("rerun `gradspec replay`" in note for note in got.notes)
+    with pytest.raises(ValueError, match="read_rows: its rows are stored sketched"):
+        decay_analysis(spectrum=tmp_path / "v", read_rows=True)
