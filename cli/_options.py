@@ -84,6 +84,10 @@ Sketch = Annotated[int, typer.Option(
 SketchSeed = Annotated[int, typer.Option("--sketch-seed", help="Seed of the --sketch plan's random factors.")]
 SketchBlocks = Annotated[int, typer.Option(
     "--sketch-blocks", help="Independent blocks J >= 2 of the --sketch (each a full sketch with M/J columns).")]
+SketchWeights = Annotated[str, typer.Option(
+    "--sketch-weights", help="How the --sketch plan splits its columns among the parameters: energy (by each "
+    "parameter's clipped-gradient energy in a warm-up batch, the first --batch-size examples at the starting "
+    "weights) or sqrt-size (by sqrt(numel), no data seen).")]
 
 # Options that set a CollectConfig field: option parameter -> field ("sigma" is the
 # deprecated alias of --noise-multiplier). On --resume only the
@@ -98,6 +102,7 @@ SETTINGS = {
     "log_every": "log_every", "checkpoint_every": "checkpoint_every",
     "skip_nonfinite": "skip_nonfinite", "seed": "seed", "task_seed": "task_seed", "device": "device", "compressor": "compressor",
     "sketch": "sketch", "sketch_seed": "sketch_seed", "sketch_blocks": "sketch_blocks",
+    "sketch_weights": "sketch_weights",
 }
 
 

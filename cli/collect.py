@@ -48,6 +48,7 @@ def collect_command(
     sketch: opt.Sketch = None,
     sketch_seed: opt.SketchSeed = 0,
     sketch_blocks: opt.SketchBlocks = 8,
+    sketch_weights: opt.SketchWeights = "energy",
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint. Options given with it must match the run, except the run's length (--steps/--epochs), --eval-every, --log-every, --checkpoint-every, --skip-nonfinite, --microbatch."),
     allow_larger_epsilon: bool = typer.Option(False, "--allow-larger-epsilon", help="With --resume: run more steps than the noise multiplier of an --epsilon run was calibrated for (its epsilon then exceeds the target)."),
     stop_after: int = typer.Option(None, "--stop-after", help="Stop (checkpointed) after N steps of this call; continue later with --resume."),
@@ -66,8 +67,9 @@ def collect_command(
         if opt.passed_options(ctx, ["mode"]) and mode != CollectMode.PER_EXAMPLE.value:
             raise ValueError(f"--per-example and --mode {mode} contradict each other: give one of them")
         mode = CollectMode.PER_EXAMPLE.value
-    if sketch is None and opt.passed_options(ctx, ["sketch_seed", "sketch_blocks"]):
-        raise ValueError("--sketch-seed and --sketch-blocks set up a --sketch M: add --sketch, or drop them")
+    if sketch is None and opt.passed_options(ctx, ["sketch_seed", "sketch_blocks", "sketch_weights"]):
+        raise ValueError("--sketch-seed, --sketch-blocks and --sketch-weights set up a --sketch M: add --sketch, "
+                         "or drop them")
     if resume:
         # (with --overwrite too, collect() refuses the pair before reading anything)
         given = opt.resume_settings(ctx, ctx.params)
@@ -84,7 +86,7 @@ def collect_command(
             optimizer=optimizer, lr=lr, dtype=dtype, backend=backend, microbatch=microbatch,
             eval_every=eval_every, log_every=log_every, checkpoint_every=checkpoint_every,
             skip_nonfinite=skip_nonfinite, seed=seed, task_seed=task_seed, device=device, compressor=compressor,
-            sketch=sketch, sketch_seed=sketch_seed, sketch_blocks=sketch_blocks,
+            sketch=sketch, sketch_seed=sketch_seed, sketch_blocks=sketch_blocks, sketch_weights=sketch_weights,
         )
     result = collect(config, out=out, resume=resume, overwrite=overwrite, progress=not no_progress,
                      stop_after=stop_after, allow_larger_epsilon=allow_larger_epsilon)

@@ -34,6 +34,7 @@ from gradspec.sketch._plan import (
     VERSION,
     ParamSketch,
     SketchPlan,
+    energy_weights,
     make_plan,
 )
 from gradspec.sketch._reference import sketch_matrix, sketch_rows
@@ -55,6 +56,7 @@ __all__ = [
     "block_factors",
     "check_width",
     "dense_kinds",
+    "energy_weights",
     "factor_seed",
     "make_plan",
     "plan_attribute",

@@ -29,7 +29,10 @@ weight w_p that stands for e_p: a measured gradient energy when one is given (``
 e.g. the mean squared per-parameter norm of a warm-up batch), else ``sqrt(numel)`` (small
 parameters carry far more energy per value than big ones: a 4-class head holds ~1/3 of
 ||H||_F^2 in the models measured, docs/sketch_calibration.md). With m_p proportional to e_p
-the total error equals a dense Gaussian sketch's of the same width. Then:
+the total error equals a dense Gaussian sketch's of the same width. ``collect --sketch``
+measures them (``--sketch-weights energy``, the default): `energy_weights` of the clipped
+gradients of a warm-up batch (`gradspec.train._sketching.warmup_energies`), hedged half by the
+``sqrt(numel)`` prior; the plan records which (``weighting``). Then:
 
 * **exact**: a parameter whose share of the columns left (by weight) is at least its size,
   or whose size is at most ``M / (4 K)`` (K parameters), is stored whole (it costs no more
@@ -78,6 +81,10 @@ KINDS = ("exact", "kronecker", "countsketch-kronecker", "dense")
 #: The kinds a layer rule may ask for (``exact`` is decided by the plan, by size).
 SKETCH_KINDS = KINDS[1:]
 DEFAULT_BLOCKS = 8
+#: Version 2: how the columns are split (``SketchPlan.weighting``).
+WEIGHTINGS = ("sqrt-size", "energy")
+#: `energy_weights`: the share of the ``sqrt(numel)`` prior in the measured weights.
+ENERGY_PRIOR = 0.5
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,9 @@ class SketchPlan:
     exact_width: int
     block_width: int
     version: int = VERSION
+    #: How the columns were split (version 2): ``sqrt-size`` (by ``sqrt(numel)``, no data seen)
+    #: or ``energy`` (by measured gradient energies, `energy_weights`).
+    weighting: str = "sqrt-size"
 
     @property
     def M(self) -> int:  # noqa: N802 - the paper's name
@@ -181,6 +191,7 @@ class SketchPlan:
             "scale": 1.0 / math.sqrt(self.n_blocks),  # a pair of R also carries 1/sqrt(R)
             "seeds": "blake2b-8 of '<seed>:<block>:<parameter name>:<factor>' (gradspec.sketch.factor_seed)",
             "params": [s.to_dict() for s in self.params],
+            **({"weighting": self.weighting} if self.version >= 2 else {}),
         }
 
     @classmethod
@@ -193,8 +204,11 @@ class SketchPlan:
         blocks = [[tuple(r) for r in b] for b in d["blocks"]]
         exact = sum(b - a for a, b in d["exact"])
         width = blocks[0][0][1] - blocks[0][0][0] if blocks else 0
+        weighting = str(d.get("weighting", "sqrt-size"))
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"sketch plan weighting {weighting!r}: this gradspec reads {', '.join(WEIGHTINGS)}")
         plan = cls(int(d["seed"]), int(d.get("requested_M", d["M"])), len(blocks), params, exact, width,
-                   int(d["version"]))
+                   int(d["version"]), weighting)
         if int(d["M"]) != plan.M or any([plan.block_range(j)] != b for j, b in enumerate(blocks)):
             raise ValueError(f"sketch plan of M = {d['M']} whose block column ranges do not tile its columns")
         return plan
@@ -285,7 +299,42 @@ def make_plan(layout: ParamLayout, kinds: Mapping[str, str], M: int, *, seed: in
         out.append(ParamSketch(s.name, s.shape, s.offset, kind, dims[s.name], cols, pairs[s.name]))
     order = {s.name: i for i, s in enumerate(specs)}
     out.sort(key=lambda ps: order[ps.name])
-    return SketchPlan(int(seed), int(M), int(blocks), tuple(out), used, block_width, int(version))
+    return SketchPlan(int(seed), int(M), int(blocks), tuple(out), used, block_width, int(version),
+                      "sqrt-size" if weights is None or version == 1 else "energy")
+
+
+def energy_weights(layout: ParamLayout, energies: Mapping[str, float], *, prior: float = ENERGY_PRIOR) -> dict[str, float]:
+    """`make_plan` weights from measured gradient energies, hedged by the ``sqrt(numel)`` prior.
+
+    ``w_p = (1 - prior) e_p / sum(e) + prior sqrt(n_p) / sum(sqrt(n))``: a warm-up batch's
+    energies steer the columns towards the parameters that carry ``||H||_F^2`` (a few-class
+    head, biases), while every parameter keeps at least ``prior`` of its unmeasured share, so
+    a parameter that was quiet in the warm-up but not later is not starved.
+
+    Args:
+        layout: the unsketched row's parameters.
+        energies: per parameter, a measured energy >= 0 (any common scale), e.g. the mean
+            squared clipped per-parameter norm of a warm-up batch.
+        prior: the weight of the ``sqrt(numel)`` prior, in [0, 1].
+
+    Raises:
+        ValueError: a parameter without a finite energy >= 0, all energies 0, or prior outside [0, 1].
+    """
+    if not 0.0 <= prior <= 1.0:
+        raise ValueError(f"the energy weights' prior must be in [0, 1], got {prior}")
+    e = {}
+    for s in layout.params:
+        v = energies.get(s.name)
+        if v is None or not math.isfinite(float(v)) or float(v) < 0:
+            raise ValueError(f"gradient energy of parameter {s.name!r} is {v!r}: give a finite energy >= 0 "
+                             "for every parameter")
+        e[s.name] = float(v)
+    total = sum(e.values())
+    if total <= 0:
+        raise ValueError("every measured gradient energy is 0: the warm-up batch's gradients vanish")
+    roots = {s.name: math.sqrt(s.numel) for s in layout.params}
+    norm = sum(roots.values())
+    return {n: (1.0 - prior) * e[n] / total + prior * roots[n] / norm for n in e}
 
 
 def _weights(specs: Sequence[Any], weights: Mapping[str, float] | None, version: int) -> dict[str, float]:

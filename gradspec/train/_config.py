@@ -116,6 +116,11 @@ class TrainConfig:
             With a sketch, ``params`` None means every trainable parameter of the task's model.
         sketch_seed: the sketch plan's seed (every random factor derives from it).
         sketch_blocks: J >= 2 independent blocks of the sketch (error estimates).
+        sketch_weights: how the plan splits its columns among the parameters: ``energy`` (the
+            default) in proportion to each parameter's gradient energy in a warm-up batch (the
+            first ``batch_size`` training examples at the starting weights, with the run's
+            clipping; `gradspec.sketch.energy_weights`), ``sqrt-size`` by ``sqrt(numel)`` (no
+            data seen). A resumed or replayed run keeps its store's plan.
     """
 
     task: str = "text"
@@ -151,6 +156,7 @@ class TrainConfig:
     sketch: int | None = None
     sketch_seed: int = 0
     sketch_blocks: int = 8
+    sketch_weights: str = "energy"
 
     def __post_init__(self) -> None:
         for name, (enum, what) in _ENUMS.items():
@@ -263,6 +269,8 @@ def _check_sketch(c: TrainConfig) -> None:
     """Refuse the settings a sketched collection does not take (one line each)."""
     if c.sketch < 1:
         raise ValueError(f"--sketch M must be a positive number of columns, got {c.sketch}")
+    if c.sketch_weights not in ("energy", "sqrt-size"):
+        raise ValueError(f"--sketch-weights must be energy or sqrt-size, got {c.sketch_weights!r}")
     if c.sketch_blocks < 2:
         raise ValueError(f"--sketch-blocks must be >= 2 (independent blocks), got {c.sketch_blocks}")
     if c.mode == CollectMode.PER_EXAMPLE and c.backend not in (PerExampleBackend.GHOST, PerExampleBackend.AUTO):

@@ -321,6 +321,29 @@ class GhostClipping(EngineBase):
         return GhostResult(total, torch.cat(norms), torch.cat(losses), torch.cat(rows), torch.cat(kept_factors),
                            torch.cat(param_norms))
 
+    def clipped_energies(self, batch: Batch, max_norm: float | None) -> tuple[Tensor, Tensor]:
+        """(the clipped sum, each example's squared clipped norm per parameter, (B, parameters)
+        float64) of ``batch``, without forming rows: the warm-up of an energy-weighted sketch
+        plan (`gradspec.sketch.energy_weights`)."""
+        b = _batch_size(batch)
+        step = self.microbatch or max(b, 1)
+        total = torch.zeros(self.p, dtype=self._dtype(), device=self._device())
+        energies = []
+        for start in range(0, b, step):
+            part = {k: v[start : start + step] for k, v in batch.items()}
+            loss = self._capture(part)
+            try:
+                norms2 = self._norms2(loss.shape[0]).clamp_(min=0)
+                norm = norms2.sum(1).sqrt()
+                factors = (clip_factors(norm, max_norm) if max_norm is not None
+                           else torch.ones_like(norm))
+                self._weighted_sum(factors, out=total)
+                energies.append(norms2 * factors.to(norms2.dtype)[:, None] ** 2)
+            finally:
+                self._release()
+        k = len(self.names)
+        return total, (torch.cat(energies) if energies else torch.zeros(0, k, dtype=torch.float64))
+
     # ------------------------------------------------------------------ one pass
     def _dtype(self) -> torch.dtype:
         return self.model.get_parameter(self.names[0]).dtype

@@ -29,7 +29,7 @@ from gradspec.train._distributed import Ranks
 from gradspec.train._hooks import StepHooks
 from gradspec.train._result import package_versions
 from gradspec.train._sampling import PoissonSampler, ShuffleSampler
-from gradspec.train._sketching import sketch_plan
+from gradspec.train._sketching import sketch_plan, warmup_energies
 
 logger = logging.getLogger(__name__)
 
@@ -122,16 +122,18 @@ class _Run:
         # logged once, at the first step (after every check of the run has passed)
         self._engine_note: str | None = f"per-example backend: {self.engine}" + (f" ({why})" if why else "")
         ghost = self.ghost is not None
-        #: The sketch plan of a ``--sketch`` run (None otherwise), the stored row's layout, and
-        #: (per-step rows) the map of the step's dense mean clipped gradient.
-        self.plan, self.dense_sketch = sketch_plan(config, self.layout, self.model, self.ghost, self.device,
-                                                   log=self.ranks.is_writer)
-        self.store_layout = self.layout if self.plan is None else self.plan.column_layout()
         self.grads = PerExampleGradients(
             self.model, task.forward, task.loss, self.names,
             backend=PerExampleBackend.HOOKS if self.engine == "hooks" else PerExampleBackend.VMAP,
             microbatch=config.microbatch,
         )
+        #: The sketch plan of a ``--sketch`` run (None otherwise), the stored row's layout, and
+        #: (per-step rows) the map of the step's dense mean clipped gradient.
+        self.plan, self.dense_sketch = sketch_plan(
+            config, self.layout, self.model, self.ghost, self.device, log=self.ranks.is_writer,
+            energies=lambda: warmup_energies(config, self.layout, task, self.ghost, self.grads, self.device,
+                                             self.ranks))
+        self.store_layout = self.layout if self.plan is None else self.plan.column_layout()
         self.step = 0
         self.n = n
         self.run_id = uuid.uuid4().hex

@@ -12,6 +12,7 @@ of one model and seed share one map.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,16 +26,19 @@ logger = logging.getLogger(__name__)
 
 
 def sketch_plan(config: TrainConfig, layout: ParamLayout, model: nn.Module, ghost: Any, device: torch.device, *,
-                log: bool = True) -> tuple[Any, Any]:
+                log: bool = True, energies: Callable[[], dict[str, float]] | None = None) -> tuple[Any, Any]:
     """(plan, `DenseSketch` or None) of a ``--sketch`` run; (None, None) without a sketch.
 
     Args:
-        config: the run's settings (``sketch``, ``sketch_seed``, ``sketch_blocks``, ``mode``).
+        config: the run's settings (``sketch``, ``sketch_seed``, ``sketch_blocks``,
+            ``sketch_weights``, ``mode``).
         layout: the unsketched row's parameters.
         model: the module they belong to (an embedding is known by its type).
         ghost: the run's `GhostClipping` (per-example rows: it computes their sketch).
         device: where a per-step row's sketch runs.
         log: say, in one INFO line, why the plan stores fewer columns than were asked for.
+        energies: ``sketch_weights="energy"``: measures each parameter's gradient energy
+            (`warmup_energies`); called only when a plan is made.
 
     Raises:
         ValueError: M at or above p (`gradspec.sketch.check_width`), or too small for every
@@ -42,16 +46,62 @@ def sketch_plan(config: TrainConfig, layout: ParamLayout, model: nn.Module, ghos
     """
     if config.sketch is None:
         return None, None
-    from gradspec.sketch import check_width, dense_kinds, make_plan, width_note
+    from gradspec.sketch import check_width, dense_kinds, energy_weights, make_plan, width_note
 
     check_width(config.sketch, layout.p)
     per_example = config.mode == CollectMode.PER_EXAMPLE
     kinds = ghost.sketch_kinds() if per_example else dense_kinds(layout, model)
-    plan = make_plan(layout, kinds, config.sketch, seed=config.sketch_seed, blocks=config.sketch_blocks)
+    weights = None
+    if config.sketch_weights == "energy":
+        if energies is None:
+            raise ValueError("sketch_weights='energy' needs the warm-up batch's energies")
+        weights = energy_weights(layout, energies())
+    plan = make_plan(layout, kinds, config.sketch, seed=config.sketch_seed, blocks=config.sketch_blocks,
+                     weights=weights)
     note = width_note(plan)
     if note and log:
         logger.info("sketch: %s", note)
     return use_plan(plan, config, ghost, device)
+
+
+def warmup_energies(config: TrainConfig, layout: ParamLayout, task: Any, ghost: Any, grads: Any,
+                    device: torch.device, ranks: Any = None) -> dict[str, float]:
+    """Each parameter's gradient energy in a warm-up batch: the plan's column weights.
+
+    The warm-up batch is the first ``batch_size`` training examples (index order, the same
+    on every rank) at the starting weights, clipped as the run clips. Per-example rows: the
+    mean squared clipped norm per parameter; per-step rows: the squared norm per parameter
+    of the batch's mean clipped gradient (what a stored row holds). Nothing is trained and
+    the random generators are restored after it, so the run trains exactly as without it.
+    """
+    from gradspec.privacy import clip_rows, per_parameter_norms
+
+    n = len(task.train)
+    idx = torch.arange(min(n, max(int(config.batch_size), 1)))
+    batch = {k: v.to(device) for k, v in task.train.batch(idx).items()}
+    C = config.max_grad_norm if config.clip else None  # noqa: N806 - the paper's name
+    spans = [(s.offset, s.stop) for s in layout.params]
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        if ghost is not None:
+            total, per_example = ghost.clipped_energies(batch, C)
+        else:
+            total = torch.zeros(layout.p, device=device)
+            parts = []
+            for g, _ in grads.iter_microbatches(batch):
+                if C is not None:
+                    g, _, _ = clip_rows(g, C)
+                total += g.sum(0)
+                parts.append(per_parameter_norms(g.detach(), spans) ** 2)
+            per_example = torch.cat(parts)
+    if config.mode == CollectMode.PER_EXAMPLE:
+        e = per_example.double().mean(0)
+    else:
+        mean = total.detach().double() / max(len(idx), 1)
+        e = torch.stack([mean[a:b].square().sum() for a, b in spans])
+    e = e.to("cpu", torch.float64)
+    if ranks is not None and getattr(ranks, "active", False):  # one plan on every rank, bit for bit
+        e = ranks.sum_(e.to(device), what="the sketch warm-up's energies").to("cpu") / ranks.world_size
+    return {s.name: float(v) for s, v in zip(layout.params, e, strict=True)}
 
 
 def use_plan(plan: Any, config: TrainConfig, ghost: Any, device: torch.device) -> tuple[Any, Any]:

@@ -17,7 +17,7 @@ import torch
 
 from gradspec._layout import ParamLayout
 from gradspec.collect import collect
-from gradspec.sketch import SketchPlan, dense_kinds, make_plan, sketch_rows
+from gradspec.sketch import SketchPlan, dense_kinds, energy_weights, make_plan, sketch_rows
 from gradspec.store import GradientStore
 
 from ._tiny import tiny_task
@@ -28,6 +28,29 @@ M, J = 96, 4
 
 def _sketched(**kw):
     return cfg(sketch=M, sketch_blocks=J, sketch_seed=3, **{"steps": 6, **kw})
+
+
+def warmup_weights(layout, mode: str = "batch", batch_size: int = 16, C: float = 1.0):  # noqa: N803
+    """The energy weights a run's plan must use, from a batch-of-one loop: the clipped gradients
+    of the first ``batch_size`` training examples at the starting weights; per parameter the
+    squared norm of their mean (per-step rows) or their mean squared norm (per-example rows)."""
+    task = tiny_task()
+    model = task.model.eval()
+    batch = task.train.batch(torch.arange(batch_size))
+    clipped = []
+    for i in range(batch_size):
+        loss = torch.nn.functional.cross_entropy(model(batch["tokens"][i : i + 1]), batch["labels"][i : i + 1])
+        g = torch.autograd.grad(loss, [model.get_parameter(s.name) for s in layout.params])
+        flat = torch.cat([x.reshape(-1) for x in g]).double()
+        clipped.append(flat * min(1.0, C / float(flat.norm())))
+    rows = torch.stack(clipped)
+    spans = [(s.offset, s.stop) for s in layout.params]
+    if mode == "batch":
+        mean = rows.mean(0)
+        energies = {s.name: float(mean[a:b].square().sum()) for s, (a, b) in zip(layout.params, spans, strict=True)}
+    else:
+        energies = {s.name: float(rows[:, a:b].square().sum(1).mean()) for s, (a, b) in zip(layout.params, spans, strict=True)}
+    return energy_weights(layout, energies)
 
 
 def assert_rows_are_the_reference_of(sketched: GradientStore, exact: GradientStore) -> SketchPlan:
@@ -54,7 +77,12 @@ def test_per_step_sketch_is_the_plan_of_the_exact_per_step_row(tmp_path, backend
     model = tiny_task().model
     kinds = dense_kinds(a.layout, model)
     assert kinds["emb.weight"] == "countsketch-kronecker" and kinds["fc1.weight"] == "kronecker"
-    assert plan == make_plan(a.layout, kinds, M, seed=3, blocks=J)
+    # columns by the energies of a warm-up batch (the default), computed here batch-of-one
+    weights = warmup_weights(a.layout)
+    assert plan.weighting == "energy" and b.sketch["weighting"] == "energy"
+    want = make_plan(a.layout, kinds, M, seed=3, blocks=J, weights=weights)
+    assert plan == want, "the plan is not the one of the warm-up batch's energies"
+    assert plan != make_plan(a.layout, kinds, M, seed=3, blocks=J)  # the check can fail
     # the same run: the same steps, batches, losses and norms; training untouched by the sketch
     for key, values in a.row_meta().items():
         np.testing.assert_array_equal(b.row_meta()[key], values)
@@ -66,12 +94,15 @@ def test_per_step_sketch_is_the_plan_of_the_exact_per_step_row(tmp_path, backend
 
 def test_the_per_step_map_is_the_per_example_map(tmp_path):
     """One model and seed: the per-step sketch of a step is the mean of its per-example sketches
-    (the same plan, so the same map; the map is linear)."""
-    steps = collect(_sketched(backend="ghost", steps=3), out=tmp_path / "steps", task=tiny_task())
-    examples = collect(_sketched(backend="ghost", steps=3, mode="per-example"), out=tmp_path / "ex",
-                       task=tiny_task())
+    (the same plan, so the same map; the map is linear). By size: energy-weighted plans of
+    the two row kinds differ, as their rows' energies do."""
+    steps = collect(_sketched(backend="ghost", steps=3, sketch_weights="sqrt-size"), out=tmp_path / "steps",
+                    task=tiny_task())
+    examples = collect(_sketched(backend="ghost", steps=3, mode="per-example", sketch_weights="sqrt-size"),
+                       out=tmp_path / "ex", task=tiny_task())
     s, e = GradientStore.open(steps.store), GradientStore.open(examples.store)
     assert SketchPlan.from_dict(s.sketch) == SketchPlan.from_dict(e.sketch)
+    assert s.sketch["weighting"] == "sqrt-size"
     step_of = e.row_meta()["step"]
     rows = e.read()
     for i, step in enumerate(s.row_meta()["step"]):
@@ -104,14 +135,13 @@ def test_a_run_started_under_plan_version_1_resumes_with_its_own_plan(tmp_path, 
     """A store written by the rules of an older gradspec (sketch plan version 1, issue 22) is
     continued with the plan it holds, not with the plan this gradspec would make: the new rows
     share the old rows' map (as in one uninterrupted version-1 run)."""
-    import functools
-
     import gradspec.sketch
 
     config = _sketched(backend="ghost", mode=mode, steps=4)
     real = gradspec.sketch.make_plan
     with monkeypatch.context() as m:  # the older gradspec
-        m.setattr(gradspec.sketch, "make_plan", functools.partial(real, version=1))
+        # (version 1 took no weights: the energies this gradspec measures are dropped)
+        m.setattr(gradspec.sketch, "make_plan", lambda *a, weights=None, **k: real(*a, version=1, **k))
         full = collect(config, out=tmp_path / "full", task=tiny_task())
         collect(config, out=tmp_path / "part", task=tiny_task(), stop_after=2)
     old = GradientStore.open(tmp_path / "part" / "gradients.zarr").sketch
@@ -123,3 +153,34 @@ def test_a_run_started_under_plan_version_1_resumes_with_its_own_plan(tmp_path, 
     a, b = GradientStore.open(full.store), GradientStore.open(done.store)
     assert b.sketch == a.sketch == old and b.status == "complete"
     np.testing.assert_array_equal(b.read(), a.read())
+
+
+def test_per_example_plan_splits_columns_by_the_warm_up_examples_energies(tmp_path):
+    """Per-example rows: columns by each parameter's mean squared clipped norm over the warm-up
+    batch (what a stored row carries), computed here batch-of-one; training is untouched."""
+    exact = collect(cfg(backend="vmap", steps=3, mode="per-example"), out=tmp_path / "exact", task=tiny_task())
+    run = collect(_sketched(backend="ghost", steps=3, mode="per-example"), out=tmp_path / "sk", task=tiny_task())
+    a, b = GradientStore.open(exact.store), GradientStore.open(run.store)
+    plan = SketchPlan.from_dict(b.sketch)
+    kinds = dense_kinds(a.layout, tiny_task().model)
+    weights = warmup_weights(a.layout, mode="per-example")
+    assert plan.weighting == "energy"
+    assert plan == make_plan(a.layout, kinds, M, seed=3, blocks=J, weights=weights)
+    assert plan != make_plan(a.layout, kinds, M, seed=3, blocks=J)  # the check can fail
+    by_size = collect(_sketched(backend="ghost", steps=3, mode="per-example", sketch_weights="sqrt-size"),
+                      out=tmp_path / "size", task=tiny_task())
+    assert metrics_without_time(run.metrics) == metrics_without_time(by_size.metrics)  # the warm-up trains nothing
+    np.testing.assert_allclose(b.read(), sketch_rows(plan, torch.from_numpy(a.read())).numpy(), rtol=1e-4,
+                               atol=1e-6)
+
+
+def test_sketch_weights_sqrt_size_is_the_plan_of_no_data(tmp_path):
+    run = collect(_sketched(backend="vmap", steps=2, sketch_weights="sqrt-size"), out=tmp_path / "r",
+                  task=tiny_task())
+    s = GradientStore.open(run.store)
+    plan = SketchPlan.from_dict(s.sketch)
+    layout = ParamLayout.from_shapes((p.name, p.shape) for p in plan.params)
+    assert plan.weighting == "sqrt-size"
+    assert plan == make_plan(layout, dense_kinds(layout, tiny_task().model), M, seed=3, blocks=J)
+    with pytest.raises(ValueError, match="--sketch-weights must be energy or sqrt-size"):
+        cfg(sketch=M, sketch_weights="size")

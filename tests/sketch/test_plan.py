@@ -191,3 +191,36 @@ def test_a_dense_factor_too_large_is_refused_by_name():
         SketchFactors(plan, dtype=torch.float32, device="cpu")
     with pytest.raises(ValueError, match="'big'"):
         sketch_rows(plan, torch.zeros(1, layout.p))
+
+
+def test_energy_weights_blend_the_measured_energies_with_the_size_prior():
+    from gradspec.sketch import energy_weights
+
+    energies = {"emb": 0.0, "w": 1.0, "b": 0.5, "ln": 0.0, "head": 6.0, "v": 0.5}
+    w = energy_weights(LAYOUT, energies)
+    roots = {s.name: math.sqrt(s.numel) for s in LAYOUT.params}
+    for s in LAYOUT.params:  # half its share of the energy, half its sqrt(numel) share
+        want = 0.5 * energies[s.name] / 8.0 + 0.5 * roots[s.name] / sum(roots.values())
+        assert w[s.name] == pytest.approx(want, rel=1e-12)
+    assert sum(w.values()) == pytest.approx(1.0)
+    assert w["emb"] > 0  # quiet in the warm-up, not starved
+    assert energy_weights(LAYOUT, energies, prior=1.0) == pytest.approx(
+        {n: r / sum(roots.values()) for n, r in roots.items()})
+    # the head carrying 3/4 of the energy gets more columns than by size; the plan records it
+    by_energy = make_plan(LAYOUT, KINDS, 160, seed=1, blocks=2, weights=w, dense_budget=0)
+    by_size = make_plan(LAYOUT, KINDS, 160, seed=1, blocks=2, dense_budget=0)
+    width = {s.name: s.width for s in by_energy.params}
+    assert width["head"] > {s.name: s.width for s in by_size.params}["head"]
+    assert (by_energy.weighting, by_size.weighting) == ("energy", "sqrt-size")
+    assert SketchPlan.from_dict(json.loads(json.dumps(by_energy.to_dict()))) == by_energy
+    old = by_size.to_dict()
+    del old["weighting"]  # a version-2 store written before the key: split by size
+    assert SketchPlan.from_dict(old) == by_size
+    with pytest.raises(ValueError, match="weighting 'mass'"):
+        SketchPlan.from_dict({**old, "weighting": "mass"})
+    for bad, match in [({**energies, "w": float("nan")}, "'w' is nan"), ({"w": 1.0}, "'emb' is None"),
+                       (dict.fromkeys(energies, 0.0), "every measured gradient energy is 0")]:
+        with pytest.raises(ValueError, match=match):
+            energy_weights(LAYOUT, bad)
+    with pytest.raises(ValueError, match=r"prior must be in \[0, 1\]"):
+        energy_weights(LAYOUT, energies, prior=1.5)
