@@ -5,9 +5,18 @@ from __future__ import annotations
 import contextlib
 import os
 
-import numpy as np
-import pytest
-import torch
+# Under pytest-xdist (scripts/test.sh runs one worker per core) each worker computes on one
+# thread: two workers of two BLAS/OpenMP threads each on two cores would only contend.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -52,6 +61,12 @@ def killed_after(monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
+    # pytest-xdist (--dist loadgroup; a no-op without it): a module's tests run on one worker,
+    # which makes its module-scoped fixtures once; the report tests share session fixtures
+    # (small real runs, a browser), so all of tests/report is one group
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("report" if "report/" in module else module))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
