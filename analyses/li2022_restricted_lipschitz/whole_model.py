@@ -1,14 +1,16 @@
-"""Li et al. 2022 beyond attention (issue 22): the spectrum of per-example gradients of *every*
-MiniLM parameter against the q/v subset the paper studies, from one sketched store.
+"""Li et al. 2022 beyond attention (issues 22, 37 §5): the spectrum of the gradients of *every*
+MiniLM parameter against the q/v subset the paper studies and the 5-type paper-scale selection
+(q, k, v, attention output, first FFN weights), from one sketched store.
 
 Run: ``python -m analyses.li2022_restricted_lipschitz.whole_model STORE [--out DIR] [--k 300]``
-where STORE is a sketched per-example store of the whole model, e.g. from
-``gradspec collect --per-example --sketch 65536 -t dataset=movie-reviews --steps 125
---batch-size 32 --epsilon 8 --lr 2e-4`` (``benchmarks/bench_sketch_collect.py`` writes one).
+where STORE is a sketched store of the whole model: per step (the paper's rows), e.g.
+``gradspec collect --sketch 65536 -t dataset=movie-reviews --steps 4000 --batch-size 32
+--epsilon 8 --lr 2e-4 --backend ghost``, or per example (``--per-example``;
+``benchmarks/bench_sketch_collect.py`` writes one).
 
-The q/v subset needs no second run: a sketch plan gives every parameter its own columns in
-each independent block, so the q/v columns of the whole-model store *are* a J-block sketch
-of the q/v gradients of the same examples (same seeds, same scale). They are copied into a
+A subset needs no second run: a sketch plan gives every parameter its own columns in
+each independent block, so a subset's columns of the whole-model store *are* a J-block sketch
+of that subset's gradients of the same rows (same seeds, same scale). They are copied into a
 store of their own with the matching ``gradspec.sketch`` attribute, and ``pca`` states the
 error of both spectra. Output: ``results.json``, ``table.md`` and ``whole_model_spectrum.png``
 (σ̂_k with the stated intervals, both selections, log-log, power-law fits).
@@ -29,6 +31,10 @@ from analyses._common import json_safe, log_to_stderr
 
 logger = logging.getLogger("analyses.li2022_restricted_lipschitz.whole_model")
 QV = ("*attention.self.query.weight", "*attention.self.value.weight")
+#: The paper-scale selection (docs/bench_paper_scale.txt): q, k, v, attention output and first FFN weights.
+FIVE_TYPES = ("*attention.self.query.weight", "*attention.self.key.weight", "*attention.self.value.weight",
+              "*attention.output.dense.weight", "*intermediate.dense.weight")
+SELECTIONS = {"q/v subset": QV, "5-type subset": FIVE_TYPES}
 
 
 def subset_store(store_path: Path, patterns: tuple[str, ...], out: Path, batch: int = 512) -> Path:
@@ -65,7 +71,7 @@ def subset_store(store_path: Path, patterns: tuple[str, ...], out: Path, batch: 
     new_attr = {**attr, "M": col, "p": p, "blocks": blocks, "exact": [], "params": params,
                 "subset_of": str(store_path), "subset_patterns": list(patterns)}
     layout = ParamLayout.from_shapes([(f"sketch.block{j}", (blocks[j][0][1] - blocks[j][0][0],)) for j in range(J)])
-    dst = GradientStore.create(out, layout=layout, per_example=True, sketch=new_attr, overwrite=True,
+    dst = GradientStore.create(out, layout=layout, per_example=src.per_example, sketch=new_attr, overwrite=True,
                                config={**src.config, "subset_of": str(store_path)})
     names = [d["name"] for d in attr["params"]]
     keep = [names.index(d["name"]) for d in chosen]
@@ -74,7 +80,8 @@ def subset_store(store_path: Path, patterns: tuple[str, ...], out: Path, batch: 
         z = min(a + batch, r)
         rows = np.concatenate([np.asarray(src.read(slice(a, z), cols=slice(c0, c1))) for c0, c1 in ranges], axis=1)
         meta = {k: np.asarray(v) for k, v in src.row_meta(slice(a, z)).items() if k in dst.meta_fields}
-        meta["param_norms"] = src.param_norms(slice(a, z))[:, keep]  # (pre_clip_norm, clip_factor: the whole row's)
+        if src.per_example:  # (pre_clip_norm, clip_factor: the whole row's)
+            meta["param_norms"] = src.param_norms(slice(a, z))[:, keep]
         dst.write_rows(a, rows.astype(np.float32), meta)
         dst.commit(z)
     dst.finalize()
@@ -105,7 +112,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for (name, res), color in zip(results["spectra"].items(), ("C0", "C1"), strict=False):
+    for (name, res), color in zip(results["spectra"].items(), ("C0", "C1", "C2", "C3"), strict=False):
         s = res["sigma"] / res["sigma"][0]
         i = np.arange(1, s.size + 1)
         lo = res["lower"][: s.size] / res["sigma"][0]
@@ -114,7 +121,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.fill_between(i, lo, up, color=color, alpha=0.2, lw=0)
     ax.set_xlabel("k")
     ax.set_ylabel("σ_k / σ̂_1 (sketched)")
-    ax.set_title(f"Per-example gradient spectrum of MiniLM, r = {results['r']:,} examples\n"
+    rows = "examples" if results.get("per_example", True) else "steps (mean clipped gradients)"
+    ax.set_title(f"Gradient spectrum of MiniLM, r = {results['r']:,} {rows}\n"
                  f"one sketched store, M = {results['M']:,}; bands: stated intervals (cut at 3× where open)",
                  fontsize=9)
     ax.legend(fontsize=8)
@@ -134,11 +142,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     src = GradientStore.open(args.store)
-    sub = subset_store(args.store, QV, args.out / "qv_subset.zarr")
-    spectra = {"all parameters": spectrum_of(args.store, args.out / "spectrum_all.zarr", args.k),
-               "q/v subset": spectrum_of(sub, args.out / "spectrum_qv.zarr", args.k)}
+    spectra = {"all parameters": spectrum_of(args.store, args.out / "spectrum_all.zarr", args.k)}
+    for i, (name, patterns) in enumerate(SELECTIONS.items()):
+        sub = subset_store(args.store, patterns, args.out / f"subset{i}.zarr")
+        spectra[name] = spectrum_of(sub, args.out / f"spectrum_subset{i}.zarr", args.k)
     results = {"store": str(args.store), "r": src.n_rows, "M": src.p, "k": args.k, "config": src.config,
-               "spectra": spectra}
+               "per_example": src.per_example, "spectra": spectra}
     plot(results, args.out / "whole_model_spectrum.png")
     lines = [f"| selection | p | sketch columns | σ_k fit (k = 1..{args.k}) | σ_1 stated | σ_10 stated | σ_100 stated |",
              "|---|---|---|---|---|---|---|"]
