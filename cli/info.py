@@ -71,7 +71,8 @@ def info_command(
         sk = summary.get("sketch")
         if sk:
             typer.echo(f"sketch   {sk['kind']}  M = {sk['M']:,} columns ({sk['exact_columns']:,} exact, "
-                       f"{sk['blocks']} independent blocks)  of p = {sk['p']:,} unsketched  seed {sk['seed']}")
+                       f"{sk['blocks']} independent blocks)  of p = {sk['p']:,} unsketched  seed {sk['seed']}  "
+                       f"columns by {sk['weighting']}")
             if sk.get("width_note"):  # why the stored M is below the asked one
                 typer.echo(f"         {sk['width_note']}")
             elif sk.get("requested_M") not in (None, sk["M"]):

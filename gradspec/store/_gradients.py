@@ -418,7 +418,10 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             "sketch": None if self._sketch is None else {
                 k: self._sketch.get(k) for k in ("kind", "M", "requested_M", "p", "seed", "width_note")} | {
                 "blocks": len(self._sketch.get("blocks", [])),
-                "exact_columns": sum(b - a for a, b in self._sketch.get("exact", []))},
+                "exact_columns": sum(b - a for a, b in self._sketch.get("exact", [])),
+                # how the plan split its columns (gradspec.sketch.SketchPlan.weighting; version 1: by size)
+                "weighting": self._sketch.get("weighting", "sqrt-size" if self._sketch.get("version", 1) >= 2
+                                              else "size")},
         }
         try:
             out["dtype_report"] = self.dtype_report
