@@ -131,8 +131,7 @@ class _Run:
         #: (per-step rows) the map of the step's dense mean clipped gradient.
         self.plan, self.dense_sketch = sketch_plan(
             config, self.layout, self.model, self.ghost, self.device, log=self.ranks.is_writer,
-            energies=lambda: warmup_energies(config, self.layout, task, self.ghost, self.grads, self.device,
-                                             self.ranks))
+            energies=lambda: warmup_energies(config, self.layout, task, self.ghost, self.grads, self.device))
         self.store_layout = self.layout if self.plan is None else self.plan.column_layout()
         self.step = 0
         self.n = n

@@ -65,7 +65,7 @@ def sketch_plan(config: TrainConfig, layout: ParamLayout, model: nn.Module, ghos
 
 
 def warmup_energies(config: TrainConfig, layout: ParamLayout, task: Any, ghost: Any, grads: Any,
-                    device: torch.device, ranks: Any = None) -> dict[str, float]:
+                    device: torch.device) -> dict[str, float]:
     """Each parameter's gradient energy in a warm-up batch: the plan's column weights.
 
     The warm-up batch is the first ``batch_size`` training examples (index order, the same
@@ -73,6 +73,10 @@ def warmup_energies(config: TrainConfig, layout: ParamLayout, task: Any, ghost: 
     mean squared clipped norm per parameter; per-step rows: the squared norm per parameter
     of the batch's mean clipped gradient (what a stored row holds). Nothing is trained and
     the random generators are restored after it, so the run trains exactly as without it.
+    Under torchrun every rank computes it alone from the whole warm-up batch, the same
+    arithmetic on the same examples, so the ranks make the same plan
+    (tests/train/test_sketch_distributed.py). No collective: an all-reduce of the energies
+    here hung the two-rank tests (cause not found).
     """
     from gradspec.privacy import clip_rows, per_parameter_norms
 
@@ -99,8 +103,6 @@ def warmup_energies(config: TrainConfig, layout: ParamLayout, task: Any, ghost: 
         mean = total.detach().double() / max(len(idx), 1)
         e = torch.stack([mean[a:b].square().sum() for a, b in spans])
     e = e.to("cpu", torch.float64)
-    if ranks is not None and getattr(ranks, "active", False):  # one plan on every rank, bit for bit
-        e = ranks.sum_(e.to(device), what="the sketch warm-up's energies").to("cpu") / ranks.world_size
     return {s.name: float(v) for s, v in zip(layout.params, e, strict=True)}
 
 
