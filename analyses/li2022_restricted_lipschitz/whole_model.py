@@ -3,10 +3,12 @@ MiniLM parameter against the q/v subset the paper studies and the 5-type paper-s
 (q, k, v, attention output, first FFN weights), from one sketched store.
 
 Run: ``python -m analyses.li2022_restricted_lipschitz.whole_model STORE [--out DIR] [--k 300]``
-where STORE is a sketched store of the whole model: per step (the paper's rows), e.g.
-``gradspec collect --sketch 65536 -t dataset=movie-reviews --steps 4000 --batch-size 32
---epsilon 8 --lr 2e-4 --backend ghost``, or per example (``--per-example``;
-``benchmarks/bench_sketch_collect.py`` writes one).
+where STORE is a sketched store of the whole model: per step (the paper's rows), e.g. issue 37
+§5's ``gradspec collect --out wm_all --params '*' --sketch 65536 -t dataset=movie-reviews
+--steps 4000 --batch-size 32 --epsilon 8 --lr 2e-4 --backend ghost --eval-every 1000
+--checkpoint-every 250 --seed 0`` (``--params '*'``: the text task trains and records only
+q/v otherwise; continue it with the same command and ``--resume``), or per example
+(``--per-example``; ``benchmarks/bench_sketch_collect.py`` writes one).
 
 A subset needs no second run: a sketch plan gives every parameter its own columns in
 each independent block, so a subset's columns of the whole-model store *are* a J-block sketch
