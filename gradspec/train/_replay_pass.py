@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gradspec._norms import sq_norms64
 from gradspec.train._distributed import Ranks
 
 #: Exact rows gathered before they are added to the accumulators (one K × B × chunk product).
@@ -107,7 +108,7 @@ class _Sink:
             c.worst, c.worst_step = rel, step
         if self.case.used[i]:
             h = self.tap.row.reshape(-1)
-            c.sq_norms[i] = float(torch.linalg.vector_norm(h, dtype=torch.float64) ** 2)
+            c.sq_norms[i] = float(sq_norms64(h[None], 1)[0])  # the project's float64 row norms (gradspec._norms)
             c.frob2 += c.sq_norms[i]
             self.buf[self.filled].copy_(h[self.a:self.b])
             self.cbuf[self.filled].copy_(torch.from_numpy(self.case.coef[i]))
