@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -282,33 +282,23 @@ class GhostClipping(EngineBase):
         """
         if sketch and self._sketch is None:
             raise ValueError("GhostClipping(sketch=True) needs a plan: call set_sketch(plan) first")
-        b = _batch_size(batch)
-        if b >= 2 and self._unprobed:
+        if _batch_size(batch) >= 2 and self._unprobed:
             self._probe(batch)
-        step = self.microbatch or max(b, 1)
         total = torch.zeros(self.p, dtype=self._dtype(), device=self._device())
         norms, losses, rows, kept_factors, param_norms = [], [], [], [], []
-        for start in range(0, b, step):
-            part = {k: v[start : start + step] for k, v in batch.items()}
-            loss = self._capture(part)
-            try:
-                # per-parameter squared norms, summed in float64 (the clip factor's norm)
-                norms2 = self._norms2(part_size := loss.shape[0])
-                norm = norms2.sum(1).clamp_(min=0).sqrt_()
-                factors = (clip_factors(norm, max_norm) if max_norm is not None
-                           else torch.ones(part_size, dtype=norm.dtype, device=norm.device))
-                self._weighted_sum(factors, out=total)
-                if sketch:
-                    out = torch.zeros(part_size, self._sketch.plan.M, dtype=total.dtype, device=total.device)
-                    for layer in self._layers:
-                        layer.rule.add_sketch(layer, factors, self._sketch, out)
-                    rows.append(out)
-                    kept_factors.append(factors)
-                    param_norms.append(norms2.clamp(min=0).sqrt())
-            finally:
-                self._release()
+
+        def each(loss: Tensor, norms2: Tensor, norm: Tensor, factors: Tensor) -> None:
+            if sketch:
+                out = torch.zeros(loss.shape[0], self._sketch.plan.M, dtype=total.dtype, device=total.device)
+                for layer in self._layers:
+                    layer.rule.add_sketch(layer, factors, self._sketch, out)
+                rows.append(out)
+                kept_factors.append(factors)
+                param_norms.append(norms2.clamp(min=0).sqrt())
             norms.append(norm)
             losses.append(loss)
+
+        self._clipped_parts(batch, max_norm, total, each)
         if not norms:
             empty = torch.zeros(0, device=total.device)
             if not sketch:
@@ -325,24 +315,33 @@ class GhostClipping(EngineBase):
         """(the clipped sum, each example's squared clipped norm per parameter, (B, parameters)
         float64) of ``batch``, without forming rows: the warm-up of an energy-weighted sketch
         plan (`gradspec.sketch.energy_weights`)."""
+        total = torch.zeros(self.p, dtype=self._dtype(), device=self._device())
+        energies: list[Tensor] = []
+        self._clipped_parts(batch, max_norm, total, lambda loss, norms2, norm, factors: energies.append(
+            norms2.clamp(min=0) * factors.to(norms2.dtype)[:, None] ** 2))
+        k = len(self.names)
+        return total, (torch.cat(energies) if energies else torch.zeros(0, k, dtype=torch.float64))
+
+    def _clipped_parts(self, batch: Batch, max_norm: float | None, total: Tensor,
+                       each: Callable[[Tensor, Tensor, Tensor, Tensor], None]) -> None:
+        """Per microbatch of ``batch``: its clipped sum added to ``total``, then ``each(losses,
+        per-parameter squared norms (float64), pre-clip norms, clip factors)`` while the layers'
+        captures are held (a sketch reads them); released after it, also when it raises."""
         b = _batch_size(batch)
         step = self.microbatch or max(b, 1)
-        total = torch.zeros(self.p, dtype=self._dtype(), device=self._device())
-        energies = []
         for start in range(0, b, step):
             part = {k: v[start : start + step] for k, v in batch.items()}
             loss = self._capture(part)
             try:
-                norms2 = self._norms2(loss.shape[0]).clamp_(min=0)
-                norm = norms2.sum(1).sqrt()
+                # per-parameter squared norms, summed in float64 (the clip factor's norm)
+                norms2 = self._norms2(part_size := loss.shape[0])
+                norm = norms2.sum(1).clamp_(min=0).sqrt_()
                 factors = (clip_factors(norm, max_norm) if max_norm is not None
-                           else torch.ones_like(norm))
+                           else torch.ones(part_size, dtype=norm.dtype, device=norm.device))
                 self._weighted_sum(factors, out=total)
-                energies.append(norms2 * factors.to(norms2.dtype)[:, None] ** 2)
+                each(loss, norms2, norm, factors)
             finally:
                 self._release()
-        k = len(self.names)
-        return total, (torch.cat(energies) if energies else torch.zeros(0, k, dtype=torch.float64))
 
     # ------------------------------------------------------------------ one pass
     def _dtype(self) -> torch.dtype:
