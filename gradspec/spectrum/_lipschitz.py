@@ -71,20 +71,31 @@ class RowProjections:
         residual_sq: ``‖(I − P_k) g_i‖²`` for each k in ``ks``, shape (n, m), clamped at 0.
         coords: optional coordinates of g_i in the top-K subspace, shape (n, K)
             (``keep_coords``): ``V_Kᵀ g_i``, or ``L⁻¹ V_Kᵀ g_i`` with ``exact_projector``.
+        resolution_sq: per row, the rounding level of ``residual_sq``, shape (n,) or None.
+            A residual is ``‖g_i‖² − ‖P_k g_i‖²``, a difference of two numbers near
+            ``‖g_i‖²``: at or below this level it cannot be told from 0 (the in-sample
+            residual at the rank of H is exactly 0 and computes as rounding noise).
     """
 
     ks: np.ndarray
     sq_norms: np.ndarray
     residual_sq: np.ndarray
     coords: np.ndarray | None = None
+    resolution_sq: np.ndarray | None = None
 
     @property
     def n_rows(self) -> int:
         return int(self.sq_norms.size)
 
+    def unresolved(self) -> np.ndarray:
+        """Residuals at or below their row's rounding level, shape (n, m) (bool)."""
+        if self.resolution_sq is None:
+            return np.zeros(self.residual_sq.shape, dtype=bool)
+        return self.residual_sq <= np.asarray(self.resolution_sq, dtype=np.float64).reshape(-1, 1)
+
     def residual_norms(self) -> np.ndarray:
-        """``‖(I − P_k) g_i‖``, shape (n, m)."""
-        return np.sqrt(self.residual_sq)
+        """``‖(I − P_k) g_i‖``, shape (n, m); 0 where :meth:`unresolved` (rounding noise)."""
+        return np.where(self.unresolved(), 0.0, np.sqrt(self.residual_sq))
 
     def relative_residuals(self) -> np.ndarray:
         """``‖(I − P_k) g_i‖ / ‖g_i‖`` (0 for zero rows), shape (n, m)."""
@@ -92,6 +103,22 @@ class RowProjections:
         with np.errstate(invalid="ignore", divide="ignore"):
             out = np.where(norms > 0, self.residual_norms() / norms, 0.0)
         return out
+
+
+#: How many unit roundoffs (of the least precise input) of ‖g_i‖² a residual ‖g_i‖² − ‖P_k g_i‖²
+#: must exceed to count as measured: float32 inputs resolve G_k down to 16·√u ≈ 4e-3 of ‖g_i‖,
+#: float64 inputs to ≈ 2e-7. The in-sample residual at the rank of H, exactly 0, computed at
+#: 0.7u·‖g_i‖² from a float32 U and 37u from a float64 Rayleigh–Ritz replay (tests/spectrum).
+ROUNDING_MARGIN = 256.0
+
+
+def unit_roundoff(dtype: Any) -> float:
+    """Half the machine epsilon of a float dtype (float16 and bfloat16 included); float64's
+    for a non-float dtype."""
+    try:
+        return float(np.finfo(dtype).eps) / 2.0
+    except (TypeError, ValueError):
+        return float(np.finfo(np.float64).eps) / 2.0
 
 
 #: Columns of H multiplied at a time: the float64 copies of a tile's columns and of V's rows
@@ -296,8 +323,13 @@ def project_rows(
         coords = solve_triangular(L, coords.T, lower=True).T
     cum = np.concatenate([np.zeros((coords.shape[0], 1)), np.cumsum(coords**2, axis=1)], axis=1)
     residual_sq = np.maximum(sq[:, None] - cum[:, ks_arr], 0.0)
+    # ‖P_k g‖² carries V's rounding and, without exact_projector, its departure from
+    # orthonormal columns (measured here as max |‖v_j‖² − 1|).
+    u = unit_roundoff(getattr(basis, "dtype", np.float64))
+    skew = 0.0 if gram is not None or not kmax else float(np.abs(col_norm_sq - 1.0).max())
     return RowProjections(
-        ks=ks_arr, sq_norms=sq, residual_sq=residual_sq, coords=coords if keep_coords else None
+        ks=ks_arr, sq_norms=sq, residual_sq=residual_sq, coords=coords if keep_coords else None,
+        resolution_sq=(ROUNDING_MARGIN * u + 2.0 * skew) * sq,
     )
 
 
@@ -311,6 +343,8 @@ class RestrictedLipschitz:
         quantiles: ``{"p50": ..., "p95": ...}``: quantiles over rows of the same norms.
         n_rows: rows the statistics were taken over.
         source: a free-form description of the rows (store path, row range, "held-out").
+        unresolved: per rank, how many rows' residuals were at the rounding level of how
+            they were measured (counted as 0 in the statistics; :class:`RowProjections`).
     """
 
     ks: np.ndarray
@@ -318,6 +352,13 @@ class RestrictedLipschitz:
     quantiles: dict[str, np.ndarray]
     n_rows: int
     source: dict[str, Any] = field(default_factory=dict)
+    unresolved: np.ndarray | None = None
+
+    def unresolved_ranks(self, name: str = "max") -> np.ndarray:
+        """Ranks whose statistic ``name`` is 0 because its rows' residuals were unresolved."""
+        if self.unresolved is None:
+            return np.zeros(0, dtype=np.int64)
+        return self.ks[(self.unresolved > 0) & (self.statistic(name) == 0)]
 
     @property
     def G0(self) -> float:
@@ -343,18 +384,20 @@ class RestrictedLipschitz:
             **{k: v.tolist() for k, v in self.quantiles.items()},
             "n_rows": self.n_rows,
             "source": dict(self.source),
+            **({"unresolved": self.unresolved.tolist()} if self.unresolved is not None else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RestrictedLipschitz:
         """Inverse of :meth:`to_dict` (e.g. from ``report.json``)."""
-        skip = {"ks", "max", "n_rows", "source"}
+        skip = {"ks", "max", "n_rows", "source", "unresolved"}
         return cls(
             ks=np.asarray(d["ks"], dtype=np.int64),
             max=np.asarray(d["max"], dtype=np.float64),
             quantiles={k: np.asarray(v, dtype=np.float64) for k, v in d.items() if k not in skip},
             n_rows=int(d["n_rows"]),
             source=dict(d.get("source", {})),
+            unresolved=np.asarray(d["unresolved"], dtype=np.int64) if "unresolved" in d else None,
         )
 
 
@@ -385,6 +428,7 @@ def restricted_lipschitz(
         quantiles=qs,
         n_rows=proj.n_rows,
         source=dict(source or {}),
+        unresolved=proj.unresolved().sum(axis=0).astype(np.int64),
     )
 
 
@@ -464,8 +508,8 @@ def lipschitz_decay(
       i.e. ``min_k ln(Ĝ_0/Ĝ_k)/ln k`` — the hypothesis "G_k ≤ G_0 k^(−c) for all k"
       of Theorems 3.3 and 3.5, restricted to the measured ranks.
 
-    Values below ``rel_floor·Ĝ_0`` (e.g. the in-sample zero at the rank of H) are
-    left out of both.
+    Values below ``rel_floor·Ĝ_0``, and 0 (residuals at the rounding level of how they
+    were measured, e.g. the in-sample zero at the rank of H), are left out of both.
 
     Raises:
         ValueError: if fewer than 3 usable ranks remain.

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from gradspec.spectrum._lipschitz import RowProjections, project_rows
+from gradspec.spectrum._lipschitz import RowProjections, project_rows, unit_roundoff
 from gradspec.spectrum._subspace import row_projections_from_svd
 
 #: Bytes of gradient rows a projection holds at a time by default (`decay_analysis`'s ``memory``).
@@ -139,7 +139,9 @@ def measure_rows(
             norms = project([0]).sq_norms
             how = ("from the spectrum's U and sigma and the rows' norms, read in one pass over them "
                    "(the spectrum store predates recorded row norms; rerun pca to record them)")
-        return row_projections_from_svd(norms, spec.U[:, :k], spec.sigma[:k], ks), how, None
+        products = unit_roundoff(spec.params.get("precision"))  # the Gram's products
+        return (row_projections_from_svd(norms, spec.U[:, :k], spec.sigma[:k], ks, unit_roundoff=products),
+                how, None)
     how = f"projected onto V (one pass over the rows and V, in tiles of {tiles} rows)"
     note = f"G_k on the collected rows were measured by projecting them onto V: {why}" if own else None
     return project(ks), how, note

@@ -206,6 +206,14 @@ class DecayAnalysis:
         )
 
 
+def _ranks_text(ks: np.ndarray) -> str:
+    """``12`` / ``398..400`` / ``5, 9 and 12`` for a short list of ranks."""
+    ks = [int(k) for k in ks]
+    if len(ks) > 2 and ks == list(range(ks[0], ks[-1] + 1)):
+        return f"{ks[0]}..{ks[-1]}"
+    return ", ".join(map(str, ks[:-1])) + (" and " if len(ks) > 1 else "") + str(ks[-1])
+
+
 def _analyze_rows(
     name: str,
     rows: Iterable[tuple[int, np.ndarray]] | RowProjections,
@@ -329,6 +337,14 @@ def analyze_spectrum(
                 continue
             src = dict(analysis.sources.get(name, {}))
             analysis.rows[name] = _analyze_rows(name, blocks, basis, ks, steps, cfg, src, progress)
+        for name, ra in analysis.rows.items():
+            flat = ra.G.unresolved_ranks("max")
+            if flat.size:
+                analysis.notes.append(
+                    f"G_k on the {name} rows at k = {_ranks_text(flat)}: every row's residual is at the "
+                    "rounding level of how it was measured (the in-sample residual is exactly 0 from the "
+                    "rank of H on), so it is reported as 0 and left out of the fits."
+                )
         if "collected" in analysis.rows:
             analysis.notes.append(
                 "G_k on the collected rows is in-sample: the subspace was fitted to these rows, "

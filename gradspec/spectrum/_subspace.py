@@ -26,7 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gradspec.spectrum._lipschitz import RowProjections
+from gradspec.spectrum._lipschitz import ROUNDING_MARGIN, RowProjections
+from gradspec.spectrum._lipschitz import unit_roundoff as _roundoff
 
 __all__ = [
     "gram_eigh",
@@ -107,6 +108,8 @@ def row_projections_from_svd(
     u: np.ndarray,
     sigma: np.ndarray,
     ks: Sequence[int] | np.ndarray,
+    *,
+    unit_roundoff: float | None = None,
 ) -> RowProjections:
     """``RowProjections`` of H's own rows onto its top-k right-singular subspaces, from its SVD.
 
@@ -121,10 +124,16 @@ def row_projections_from_svd(
         u: the r×K left singular vectors (K ≥ max(ks)).
         sigma: their singular values.
         ks: ranks.
+        unit_roundoff: the precision U and σ were computed to (e.g. a Gram formed with
+            float32 products); default: that of the dtypes they are given in. It sets each
+            row's ``resolution_sq``: at k = rank(H) the residual is exactly 0 and computes as
+            rounding noise, which must not enter a fit as a value.
 
     Raises:
         ValueError: shapes that disagree, ranks outside [0, K], or a NaN/inf norm.
     """
+    u_in = max(_roundoff(np.asarray(u).dtype), _roundoff(np.asarray(sigma).dtype),
+               _roundoff(np.asarray(sq_norms).dtype), float(unit_roundoff or 0.0))
     sq = np.asarray(sq_norms, dtype=np.float64).reshape(-1)
     u = np.asarray(u, dtype=np.float64)
     sigma = np.asarray(sigma, dtype=np.float64).reshape(-1)
@@ -144,7 +153,12 @@ def row_projections_from_svd(
     energy = np.cumsum((u[:, :kmax] * sigma[:kmax]) ** 2, axis=1)
     energy = np.concatenate([np.zeros((r, 1)), energy], axis=1)
     resid = np.clip(sq[:, None] - energy[:, ks_arr], 0.0, None)
-    return RowProjections(ks=ks_arr, sq_norms=sq, residual_sq=resid)
+    # Σ_j σ_j²U_ij² carries U's and σ's rounding (relative to ‖h_i‖²) and the eigensolver's
+    # backward error (≈ r·ε·σ₁², absolute).
+    s1 = float(sigma[0]) ** 2 if sigma.size else 0.0
+    eig = r * 2.0 * _roundoff(np.float64) * s1
+    return RowProjections(ks=ks_arr, sq_norms=sq, residual_sq=resid,
+                          resolution_sq=ROUNDING_MARGIN * (u_in * sq + eig))
 
 
 def row_projections_from_gram(
