@@ -24,7 +24,8 @@ cached under the module's current multipliers without computing anything.
 
 Usage:
     python benchmarks/bench_sketch_calibration.py [--seeds 12] [--M 1024,4096,16384]
-        [--r 400,200] [--cache DIR] [--cached-only] [--out table.md] [--png docs/sketch_calibration.png]
+        [--r 400,200] [--weights sqrt-size|energy] [--cache DIR] [--cached-only] [--out table.md]
+        [--png docs/sketch_calibration.png]
 """
 
 from __future__ import annotations
@@ -155,20 +156,34 @@ def model_rows(name: str, r: int, cache: Path | None) -> tuple[Any, Any, torch.T
     return layout, kinds, h
 
 
+def energies(layout: Any, rows: torch.Tensor) -> dict[str, float]:
+    """Each parameter's mean squared clipped norm over ``rows``: what `collect --sketch`'s warm-up
+    measures for per-example rows (`gradspec.train._sketching.warmup_energies`)."""
+    return {p.name: float(rows[:, p.offset : p.offset + p.numel].square().sum(1).mean()) for p in layout.params}
+
+
+#: Rows of the warm-up batch whose energies split an ``energy`` plan's columns (collect's batch size).
+WARMUP = 32
+
+
 def case_grams(name: str, layout: Any, kinds: Any, h: torch.Tensor, us: torch.Tensor, m: int, seed: int,
-               J: int, cache: Path | None) -> dict[str, np.ndarray]:  # noqa: N803
+               J: int, cache: Path | None, weights: str = "sqrt-size") -> dict[str, np.ndarray]:  # noqa: N803
     """One seeded case of all r rows: the version-2 plan's J block Grams (``grams``, J x r x r) and
     exact Gram (``exact``, r x r, zeros if none), a dense Gaussian J-block sketch's (``dense``), and
-    the version-1 plan's sketched sigma (``s_v1``, all r rows). Cached as one .npz per case."""
-    from gradspec.sketch import make_plan, sketch_rows
+    the version-1 plan's sketched sigma (``s_v1``, all r rows). Cached as one .npz per case.
+    ``weights="energy"``: the version-2 plan splits its columns by the first WARMUP rows' energies
+    (`collect --sketch`'s default); the cache file names it."""
+    from gradspec.sketch import energy_weights, make_plan, sketch_rows
 
-    f = cache / f"case_{name}_{h.shape[0]}_{m}_{J}_{seed}.npz" if cache else None
+    tag = "" if weights == "sqrt-size" else f"_{weights}"
+    f = cache / f"case{tag}_{name}_{h.shape[0]}_{m}_{J}_{seed}.npz" if cache else None
     if f is not None and f.exists():
         with np.load(f) as z:
             return dict(z)
     p1 = make_plan(layout, kinds, m, seed=seed, blocks=J, version=1)
     y1 = sketch_rows(p1, h)
-    p2 = make_plan(layout, kinds, m, seed=seed, blocks=J)
+    w = energy_weights(layout, energies(layout, h[:WARMUP])) if weights == "energy" else None
+    p2 = make_plan(layout, kinds, m, seed=seed, blocks=J, weights=w)
     y2 = sketch_rows(p2, h)
     grams, ex = blocks_of(y2, p2.exact_width, J)
     gen = torch.Generator().manual_seed(10_000 + seed)
@@ -185,7 +200,8 @@ def case_grams(name: str, layout: Any, kinds: Any, h: torch.Tensor, us: torch.Te
 
 
 def case_statement(kind: str, name: str, r: int, m: int, seed: int, J: int, g: dict[str, np.ndarray],  # noqa: N803
-                   rows_: slice, s: np.ndarray, u: np.ndarray, k: int, replicates: int, cache: Path | None) -> dict:
+                   rows_: slice, s: np.ndarray, u: np.ndarray, k: int, replicates: int, cache: Path | None,
+                   tag: str = "") -> dict:
     """The block bootstrap's summary (``block_bootstrap``) of one case's Grams (``kind``: ``v2`` the
     plan's, ``dense`` the dense sketch's), the true sines of its top-q eigenvectors and, for v2,
     the old jackknife-t intervals; cached as one .npz per case."""
@@ -196,7 +212,7 @@ def case_statement(kind: str, name: str, r: int, m: int, seed: int, J: int, g: d
         principal_sines,
     )
 
-    f = cache / f"stat_{kind}_{name}_{r}_{m}_{J}_{seed}_B{replicates}.npz" if cache else None
+    f = cache / f"stat_{kind}{tag}_{name}_{r}_{m}_{J}_{seed}_B{replicates}.npz" if cache else None
     if f is not None and f.exists():
         with np.load(f) as z:
             return dict(z)
@@ -261,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=12)
     ap.add_argument("--dense-seeds", type=int, default=None, help="seeds of the dense column (default: all)")
     ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--weights", choices=("sqrt-size", "energy"), default="sqrt-size",
+                    help="the version-2 plan's column split (energy: by the first 32 rows, collect's default)")
     ap.add_argument("--cache", type=Path, default=None, help="folder of cached rows and cases (resumable)")
     ap.add_argument("--cached-only", action="store_true", help="tabulate the cached cases only; compute none")
     ap.add_argument("--fit-seeds", type=int, default=4,
@@ -271,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     from gradspec.linalg._sketch_jackknife import REPLICATES
 
     J, B = args.blocks, REPLICATES
+    tag = "" if args.weights == "sqrt-size" else f"_{args.weights}"
     models = args.models.split(",")
     ms = [int(v) for v in args.M.split(",")]
     rs = [int(v) for v in args.r.split(",")]
@@ -291,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         data[name] = (layout, kinds, h, u_all * s_all, parts)
 
     def have(kind: str, name: str, r: int, m: int, seed: int) -> bool:
-        return bool(args.cache and (args.cache / f"stat_{kind}_{name}_{r}_{m}_{J}_{seed}_B{B}.npz").exists())
+        return bool(args.cache and (args.cache / f"stat_{kind}{tag}_{name}_{r}_{m}_{J}_{seed}_B{B}.npz").exists())
 
     stats: dict[tuple, dict[str, list]] = {}
     for seed in range(args.seeds):  # seeds outermost: an interrupted run has every row
@@ -309,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
                             continue
                         if g is None:
                             t = time.time()
-                            g = case_grams(name, layout, kinds, h, us, m, seed, J, args.cache)
-                        z = case_statement(kind, name, r, m, seed, J, g, sl, s, u, k, B, args.cache)
+                            g = case_grams(name, layout, kinds, h, us, m, seed, J, args.cache, args.weights)
+                        z = case_statement(kind, name, r, m, seed, J, g, sl, s, u, k, B, args.cache, tag)
                         stats.setdefault((name, m, r), {}).setdefault(kind, []).append(z)
                 if g is not None and not args.cached_only:
                     print(f"seed {seed} {name} M={m}: {time.time() - t:.0f} s", flush=True)

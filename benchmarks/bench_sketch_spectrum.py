@@ -10,9 +10,16 @@ written to a real sketched store, and ``gradspec.linalg.pca(method="gram")`` est
 U with its stated error; ``compare_to_exact`` then reports, per σ_i, whether the exact σ_i
 lies inside the stated interval, and the subspace angles against their bounds.
 
+The plan splits its columns as ``collect --sketch`` does by default (``--weights energy``: by
+the energies of the first 32 stored rows, standing in for the warm-up batch; ``sqrt-size``:
+the split before issue 37). With ``--dense``, the ideal beside it: a dense Gaussian sketch of
+the same rows and width, drawn exactly in law as (U S) Z with Z r x M Gaussian (H P^T for a
+Gaussian P), from the exact Gram of all r rows (one more pass over the store).
+
 Usage:
     python benchmarks/bench_sketch_spectrum.py EXACT_STORE EXACT_SPECTRUM --work DIR
-        [--M 16384,65536,262144] [--blocks 8] [--k 300] [--out docs/bench_sketch_spectrum.txt]
+        [--M 16384,65536,262144] [--blocks 8] [--k 300] [--weights energy|sqrt-size] [--dense]
+        [--out docs/bench_sketch_spectrum.txt]
 """
 
 from __future__ import annotations
@@ -57,6 +64,23 @@ def sketch_store(exact, plan, path: Path, batch: int = 32):
     return GradientStore.open(path)
 
 
+def dense_sigma(us: np.ndarray, width: int, k: int, seed: int, chunk: int = 4096) -> np.ndarray:
+    """Top-k σ of a dense Gaussian sketch (U S) Z of the rows, Z r x width with N(0, 1/width)
+    entries; Z Zᵀ accumulated over column chunks (never r x width at once)."""
+    import torch
+
+    r = us.shape[0]
+    gen = torch.Generator().manual_seed(20_000 + seed)
+    zz = torch.zeros((r, r), dtype=torch.float64)
+    for a in range(0, width, chunk):
+        z = torch.randn(r, min(chunk, width - a), generator=gen, dtype=torch.float64)
+        zz.addmm_(z, z.T)
+    us_t = torch.from_numpy(us)
+    g = (us_t @ zz @ us_t.T).numpy() / width
+    lam = np.linalg.eigvalsh((g + g.T) / 2)[::-1][:k]
+    return np.sqrt(np.maximum(lam, 0.0))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("exact_store", type=Path)
@@ -67,15 +91,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--k", type=int, default=300)
     ap.add_argument("--keep", action="store_true", help="keep the sketched stores")
+    ap.add_argument("--weights", choices=("energy", "sqrt-size"), default="energy",
+                    help="the plan's column split (energy: by the first 32 rows; collect's default)")
+    ap.add_argument("--dense", action="store_true", help="also a dense Gaussian sketch of the same width")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     from gradspec.linalg import pca
     from gradspec.linalg._sketch_error import compare_to_exact, format_table
-    from gradspec.sketch import make_plan
-    from gradspec.store import GradientStore
+    from gradspec.sketch import energy_weights, make_plan
+    from gradspec.store import GradientStore, SpectrumStore
 
     exact = GradientStore.open(args.exact_store)
     kinds = {s.name: "kronecker" for s in exact.layout.params}
+    weights = None
+    if args.weights == "energy":
+        first = np.asarray(exact.read(slice(0, 32)), dtype=np.float64)
+        weights = energy_weights(exact.layout, {q.name: float(np.square(first[:, q.offset:q.offset + q.numel]).sum(1)
+                                                                 .mean()) for q in exact.layout.params})
+    s_exact = np.asarray(SpectrumStore.open(args.exact_spectrum).sigma, dtype=np.float64)
+    us = None
+    if args.dense:
+        from gradspec.linalg import GradientOperator
+
+        t0 = time.perf_counter()
+        lam, w = np.linalg.eigh(GradientOperator(args.exact_store, precision="float64").gram())
+        us = w[:, ::-1] * np.sqrt(np.maximum(lam[::-1], 0.0))
+        print(f"exact Gram of {exact.n_rows} rows and its eigh: {time.perf_counter() - t0:.0f} s", flush=True)
     lines = [f"# bench_sketch_spectrum: sketched vs exact spectrum of {exact.n_rows} real per-example gradients, "
              f"p = {exact.p:,}",
              f"# command: python benchmarks/bench_sketch_spectrum.py {args.exact_store} {args.exact_spectrum} "
@@ -83,11 +124,11 @@ def main(argv: list[str] | None = None) -> int:
              f"# date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
              f"{os.cpu_count()} cores; store dtype {exact.dtype}; source config: "
              f"{ {k: exact.config.get(k) for k in ('task_options', 'steps', 'batch_size', 'lr', 'epsilon')} }",
-             "# the plan of `gradspec collect --sketch M` for these parameters, applied to the stored rows "
-             "with the float64 reference sketch_rows; pca --method gram on the sketched store", ""]
+             f"# the plan of `gradspec collect --sketch M` for these parameters (columns by {args.weights}), applied "
+             "to the stored rows with the float64 reference sketch_rows; pca --method gram on the sketched store", ""]
     summary = []
     for m in (int(x) for x in args.M.split(",")):
-        plan = make_plan(exact.layout, kinds, m, seed=args.seed, blocks=args.blocks)
+        plan = make_plan(exact.layout, kinds, m, seed=args.seed, blocks=args.blocks, weights=weights)
         path = args.work / f"sketch-M{m}.zarr"
         t0 = time.perf_counter()
         sk = sketch_store(exact, plan, path)
@@ -101,21 +142,31 @@ def main(argv: list[str] | None = None) -> int:
         half = np.array([np.inf if r["upper"] is None else (r["upper"] - r["lower"]) / 2 / r["sigma_sketch"]
                          for r in rows])
         top = min(100, rel.size)
+        s_sk = np.array([r["sigma_sketch"] for r in rows])
+        rms10 = float(np.sqrt(np.mean(((s_sk[:10] - s_exact[:10]) / s_exact[:10]) ** 2)))
+        dense = (np.nan, np.nan)
+        if us is not None:
+            sd = dense_sigma(us, plan.M, top, args.seed)
+            dense = (float(np.max(np.abs(sd - s_exact[:top]) / s_exact[:top])),
+                     float(np.sqrt(np.mean(((sd[:10] - s_exact[:10]) / s_exact[:10]) ** 2))))
         summary.append((m, plan.M, sk.nbytes_on_disk(), cmp["coverage"], cmp["worst_ratio"], rel[:top].max(),
-                        float(np.median(half[:top])), cmp.get("angles_hold"), t_sketch, t_pca))
+                        float(np.median(half[:top])), cmp.get("angles_hold"), t_sketch, t_pca, rms10, *dense))
         lines += [f"## M = {m:,} (stored {plan.M:,} columns, {args.blocks} blocks; sketching {t_sketch:.0f} s, "
                   f"pca {t_pca:.0f} s)", format_table(cmp, every=10), ""]
         print("\n".join(lines[-3:]), flush=True)
         del res
         if not args.keep:
             shutil.rmtree(path, ignore_errors=True)
-    lines += ["## summary (top-100: max relative error of sigma, median stated relative half-width)",
+    lines += ["## summary (top-100: max relative error of sigma, median stated relative half-width; RMS relative "
+              "error of sigma_1..10; the same for a dense Gaussian sketch of the same width, and the ratios)",
               f"{'M':>8} {'stored':>8} {'store MB':>9} {'coverage':>9} {'worst':>7} {'max rel err':>12} "
-              f"{'half-width':>11} {'angles ok':>10} {'sketch s':>9} {'pca s':>7}"]
-    for m, stored, nbytes, cov, worst, err, half, ang, ts, tp in summary:
+              f"{'half-width':>11} {'angles ok':>10} {'sketch s':>9} {'pca s':>7} {'rms 1..10':>10} "
+              f"{'dense max':>10} {'dense rms':>10} {'max/dense':>10} {'rms/dense':>10}"]
+    for m, stored, nbytes, cov, worst, err, half, ang, ts, tp, rms10, dmax, drms in summary:
         mb = (nbytes or 0) / 1e6
         lines.append(f"{m:>8} {stored:>8} {mb:>9.1f} {cov:>9.3f} {worst:>7.2f} {err:>12.4f} {half:>11.4f} "
-                     f"{str(ang):>10} {ts:>9.0f} {tp:>7.0f}")
+                     f"{str(ang):>10} {ts:>9.0f} {tp:>7.0f} {rms10:>10.4f} {dmax:>10.4f} {drms:>10.4f} "
+                     f"{err / dmax:>10.2f} {rms10 / drms:>10.2f}")
     lines.append(f"# peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
     from _emit import emit  # benchmarks/_emit.py (this script's folder is on sys.path)
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from bench_sketch_calibration import model_rows  # noqa: E402
+from bench_sketch_calibration import energies, model_rows  # noqa: E402
 
 from gradspec.sketch import energy_weights, make_plan, sketch_rows  # noqa: E402
 
@@ -42,10 +42,6 @@ def top_sigma(y: torch.Tensor) -> np.ndarray:
 
 def rms(s_hat: np.ndarray, s: np.ndarray, k: int = 10) -> float:
     return float(np.sqrt(np.mean(((s_hat[:k] - s[:k]) / s[:k]) ** 2)))
-
-
-def energies(layout, rows: torch.Tensor) -> dict[str, float]:
-    return {p.name: float(rows[:, p.offset : p.offset + p.numel].square().sum(1).mean()) for p in layout.params}
 
 
 def main(argv: list[str] | None = None) -> int:
