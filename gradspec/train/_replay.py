@@ -53,7 +53,7 @@ from gradspec.train._config import TrainConfig, bind_task, flag
 from gradspec.train._replay_pass import BUFFER_ROWS, ReplayMismatch, one_pass
 from gradspec.train._replay_write import Parts, ReplayResult, write
 from gradspec.train._run import _Run
-from gradspec.train._sketching import plan_of_store, use_plan
+from gradspec.train._sketching import plan_of_store
 
 logger = logging.getLogger(__name__)
 
@@ -265,13 +265,10 @@ class _Case:
         cfg = self.run_config
         quiet = dataclasses.replace(self.config, eval_every=0, log_every=2**62, checkpoint_every=2**62)
         torch.manual_seed(self.config.seed)
-        run = _Run(quiet, self.task, tmp, False, None, sigma=cfg.get("noise_multiplier"))
         from gradspec.sketch import same_plan
 
-        kept = plan_of_store(self.store.sketch, self.config)  # a version-1 plan is kept, as a resume does
-        if kept is not None and kept.to_dict() != run.plan.to_dict():
-            run.plan, run.dense_sketch = use_plan(kept, self.config, run.ghost, run.device)
-            run.store_layout = kept.column_layout()
+        kept = plan_of_store(self.store.sketch, self.config)  # kept as a resume keeps it (no warm-up)
+        run = _Run(quiet, self.task, tmp, False, None, sigma=cfg.get("noise_multiplier"), plan=kept)
         recorded = {"p": cfg.get("p"), "parameters": cfg.get("parameters"), "steps": cfg.get("steps"),
                     "n_train": cfg.get("n_train"), "sample_rate": cfg.get("sample_rate")}
         rebuilt = {"p": run.layout.p, "parameters": list(run.names), "steps": run.steps, "n_train": run.n,

@@ -33,7 +33,7 @@ from gradspec.train._config import (
 from gradspec.train._distributed import Ranks
 from gradspec.train._hooks import StepHooks
 from gradspec.train._run import _Run
-from gradspec.train._sketching import plan_of_store, use_plan
+from gradspec.train._sketching import plan_of_store
 
 logger = logging.getLogger(__name__)
 
@@ -63,29 +63,29 @@ def _restore_run(
     run_info = _same_run_info(run_cfg.get("run_info"), run_info, out)
     sigma = state.get("noise_multiplier", run_cfg.get("noise_multiplier"))
     torch.manual_seed(config.seed)
-    run = _Run(config, task, out, progress, hooks, sigma=sigma, ranks=ranks)
+    run = _Run(config, task, out, progress, hooks, sigma=sigma, ranks=ranks, plan=_store_plan(out, config))
     run.restore(state)
     run.run_info = run_info
-    _keep_store_plan(run, out, config)
     return run, state, saved, run_cfg, config, task
 
 
-def _keep_store_plan(run: _Run, out: Path, config: TrainConfig) -> None:
-    """A sketched run continues with the plan its store holds, when the store was written with
-    the run's sketch settings by rules this gradspec no longer makes (a version-1 plan): its new
-    rows must share the old rows' map. (Other settings are refused by `_check_sketch`.)"""
+def _store_plan(out: Path, config: TrainConfig) -> Any:
+    """The sketch plan a resumed run continues with: its store's, when the store was written
+    with the run's sketch settings (its new rows must share the old rows' map, even one made
+    by rules this gradspec no longer makes, a version-1 plan, or by a warm-up batch that need
+    not run again); None otherwise (other settings are refused by `_check_sketch`)."""
     if config.sketch is None or not (out / STORE_NAME).exists():
-        return
+        return None
     from gradspec.store import GradientStore
 
     try:
         plan = plan_of_store(GradientStore.open(out / STORE_NAME, mode="r").sketch, config)
     except (OSError, ValueError):  # a damaged store: open_resumable says what is wrong
-        return
-    if plan is not None and plan.to_dict() != run.plan.to_dict():
-        logger.info("resume: the store's sketch plan (version %s) is kept", plan.to_dict().get("version"))
-        run.plan, run.dense_sketch = use_plan(plan, config, run.ghost, run.device)
-        run.store_layout = plan.column_layout()
+        return None
+    if plan is not None:
+        logger.info("resume: the store's sketch plan (version %s, columns by %s) is kept",
+                    plan.to_dict().get("version"), plan.weighting)
+    return plan
 
 
 def _same_run_info(saved: dict[str, Any] | None, given: dict[str, Any] | None, out: Path) -> dict[str, Any] | None:

@@ -29,7 +29,7 @@ from gradspec.train._distributed import Ranks
 from gradspec.train._hooks import StepHooks
 from gradspec.train._result import package_versions
 from gradspec.train._sampling import PoissonSampler, ShuffleSampler
-from gradspec.train._sketching import sketch_plan, warmup_energies
+from gradspec.train._sketching import sketch_plan, use_plan, warmup_energies
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +41,11 @@ class _Run:
 
     def __init__(
         self, config: TrainConfig, task: Task, out: Path, progress: bool, hooks: StepHooks | None = None,
-        *, sigma: float | None = None, ranks: Ranks | None = None,
+        *, sigma: float | None = None, ranks: Ranks | None = None, plan: Any = None,
     ) -> None:
         """Build the run; ``sigma`` (a resumed run's noise multiplier) skips the calibration;
-        ``ranks``: this process's place in a distributed run (default: one process)."""
+        ``ranks``: this process's place in a distributed run (default: one process); ``plan``:
+        the sketch plan its store holds (a resume or a replay keeps it; no warm-up batch runs)."""
         from gradspec.privacy import (
             PrivacyAccountant,
             calibrate_noise_multiplier,
@@ -129,9 +130,12 @@ class _Run:
         )
         #: The sketch plan of a ``--sketch`` run (None otherwise), the stored row's layout, and
         #: (per-step rows) the map of the step's dense mean clipped gradient.
-        self.plan, self.dense_sketch = sketch_plan(
-            config, self.layout, self.model, self.ghost, self.device, log=self.ranks.is_writer,
-            energies=lambda: warmup_energies(config, self.layout, task, self.ghost, self.grads, self.device))
+        if plan is not None:
+            self.plan, self.dense_sketch = use_plan(plan, config, self.ghost, self.device)
+        else:
+            self.plan, self.dense_sketch = sketch_plan(
+                config, self.layout, self.model, self.ghost, self.device, log=self.ranks.is_writer,
+                energies=lambda: warmup_energies(config, self.layout, task, self.ghost, self.grads, self.device))
         self.store_layout = self.layout if self.plan is None else self.plan.column_layout()
         self.step = 0
         self.n = n

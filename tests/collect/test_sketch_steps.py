@@ -120,6 +120,27 @@ def test_a_per_step_sketch_resumes_as_one_uninterrupted_run(tmp_path):
     assert b.sketch == a.sketch and b.status == "complete"
 
 
+def test_a_resume_keeps_the_stores_plan_and_runs_no_warm_up(tmp_path, monkeypatch):
+    """The plan of an energy-weighted run is in its store: a resume continues with it and
+    measures no warm-up batch again (it would cost a batch of per-example work)."""
+    import gradspec.train._run
+
+    config = _sketched(backend="ghost")
+    full = collect(config, out=tmp_path / "full", task=tiny_task())
+    collect(config, out=tmp_path / "part", task=tiny_task(), stop_after=3)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a warm-up batch ran on resume")
+
+    monkeypatch.setattr(gradspec.train._run, "warmup_energies", refuse)
+    done = collect(out=tmp_path / "part", task=tiny_task(), resume=True)
+    a, b = GradientStore.open(full.store), GradientStore.open(done.store)
+    assert b.sketch == a.sketch and b.sketch["weighting"] == "energy" and b.status == "complete"
+    np.testing.assert_array_equal(b.read(), a.read())
+    with pytest.raises(AssertionError, match="warm-up batch ran"):  # a fresh run does measure one
+        collect(config, out=tmp_path / "fresh", task=tiny_task())
+
+
 def test_m_at_or_above_p_is_refused_before_anything_is_written(tmp_path):
     for m in (215, 2**40):
         with pytest.raises(ValueError, match=r"is not below p = 215.*give --sketch 214 or less"):
