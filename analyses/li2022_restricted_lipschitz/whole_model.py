@@ -5,9 +5,12 @@ MiniLM parameter against the q/v subset the paper studies and the 5-type paper-s
 Run: ``python -m analyses.li2022_restricted_lipschitz.whole_model STORE [--out DIR] [--k 300]``
 where STORE is a sketched store of the whole model: per step (the paper's rows), e.g. issue 37
 §5's ``gradspec collect --out wm_all --params '*' --sketch 65536 -t dataset=movie-reviews
---steps 4000 --batch-size 32 --epsilon 8 --lr 2e-4 --backend ghost --eval-every 1000
+--steps 4000 --batch-size 32 --epsilon 8 --lr 5e-5 --backend ghost --eval-every 250
 --checkpoint-every 250 --seed 0`` (``--params '*'``: the text task trains and records only
-q/v otherwise; continue it with the same command and ``--resume``), or per example
+q/v otherwise; continue it with the same command and ``--resume``; lr 5e-5, not the 2e-4 of
+the q/v and 5-type runs: training every parameter at 2e-4, the loss rose above chance, 0.97-1.21
+at steps 150-450, where DP-Adam's per-coordinate noise moves all 11.7M word-embedding values),
+or per example
 (``--per-example``; ``benchmarks/bench_sketch_collect.py`` writes one).
 
 A subset needs no second run: a sketch plan gives every parameter its own columns in
