@@ -9,7 +9,8 @@ where STORE is a sketched store of the whole model: per step (the paper's rows),
 --checkpoint-every 250 --seed 0`` (``--params '*'``: the text task trains and records only
 q/v otherwise; continue it with the same command and ``--resume``; lr 5e-5, not the 2e-4 of
 the q/v and 5-type runs: training every parameter at 2e-4, the loss rose above chance, 0.97-1.21
-at steps 150-450, where DP-Adam's per-coordinate noise moves all 11.7M word-embedding values),
+at steps 150-450; not diagnosed further: DP-Adam moves every noised coordinate by about lr a
+step, the 11.7M word-embedding values included),
 or per example
 (``--per-example``; ``benchmarks/bench_sketch_collect.py`` writes one).
 
