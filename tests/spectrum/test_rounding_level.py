@@ -10,8 +10,14 @@ import numpy as np
 import pytest
 
 from gradspec.linalg import pca
-from gradspec.spectrum import DecayConfig, RowProjections, decay_analysis, fit_power_law, restricted_lipschitz
-from gradspec.spectrum import row_projections_from_svd
+from gradspec.spectrum import (
+    DecayConfig,
+    RowProjections,
+    decay_analysis,
+    fit_power_law,
+    restricted_lipschitz,
+    row_projections_from_svd,
+)
 from gradspec.spectrum._lipschitz import lipschitz_decay, unit_roundoff
 from gradspec.store import META_FIELDS, GradientStore, ParamLayout, SpectrumStore
 
