@@ -35,12 +35,10 @@ from gradspec.spectrum._fit import (
 from gradspec.spectrum._lipschitz import (
     LipschitzDecay,
     RestrictedLipschitz,
-    RowProjections,
     lipschitz_decay,
-    project_rows,
-    rank_grid,
     restricted_lipschitz,
 )
+from gradspec.spectrum._projection import RowProjections, project_rows, rank_grid
 from gradspec.spectrum._report import (
     REPORT_FORMAT,
     DecayAnalysis,

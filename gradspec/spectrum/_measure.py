@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from gradspec.spectrum._lipschitz import RowProjections, project_rows, unit_roundoff
+from gradspec.spectrum._projection import RowProjections, project_rows, unit_roundoff
 from gradspec.spectrum._subspace import row_projections_from_svd
 
 #: Bytes of gradient rows a projection holds at a time by default (`decay_analysis`'s ``memory``).

@@ -23,12 +23,10 @@ from gradspec.spectrum._fit import PowerLawFit, fit_spectrum
 from gradspec.spectrum._lipschitz import (
     LipschitzDecay,
     RestrictedLipschitz,
-    RowProjections,
     lipschitz_decay,
-    project_rows,
-    rank_grid,
     restricted_lipschitz,
 )
+from gradspec.spectrum._projection import RowProjections, project_rows, rank_grid
 from gradspec.spectrum._variance import (
     ExplainedVariance,
     StepError,

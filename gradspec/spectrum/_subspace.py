@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gradspec.spectrum._lipschitz import ROUNDING_MARGIN, RowProjections
-from gradspec.spectrum._lipschitz import unit_roundoff as _roundoff
+from gradspec.spectrum._projection import ROUNDING_MARGIN, RowProjections
+from gradspec.spectrum._projection import unit_roundoff as _roundoff
 
 __all__ = [
     "gram_eigh",

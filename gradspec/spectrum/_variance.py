@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gradspec.spectrum._lipschitz import RowProjections
+from gradspec.spectrum._projection import RowProjections
 
 
 def explained_variance(

@@ -147,7 +147,7 @@ def test_tiles_equal_whole_column_blocks(rows):
 
 def test_panels_of_a_wide_block_equal_one_product(monkeypatch):
     """A block wider than PANEL_COLS is multiplied panel by panel, to the same numbers."""
-    import gradspec.spectrum._lipschitz as lip
+    import gradspec.spectrum._projection as lip
 
     H = _matrix(12, 50, seed=8)
     V = np.linalg.svd(H, full_matrices=False)[2].T

@@ -18,7 +18,8 @@ from gradspec.spectrum import (
     restricted_lipschitz,
     row_projections_from_svd,
 )
-from gradspec.spectrum._lipschitz import lipschitz_decay, unit_roundoff
+from gradspec.spectrum._lipschitz import lipschitz_decay
+from gradspec.spectrum._projection import unit_roundoff
 from gradspec.store import META_FIELDS, GradientStore, ParamLayout, SpectrumStore
 
 R, P = 12, 600
