@@ -101,12 +101,10 @@ def form_v(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (Pᵀ·Y (w×n) in the compute dtype; its first k columns — V's rows — as stored, rounded
     to ``v_dtype``). Both are fresh a sink may keep. Columns of Y past the k of V ride along in
-    the same read of P. torch (MKL here) is used whatever the machine; re-measured on a quiet
-    2-core EPYC (2026-11-27; r = 1,500, a 4,096-column panel, 316 columns of Y; same process):
-    torch Pᵀ·Y 77 GFLOP/s, torch Yᵀ·P 83, numpy (OpenBLAS) Pᵀ·Y 94 and Yᵀ·P 124 — this product
-    is ~3/4 of a V-pass panel's time, so a measured per-machine choice, as for the Gram kernel
-    (``_kernel_choice``), would gain ~1.5x there; on the Xeon of docs/bench_paper_scale.txt torch
-    led (192 against 171). Not done yet (issue 36)."""
+    the same read of P. torch it is: on a quiet 2-core EPYC (2026-11-27) the product alone ran
+    faster in numpy (OpenBLAS Yᵀ·P 124 GFLOP/s against torch's 77; r = 1,500, a 4,096-column
+    panel, 316 columns of Y), yet inside the V pass (pca of an in-memory 1,500 × 4e5 float32 H,
+    k = 300, two runs each) numpy made the pass slower: 9.2-9.4 s against 7.9-8.3 s."""
     out = p.T @ y
     v = out[:, :k]
     return out, (v if v.dtype == v_dtype else v.to(v_dtype))
