@@ -105,9 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     kinds = {s.name: "kronecker" for s in exact.layout.params}
     weights = None
     if args.weights == "energy":
-        first = np.asarray(exact.read(slice(0, 32)), dtype=np.float64)
-        weights = energy_weights(exact.layout, {q.name: float(np.square(first[:, q.offset:q.offset + q.numel]).sum(1)
-                                                                 .mean()) for q in exact.layout.params})
+        import torch
+        from bench_sketch_calibration import WARMUP, energies  # this script's folder is on sys.path
+
+        first = torch.from_numpy(np.asarray(exact.read(slice(0, WARMUP)), dtype=np.float64))
+        weights = energy_weights(exact.layout, energies(exact.layout, first))
     s_exact = np.asarray(SpectrumStore.open(args.exact_spectrum).sigma, dtype=np.float64)
     us = None
     if args.dense:
