@@ -205,7 +205,7 @@ def case_statement(kind: str, name: str, r: int, m: int, seed: int, J: int, g: d
     """The block bootstrap's summary (``block_bootstrap``) of one case's Grams (``kind``: ``v2`` the
     plan's, ``dense`` the dense sketch's), the true sines of its top-q eigenvectors and, for v2,
     the old jackknife-t intervals; cached as one .npz per case."""
-    from gradspec.linalg._sketch_jackknife import (
+    from gradspec.sketch._bootstrap import (
         _top,
         block_bootstrap,
         jackknife_error,
@@ -241,7 +241,7 @@ def case_statement(kind: str, name: str, r: int, m: int, seed: int, J: int, g: d
 def summarise(stats: list[dict], with_jk: bool = False) -> dict[str, Any]:
     """Coverage, median half-width / RMS error (per i over cases, median over i), the angle
     counts and the fraction of finite intervals of one row's cases, with the module's constants."""
-    from gradspec.linalg._sketch_jackknife import state
+    from gradspec.sketch._bootstrap import state
 
     sig, lo, up, ang = [], [], [], [0, 0, 0]
     for z in stats:
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--png", type=Path, default=None)
     args = ap.parse_args(argv)
-    from gradspec.linalg._sketch_jackknife import REPLICATES
+    from gradspec.sketch._bootstrap import REPLICATES
 
     J, B = args.blocks, REPLICATES
     tag = "" if args.weights == "sqrt-size" else f"_{args.weights}"

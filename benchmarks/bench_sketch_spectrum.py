@@ -97,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     from gradspec.linalg import pca
-    from gradspec.linalg._sketch_error import compare_to_exact, format_table
-    from gradspec.sketch import energy_weights, make_plan
+    from gradspec.sketch import compare_to_exact, energy_weights, format_table, make_plan
     from gradspec.store import GradientStore, SpectrumStore
 
     exact = GradientStore.open(args.exact_store)

@@ -143,7 +143,7 @@ def _check(acc: dict) -> None:
 
 
 def _sketch(rep: dict | None) -> None:
-    """One line: the stated error of a spectrum of a sketched store (``_sketch_error``)."""
+    """One line: the stated error of a spectrum of a sketched store (``gradspec.sketch.error_report``)."""
     if not rep:
         return
     rel = [x for x in rep["relative_half_width"] if x is not None]

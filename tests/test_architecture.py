@@ -198,7 +198,8 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 #: its own floor or above). docs/architecture.md draws the same floors.
 FLOORS: tuple[tuple[str, ...], ...] = (
     (BASE,),  # enums, layout, device, json, attention masks: shared, zarr-free
-    ("gradspec.privacy", "gradspec.sketch", "gradspec.store"),
+    ("gradspec.privacy", "gradspec.store"),
+    ("gradspec.sketch",),  # the plan and factors, and the stated error of a stored sketch (reads stores)
     ("gradspec.linalg", "gradspec.spectrum", "gradspec.tasks"),
     ("gradspec.plot", "gradspec.train"),
     ("gradspec.collect", "gradspec.optim"),

@@ -244,7 +244,8 @@ def _sketch_plan(op: Any, meth: PcaMethod, scheduler: Any, budget: int) -> Any:
     """The sketch plan of a sketched gradient store (None: not sketched); refuses, in one line,
     what cannot state its error (part of the blocks, another method, the Dask backend, too
     little memory)."""
-    from gradspec.linalg._sketch import check_sketch_memory, plan_for
+    from gradspec.linalg._sketch import plan_for
+    from gradspec.sketch import check_sketch_memory
 
     plan = plan_for(getattr(op, "source", None))
     if plan is None:

@@ -55,9 +55,10 @@ def gram_pca(
             H·V, the Gram's eigen-residual, rounding terms), ``"full"`` (the products H·V and
             VᵀV, a second GEMM the size of V's) or ``"none"`` (or False); see ``_verify``.
         out_dtype: dtype V is written in.
-        sketch: the ``SketchPlan`` of a sketched store (``_sketch``): the Gram pass keeps
-            each sketch block's Gram, and the accuracy report gets a ``sketch`` section
-            (``_sketch_error``: intervals for σ, bounds on the subspace angles).
+        sketch: the ``SketchSelection`` of a sketched store (``gradspec.sketch``): the Gram
+            pass keeps each sketch block's Gram (``_sketch.SketchGram``), and the accuracy
+            report gets a ``sketch`` section (``gradspec.sketch.error_report``: intervals for
+            σ, bounds on the subspace angles).
 
     Returns:
         PcaResult with σ descending, U (r×k), V (p×k or None when streamed), and the Gram
@@ -83,7 +84,7 @@ def gram_pca(
     )
     result.gram = g
     if consumer is not None:
-        from gradspec.linalg._sketch_error import sketch_report
+        from gradspec.linalg._sketch import sketch_report
 
         t0 = time.perf_counter()
         result.check["sketch"] = sketch_report(consumer, op, result.k)

@@ -1,7 +1,7 @@
 """The stated error of a spectrum of a version-2 sketched store: a bootstrap over its blocks (issue 37).
 
 A sketched store holds J ≥ 2 independent blocks, each with the exact columns an unbiased
-estimate Ĝ_j = G_e + J·G_j of A = H·Hᵀ (``_sketch``); the pca Gram is their mean
+estimate Ĝ_j = G_e + J·G_j of A = H·Hᵀ (``_selection``); the pca Gram is their mean
 Ĝ = G_e + Σ_j G_j, and its error E = Ĝ − A has the entrywise second moments of
 (1/J)·(one block's deviation). ``block_error`` (what ``pca`` reports) states the error of σ
 and U by a **Gaussian-multiplier (wild) bootstrap over the blocks' deviations**
@@ -152,7 +152,7 @@ def jackknife_error(
         angle_ks: the k of the subspace bounds (k itself is added).
 
     Returns:
-        A JSON-able dict with the keys of ``_sketch_error.sketch_error`` (``sigma``,
+        A JSON-able dict with the keys of ``_error.sketch_error`` (``sigma``,
         ``sigma_lower``, ``sigma_upper``, ``relative_half_width``, ``angles``, ...) plus
         ``sigma_raw`` and ``method`` (``"jackknife"``).
     """
@@ -339,7 +339,7 @@ def block_error(
         seed: the seed of the bootstrap multipliers.
 
     Returns:
-        A JSON-able dict with the keys of ``_sketch_error.sketch_error`` (``sigma``,
+        A JSON-able dict with the keys of ``_error.sketch_error`` (``sigma``,
         ``sigma_lower``, ``sigma_upper``, ``relative_half_width``, ``angles``, ...) plus
         ``sigma_raw``, ``replicates`` and ``method`` (``"block-bootstrap"``).
     """

@@ -2,7 +2,7 @@
 
 A sketched store holds Y = H·Sᵀ (r×M), in J ≥ 2 independent blocks, so the exact
 method's Gram Ĝ = Y·Yᵀ = G_e + Σ_j G_j is an estimate of A = H·Hᵀ, and each
-Ĝ_j = G_e + J·G_j is an unbiased one (``_sketch``). Its error E = Ĝ − A moves σ and U.
+Ĝ_j = G_e + J·G_j is an unbiased one (``_selection``). Its error E = Ĝ − A moves σ and U.
 This module states how far, from the J block Grams alone (any sketch whose blocks are
 independent and unbiased; nothing about S itself is used):
 
@@ -34,7 +34,7 @@ What it is: a calibrated estimate, not a theorem — each term is the perturbati
 expansion's with its variance estimated from the blocks, the multipliers (Bonferroni
 z at c = 0.999, 1.5 and 2 on the expansion, 1.5 on the Wishart edge) chosen so that
 the true σ lay inside every interval and the true angles below every bound in the
-tests (tests/linalg/test_sketch_error.py: flat, power-law k^-0.6 and k^-1 and exact
+tests (tests/sketch/test_error.py: flat, power-law k^-0.6 and k^-1 and exact
 low-rank spectra, Gaussian J-block sketches, M = 2^10…2^14, J = 2, 4, 8: over 288
 seeded cases at r = 80 and 200 the worst ratio of true error to stated error was 0.83
 for σ and 0.54 for the angles with 1.25 on the first-order term, which was then raised
@@ -61,7 +61,8 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from gradspec.linalg._sketch_jackknife import ANGLE_KS, block_error, principal_sines
+from gradspec.sketch._bootstrap import ANGLE_KS, block_error, principal_sines
+from gradspec.sketch._selection import SketchSelection
 
 #: Joint confidence the Bonferroni multiplier z is set for (the k intervals together).
 CONFIDENCE = 0.999
@@ -77,7 +78,7 @@ STATEMENT = (
     "capped by the relative Ostrowski bound lambda_hat/lambda in [1 - delta, 1 + delta], "
     "delta = 1.5*(2*sqrt(v) + v); z = normal quantile of (1 - 0.999)/(2k); subspace angles: "
     "first-order Davis-Kahan 1.5*z*sqrt(sum C_ab/(lambda_a - lambda_b)^2); calibrated on "
-    "Gaussian sketches (tests/linalg/test_sketch_error.py)"
+    "Gaussian sketches (tests/sketch/test_error.py)"
 )
 
 
@@ -217,22 +218,18 @@ def sketch_error(
     }
 
 
-def sketch_report(consumer: Any, op: Any, k: int) -> dict[str, Any]:
+def error_report(plan: SketchSelection, grams: Sequence[np.ndarray], exact: np.ndarray | None, *, k: int,
+                 rounding: float) -> dict[str, Any]:
     """The ``sketch`` section of a sketched store's accuracy report, from the Gram pass's
-    per-block Grams (``_sketch.SketchGram``): for a version-2 plan the block bootstrap
-    (``_sketch_jackknife.block_error``), for a version-1 plan :func:`sketch_error`, for
-    the k directions kept, with M, J, p and the sketch's kind and seed; V lives in sketch space."""
-    from gradspec.linalg._verify import UNIT_ROUNDOFF
-
-    precision = str(getattr(op, "precision", "float64"))
-    unit = UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["float32"])
-    rounding = unit * float(np.sqrt(getattr(op, "panel_cols", 8192)))
-    grams, exact = consumer.blocks()
-    if getattr(consumer.plan, "version", 1) >= 2:
+    per-block Grams (``gradspec.linalg``'s ``SketchGram``): for a version-2 plan the block
+    bootstrap (``_bootstrap.block_error``), for a version-1 plan :func:`sketch_error`, for
+    the k directions kept, with the plan's M, J, p, kind and seed; V lives in sketch space.
+    ``rounding``: the relative rounding of the Gram entries (the pass's precision)."""
+    if getattr(plan, "version", 1) >= 2:
         report = block_error(grams, exact, k=k, rounding=rounding)
     else:  # a store of issue 22's plan: its perturbation statement, as it was written with
         report = sketch_error(grams, exact, k=k, rounding=rounding)
-    return {**consumer.plan.describe(), **report, "right_vectors": "sketch space"}
+    return {**plan.describe(), **report, "right_vectors": "sketch space"}
 
 
 def _finite_median(x: np.ndarray) -> float | None:

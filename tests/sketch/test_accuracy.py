@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from gradspec.linalg._sketch_jackknife import block_error, jackknife_error
-from gradspec.sketch import make_plan, sketch_rows
+from gradspec.sketch import block_error, make_plan, sketch_rows
+from gradspec.sketch._bootstrap import jackknife_error
 from gradspec.train import GhostClipping, select_parameters
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradspec.linalg._sketch_jackknife import (
+from gradspec.sketch._bootstrap import (
     MULTIPLIER,
     STATEMENT,
     block_bootstrap,

@@ -7,7 +7,7 @@ synthetic H (σ_1 = 1), sketched by a dense Gaussian J-block S; every case goes 
 GradientStore and ``pca(method="gram")``. The reference σ and U are numpy's float64 SVD of H.
 ``WORST`` collects the worst ratio of true error to stated error (≤ 1: the statement held);
 the sweeps measured at most 0.83 (σ) and 0.54 (angles) with the first-order multiplier at
-1.25, before it was raised to 1.5 (gradspec/linalg/_sketch_error.py).
+1.25, before it was raised to 1.5 (gradspec/sketch/_error.py).
 """
 
 from __future__ import annotations
@@ -17,11 +17,17 @@ import functools
 import numpy as np
 import pytest
 
-from gradspec.linalg import compare_to_exact, format_table, pca, sketch_error
-from gradspec.linalg._sketch import SketchGram, sketch_plan
-from gradspec.linalg._sketch_error import principal_sines
+from gradspec.linalg import pca
+from gradspec.linalg._sketch import SketchGram
+from gradspec.sketch import (
+    compare_to_exact,
+    format_table,
+    principal_sines,
+    sketch_error,
+    sketch_selection,
+)
 from gradspec.store import SpectrumStore
-from tests.linalg.sketch_cases import SketchCase, write_sketched
+from tests.sketch.sketch_cases import SketchCase, write_sketched
 
 R, P, K = 100, 10_000, 40
 KINDS = ("flat", "power06", "power1", "lowrank")
@@ -147,7 +153,7 @@ def test_sketch_gram_splits_panels_at_block_boundaries(tmp_path):
 
     op = GradientOperator(tmp_path / "g.zarr", precision="float64", kernel="numpy-syrk", block_cols=700)
     op.panel_cols = 256
-    plan = sketch_plan(attr, [(0, y.shape[1])], y.shape[1])
+    plan = sketch_selection(attr, [(0, y.shape[1])], y.shape[1])
     consumer = SketchGram(op, plan)
     g = op.fused([consumer])[0]
     grams, exact = consumer.blocks()
@@ -162,18 +168,18 @@ def test_sketch_gram_splits_panels_at_block_boundaries(tmp_path):
 def test_plan_maps_blocks_and_refuses_a_bad_attribute():
     attr = {"kind": "x", "version": 1, "seed": 0, "M": 10, "p": 100,
             "blocks": [[[2, 4], [6, 8]], [[4, 6], [8, 10]]], "exact": [[0, 2]]}
-    plan = sketch_plan(attr, [(0, 10)], 10)
+    plan = sketch_selection(attr, [(0, 10)], 10)
     assert plan.whole and plan.J == 2 and plan.exact_cols == 2
     assert plan.segments == ((0, 2, 2), (2, 4, 0), (4, 6, 1), (6, 8, 0), (8, 10, 1))
-    part = sketch_plan(attr, [(2, 4), (6, 8)], 10)  # block 0 alone: no error stated
+    part = sketch_selection(attr, [(2, 4), (6, 8)], 10)  # block 0 alone: no error stated
     assert not part.whole and part.blocks_selected == 1
-    assert sketch_plan(attr, [(0, 2)], 10) is None  # exact columns only: a plain H
+    assert sketch_selection(attr, [(0, 2)], 10) is None  # exact columns only: a plain H
     with pytest.raises(ValueError, match="J >= 2"):
-        sketch_plan({**attr, "blocks": [[[2, 10]]]}, [(0, 10)], 10)
+        sketch_selection({**attr, "blocks": [[[2, 10]]]}, [(0, 10)], 10)
     with pytest.raises(ValueError, match="overlap"):
-        sketch_plan({**attr, "exact": [[0, 3]]}, [(0, 10)], 10)
+        sketch_selection({**attr, "exact": [[0, 3]]}, [(0, 10)], 10)
     with pytest.raises(ValueError, match="version"):
-        sketch_plan({**attr, "version": 3}, [(0, 10)], 10)
+        sketch_selection({**attr, "version": 3}, [(0, 10)], 10)
 
 
 def test_spectrum_store_report_cli_line_and_compare_to_exact(tmp_path):
