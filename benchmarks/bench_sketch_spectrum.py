@@ -16,10 +16,16 @@ the split before issue 37). With ``--dense``, the ideal beside it: a dense Gauss
 the same rows and width, drawn exactly in law as (U S) Z with Z r x M Gaussian (H P^T for a
 Gaussian P), from the exact Gram of all r rows (one more pass over the store).
 
+With ``--restate``, nothing is sketched: the spectra ``--work``/spectrum-M{M}.zarr of an earlier
+run are re-stated with today's statement (``gradspec.sketch._bootstrap.state``: its centre and
+multipliers) from the bootstrap summary their stored statement implies (λ = σ_raw², bias =
+λ − σ², s.d. = the half-width of λ / the stored multiplier; the rounding term, ≤ 1e-12·λ₁, is
+left out), and compared with the exact spectrum beside the stored σ and the stored statement.
+
 Usage:
     python benchmarks/bench_sketch_spectrum.py EXACT_STORE EXACT_SPECTRUM --work DIR
         [--M 16384,65536,262144] [--blocks 8] [--k 300] [--weights energy|sqrt-size] [--dense]
-        [--out docs/bench_sketch_spectrum.txt]
+        [--restate] [--out docs/bench_sketch_spectrum.txt]
 """
 
 from __future__ import annotations
@@ -81,6 +87,38 @@ def dense_sigma(us: np.ndarray, width: int, k: int, seed: int, chunk: int = 4096
     return np.sqrt(np.maximum(lam, 0.0))
 
 
+def restate(spectrum: Path, s_exact: np.ndarray, top: int = 100) -> list[str]:
+    """Lines comparing the stored σ, the stored statement and today's re-statement of one sketched
+    spectrum with the exact σ (top ``top``: max and RMS relative error, σ₁..₁₀ RMS; coverage of
+    every stated σ; median relative half-width of the top ``top``)."""
+    from gradspec.sketch._bootstrap import MULTIPLIER, state
+    from gradspec.store import SpectrumStore
+
+    rep = SpectrumStore.open(spectrum).accuracy["sketch"]
+    raw, old = np.asarray(rep["sigma_raw"]), np.asarray(rep["sigma"])
+    lo = np.asarray(rep["sigma_lower"])
+    up = np.asarray([np.inf if x is None else x for x in rep["sigma_upper"]])
+    if not np.isfinite(up).all():
+        raise ValueError(f"{spectrum}: unbounded intervals carry no spread to re-state from")
+    lam = raw**2
+    boot = {"lam": lam, "bias": lam - old**2, "sd": (up**2 - old**2) / float(rep["z"]), "J": rep["J"],
+            "replicates": rep["replicates"], "qs": np.zeros(0, dtype=np.int64), "sine_rms": np.zeros(0)}
+    new = state(boot)
+    t = s_exact[: lam.size]
+    out = [f"  {spectrum.name}: stored statement z = {rep['z']:g}, re-stated z = {MULTIPLIER:g} (pooled bias)"]
+    for name, sig, a, b in (("stored sigma", raw, None, None), ("stored statement", old, lo, up),
+                            ("re-stated", np.asarray(new["sigma"]), np.asarray(new["sigma_lower"]),
+                             np.asarray([np.inf if x is None else x for x in new["sigma_upper"]]))):
+        e = np.abs(sig - t) / t
+        line = (f"    {name:17s} top-{top} max {e[:top].max():.2%} RMS {np.sqrt(np.mean(e[:top] ** 2)):.2%}"
+                f"  sigma_1..10 RMS {np.sqrt(np.mean(e[:10] ** 2)):.2%}")
+        if a is not None:
+            line += (f"  inside {int(np.sum((a <= t) & (t <= b)))}/{t.size}, median half-width "
+                     f"{np.median(((b - a) / 2 / sig)[:top]):.2%}")
+        out.append(line)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("exact_store", type=Path)
@@ -94,8 +132,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", choices=("energy", "sqrt-size"), default="energy",
                     help="the plan's column split (energy: by the first 32 rows; collect's default)")
     ap.add_argument("--dense", action="store_true", help="also a dense Gaussian sketch of the same width")
+    ap.add_argument("--restate", action="store_true",
+                    help="re-state the spectra of an earlier run in --work with today's statement; sketch nothing")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.restate:
+        from _emit import emit  # benchmarks/_emit.py (this script's folder is on sys.path)
+
+        from gradspec.store import SpectrumStore
+
+        s_exact = np.asarray(SpectrumStore.open(args.exact_spectrum).sigma, dtype=np.float64)
+        lines = [f"# re-stated with today's statement ({datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC): "
+                 f"{args.work}/spectrum-M*.zarr against {args.exact_spectrum}"]
+        for m in (int(x) for x in args.M.split(",")):
+            lines += restate(args.work / f"spectrum-M{m}.zarr", s_exact)
+        emit(lines, args.out)
+        return 0
     from gradspec.linalg import pca
     from gradspec.sketch import compare_to_exact, energy_weights, format_table, make_plan
     from gradspec.store import GradientStore, SpectrumStore

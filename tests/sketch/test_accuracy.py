@@ -158,3 +158,38 @@ def test_bootstrap_intervals_cover_and_are_not_trivially_wide(sketched):
         assert q == 1 and true <= bound < 1, (true, bound)
     old = _cover_ratio(*_statements(sketched, jackknife_error)[:4])[0]
     assert old < cover, (old, cover)
+
+
+def test_the_pooled_bias_correction_beats_each_shift_removed(sketched):
+    """σ's centre removes the replicates' mean shift pooled over neighbouring i (``pooled_bias``).
+    Over the 24 sketches, its RMS relative error of the top 20 is below that of removing each
+    λ_i's own mean shift (the centre before, whose noise outweighed the bias where the bias is
+    small) and no worse than the uncorrected σ̂."""
+    from gradspec.sketch._bootstrap import block_bootstrap, pooled_bias
+
+    cases, s, _ = sketched
+    k, err = 20, {"pooled": [], "each": [], "none": []}
+    for grams, ex, _ in cases:
+        boot = block_bootstrap(grams, ex, k=k, angle_ks=(1,))
+        lam, bias = boot["lam"], boot["bias"]
+        for name, centre in (("pooled", lam - pooled_bias(lam, bias)), ("each", lam - bias), ("none", lam)):
+            err[name].append((np.sqrt(np.maximum(centre, 0)) - s[:k]) / s[:k])
+    rms = {name: float(np.sqrt(np.mean(np.square(v)))) for name, v in err.items()}
+    assert rms["pooled"] < rms["each"] and rms["pooled"] <= rms["none"], rms
+    # and the centre is what block_error states
+    grams, ex, _ = cases[0]
+    boot = block_bootstrap(grams, ex, k=k, angle_ks=(1,))
+    want = np.sqrt(np.maximum(boot["lam"] - pooled_bias(boot["lam"], boot["bias"]), 0))
+    np.testing.assert_allclose(block_error(grams, ex, k=k, angle_ks=(1,))["sigma"], want, rtol=1e-14)
+
+
+def test_pooled_bias_keeps_a_constant_relative_bias_and_spreads_a_spike():
+    from gradspec.sketch._bootstrap import POOL_MIN, pooled_bias
+
+    lam = np.linspace(10.0, 1.0, 30)
+    np.testing.assert_allclose(pooled_bias(lam, 0.02 * lam), 0.02 * lam, rtol=1e-12)
+    spike = np.zeros(30)
+    spike[0] = 0.1 * lam[0]
+    got = pooled_bias(lam, spike)
+    assert got[0] == pytest.approx(0.1 * lam[0] / (POOL_MIN + 1))  # the window 0..POOL_MIN at i = 0
+    assert (got >= 0).all() and got[-1] == 0
