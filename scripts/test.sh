@@ -7,5 +7,5 @@ bash scripts/install.sh test
 PY="${PYTHON:-python3}"
 "$PY" -m ruff check gradspec cli tests analyses benchmarks scripts examples
 # One pytest-xdist worker per core, each on one thread (tests/conftest.py); a test module's
-# tests, and all of tests/report, stay on one worker (--dist loadgroup).
-"$PY" -m pytest -q -n auto --dist loadgroup "$@"
+# tests, and all of tests/report, stay on one worker (--dist loadscope: tests/conftest.py's units).
+"$PY" -m pytest -q -n auto --dist loadscope "$@"

@@ -60,13 +60,33 @@ def killed_after(monkeypatch):
     return patch
 
 
+def group_of(nodeid: str) -> str:
+    """The work unit a test runs in under pytest-xdist: its module, so that the module's fixtures
+    are made once; all of tests/report is one unit, as its tests share session fixtures (small
+    real runs, a browser)."""
+    module = nodeid.split("::", 1)[0]
+    return "tests/report" if module.startswith("tests/report/") else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``-n N --dist loadscope`` (scripts/test.sh) or ``loadgroup``: the units of :func:`group_of`.
+
+    xdist's own ``loadgroup`` reads a group from each test's node id, which its worker hook
+    rewrites; on pytest 9 a node id is derived, so the rewrite is lost and no group ever formed
+    (every module fixture, the docs site and the report's runs were built on both workers). The
+    scheduler hook is xdist's public way to choose the units. Other --dist modes are xdist's."""
+    if config.getvalue("dist") not in ("loadscope", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    # pytest-xdist (--dist loadgroup; a no-op without it): a module's tests run on one worker,
-    # which makes its module-scoped fixtures once; the report tests share session fixtures
-    # (small real runs, a browser), so all of tests/report is one group
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("report" if "report/" in module else module))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
