@@ -70,6 +70,21 @@ def sketch_store(exact, plan, path: Path, batch: int = 32):
     return GradientStore.open(path)
 
 
+def plan_kinds(exact) -> dict[str, str]:
+    """Per parameter, the kind `collect --sketch` gives it: `gradspec.sketch.dense_kinds` with the
+    run's model (rebuilt from the store's task), so an embedding is known by its type, 2-D
+    weights get Kronecker pairs and vectors dense columns; by shape alone without a task."""
+    from gradspec.sketch import dense_kinds
+
+    model = None
+    if exact.config.get("task"):
+        from gradspec.tasks import make_task
+
+        run = exact.config.get("collect") or {}
+        model = make_task(exact.config["task"], **(run.get("task_options") or {})).model
+    return dense_kinds(exact.layout, model)
+
+
 def dense_sigma(us: np.ndarray, width: int, k: int, seed: int, chunk: int = 4096) -> np.ndarray:
     """Top-k σ of a dense Gaussian sketch (U S) Z of the rows, Z r x width with N(0, 1/width)
     entries; Z Zᵀ accumulated over column chunks (never r x width at once)."""
@@ -91,10 +106,12 @@ def restate(spectrum: Path, s_exact: np.ndarray, top: int = 100) -> list[str]:
     """Lines comparing the stored σ, the stored statement and today's re-statement of one sketched
     spectrum with the exact σ (top ``top``: max and RMS relative error, σ₁..₁₀ RMS; coverage of
     every stated σ; median relative half-width of the top ``top``)."""
-    from gradspec.sketch._bootstrap import MULTIPLIER, state
+    from gradspec.sketch._bootstrap import MULTIPLIER, STATEMENT, state
     from gradspec.store import SpectrumStore
 
     rep = SpectrumStore.open(spectrum).accuracy["sketch"]
+    if rep.get("statement") == STATEMENT:  # its bias is already pooled: deriving it again would pool it twice
+        raise ValueError(f"{spectrum} was stated with today's statement: nothing to re-state")
     raw, old = np.asarray(rep["sigma_raw"]), np.asarray(rep["sigma"])
     lo = np.asarray(rep["sigma_lower"])
     up = np.asarray([np.inf if x is None else x for x in rep["sigma_upper"]])
@@ -129,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--k", type=int, default=300)
     ap.add_argument("--keep", action="store_true", help="keep the sketched stores")
+    ap.add_argument("--batch", type=int, default=32, help="rows sketched at a time (float64: 8·p bytes a row)")
     ap.add_argument("--weights", choices=("energy", "sqrt-size"), default="energy",
                     help="the plan's column split (energy: by the first 32 rows; collect's default)")
     ap.add_argument("--dense", action="store_true", help="also a dense Gaussian sketch of the same width")
@@ -153,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     from gradspec.store import GradientStore, SpectrumStore
 
     exact = GradientStore.open(args.exact_store)
-    kinds = {s.name: "kronecker" for s in exact.layout.params}
+    kinds = plan_kinds(exact)
     weights = None
     if args.weights == "energy":
         import torch
@@ -172,11 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exact Gram of {exact.n_rows} rows and its eigh: {time.perf_counter() - t0:.0f} s", flush=True)
     lines = [f"# bench_sketch_spectrum: sketched vs exact spectrum of {exact.n_rows} real per-example gradients, "
              f"p = {exact.p:,}",
-             f"# command: python benchmarks/bench_sketch_spectrum.py {args.exact_store} {args.exact_spectrum} "
-             f"--M {args.M} --blocks {args.blocks} --k {args.k}",
+             "# command: python benchmarks/bench_sketch_spectrum.py " + " ".join(sys.argv[1:] if argv is None else argv),
              f"# date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
              f"{os.cpu_count()} cores; store dtype {exact.dtype}; source config: "
-             f"{ {k: exact.config.get(k) for k in ('task_options', 'steps', 'batch_size', 'lr', 'epsilon')} }",
+             f"{ {k: (exact.config.get('collect') or {}).get(k) for k in ('task', 'task_options', 'params', 'steps', 'batch_size', 'lr', 'target_epsilon')} }",
              f"# the plan of `gradspec collect --sketch M` for these parameters (columns by {args.weights}), applied "
              "to the stored rows with the float64 reference sketch_rows; pca --method gram on the sketched store", ""]
     summary = []
@@ -184,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = make_plan(exact.layout, kinds, m, seed=args.seed, blocks=args.blocks, weights=weights)
         path = args.work / f"sketch-M{m}.zarr"
         t0 = time.perf_counter()
-        sk = sketch_store(exact, plan, path)
+        sk = sketch_store(exact, plan, path, batch=args.batch)
         t_sketch = time.perf_counter() - t0
         t0 = time.perf_counter()
         res = pca(source=path, k=args.k, method="gram", out=args.work / f"spectrum-M{m}.zarr", overwrite=True)
