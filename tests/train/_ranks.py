@@ -55,8 +55,9 @@ def _context(mp: Any) -> Any:
 
 
 def run_ranks(target: Callable[..., Any], *args: Any, world: int = 2, timeout: float = 120) -> list[tuple]:
-    """``target(rank, *args)`` on ``world`` spawned processes; by rank: ("ok", value), ("error",
-    type name, message, traceback), or ("exit", exit code) for a process that died."""
+    """``target(rank, *args)`` on ``world`` processes (forked from the preloaded server); by rank:
+    ("ok", value), ("error", type name, message, traceback), or ("exit", exit code) for a
+    process that died."""
     import torch.multiprocessing as mp
 
     ctx = _context(mp)
