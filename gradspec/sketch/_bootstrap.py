@@ -100,6 +100,24 @@ def sigma_interval(centre: np.ndarray, half: np.ndarray) -> tuple[np.ndarray, ..
     return sig, np.where(wild, 0.0, s_lo), np.where(wild, np.inf, s_up), np.where(wild, np.inf, rel)
 
 
+def interval_fields(sig: np.ndarray, s_lo: np.ndarray, s_up: np.ndarray, rel: np.ndarray,
+                    median: float | None) -> dict[str, Any]:
+    """The per-σ intervals of a statement in its JSON form (unbounded ends and widths as None),
+    with the statement's ``median`` relative half-width."""
+    return {
+        "sigma": sig.tolist(),
+        "sigma_lower": s_lo.tolist(),
+        "sigma_upper": [float(x) if np.isfinite(x) else None for x in s_up],
+        "relative_half_width": [float(x) if np.isfinite(x) else None for x in rel],
+        "median_relative_half_width": median,
+    }
+
+
+def _bounded_median(rel: np.ndarray) -> float | None:
+    """The median relative half-width when every interval is bounded (else None)."""
+    return float(np.median(rel)) if rel.size and np.isfinite(rel).all() else None
+
+
 def principal_sines(a: np.ndarray, b: np.ndarray) -> float:
     """sin of the largest principal angle between the column spaces of a and b (orthonormal,
     the same number of columns): ‖b − a·aᵀb‖₂, accurate for small angles too."""
@@ -179,19 +197,14 @@ def jackknife_error(
     for a, q in enumerate(qs):
         bound = min(1.0, ANGLE_FACTOR * t * float(np.sqrt((J - 1) / J * (sines[:, a] ** 2).sum())))
         angles.append({"k": int(q), "bound": bound, "vacuous": bool(bound >= 1.0), "exact_rank": False})
-    finite = rel[np.isfinite(rel)]
     return {
         "method": "jackknife",
         "J": J,
         "k": k,
         "confidence": level,
         "z": t,
-        "sigma": sig.tolist(),
+        **interval_fields(sig, s_lo, s_up, rel, _bounded_median(rel)),
         "sigma_raw": np.sqrt(lam[:k]).tolist(),
-        "sigma_lower": s_lo.tolist(),
-        "sigma_upper": [float(x) if np.isfinite(x) else None for x in s_up],
-        "relative_half_width": [float(x) if np.isfinite(x) else None for x in rel],
-        "median_relative_half_width": float(np.median(rel)) if finite.size == rel.size and rel.size else None,
         "angles": angles,
         "statement": JACKKNIFE_STATEMENT,
     }
@@ -311,7 +324,6 @@ def state(
     for q, rms in zip(boot["qs"], boot["sine_rms"], strict=True):
         bound = min(1.0, angle_multiplier * float(rms) + 10 * rounding)
         angles.append({"k": int(q), "bound": bound, "vacuous": bool(bound >= 1.0), "exact_rank": False})
-    finite = rel[np.isfinite(rel)]
     return {
         "method": "block-bootstrap",
         "J": int(boot["J"]),
@@ -319,12 +331,8 @@ def state(
         "replicates": int(boot["replicates"]),
         "confidence": LEVEL,
         "z": float(multiplier),
-        "sigma": sig.tolist(),
+        **interval_fields(sig, s_lo, s_up, rel, _bounded_median(rel)),
         "sigma_raw": np.sqrt(lam).tolist(),
-        "sigma_lower": s_lo.tolist(),
-        "sigma_upper": [float(x) if np.isfinite(x) else None for x in s_up],
-        "relative_half_width": [float(x) if np.isfinite(x) else None for x in rel],
-        "median_relative_half_width": float(np.median(rel)) if finite.size == rel.size and rel.size else None,
         "angles": angles,
         "statement": STATEMENT,
         "calibration": CALIBRATION,

@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from gradspec.sketch._bootstrap import ANGLE_KS, block_error, principal_sines
+from gradspec.sketch._bootstrap import ANGLE_KS, block_error, interval_fields, principal_sines
 from gradspec.sketch._selection import SketchSelection
 
 #: Joint confidence the Bonferroni multiplier z is set for (the k intervals together).
@@ -208,11 +208,7 @@ def sketch_error(
         "z": z,
         "delta": float(delta),
         "first_order_relative_sd": float(np.sqrt(rho2) / 2),
-        "sigma": sig.tolist(),
-        "sigma_lower": s_lo.tolist(),
-        "sigma_upper": [float(x) if np.isfinite(x) else None for x in s_up],
-        "relative_half_width": [float(x) if np.isfinite(x) else None for x in rel],
-        "median_relative_half_width": _finite_median(rel),
+        **interval_fields(sig, s_lo, s_up, rel, _finite_median(rel)),
         "angles": [_angle(lam, c, q, z, rounding, n) for q in sorted({*angle_ks, k}) if q <= k and q < r],
         "statement": STATEMENT,
     }
