@@ -137,7 +137,7 @@ class GradientRecorderCallback(TrainerCallback):
         max_grad_norm: per-example mode: clip each row to this norm (None: unclipped).
         config: your run config, saved in the store.
         sketch: store each per-step row as its M-column sketch (``GradientRecorder(sketch=)``),
-            with ``sketch_seed`` and ``sketch_blocks``.
+            with ``sketch_seed``, ``sketch_blocks`` and ``sketch_weights``.
 
     Example:
         >>> callback = GradientRecorderCallback(out="runs/hf", params="*attention*")  # doctest: +SKIP
@@ -163,6 +163,7 @@ class GradientRecorderCallback(TrainerCallback):
         sketch: int | None = None,
         sketch_seed: int = 0,
         sketch_blocks: int = 8,
+        sketch_weights: str = "energy",
     ) -> None:
         if (out is None) == (recorder is None):
             raise ValueError("pass out= (a recorder is built from the Trainer's model) or recorder=, not both")
@@ -178,6 +179,7 @@ class GradientRecorderCallback(TrainerCallback):
             "out": out, "params": params, "per_example": per_example, "resume": resume,
             "overwrite": overwrite, "config": config, "max_grad_norm": max_grad_norm,
             "sketch": sketch, "sketch_seed": sketch_seed, "sketch_blocks": sketch_blocks,
+            "sketch_weights": sketch_weights,
         }
         self.every, self.max_grad_norm = int(every), max_grad_norm
         self._forward, self._loss, self._backend, self._microbatch = forward, loss, backend, microbatch

@@ -72,6 +72,12 @@ class GradientRecorder(RecorderBase):
             (``GradientStore.sketch``). Per-step rows only.
         sketch_seed: the plan's seed (every random factor derives from it).
         sketch_blocks: J >= 2 independent blocks of the sketch (its error statement).
+        sketch_weights: how the plan splits its columns between parameters: ``"energy"``
+            (default) by each parameter's share of the first recorded row's squared norm,
+            hedged half by ``sqrt(numel)``, as ``collect --sketch`` does from its warm-up
+            batch (the store is then created at the first row; a recorder closed before
+            one keeps the ``sqrt(numel)`` split); ``"sqrt-size"`` by ``sqrt(numel)`` alone.
+            A resume keeps the store's plan.
 
     Raises:
         ValueError: no or several layout sources, no parameter selected, a resume

@@ -1,23 +1,16 @@
 """The recorder's core: gradient rows from any training loop into a gradient store.
 
-gradspec's own trainer (``collect``) is one source of rows; a recorder takes
-them from anything else — a plain PyTorch loop, an Opacus ``DPOptimizer``
-(``attach_opacus``), a Hugging Face ``Trainer`` (``GradientRecorderCallback``).
-It owns what a store needs: the layout of a row (names and shapes of the
-recorded parameters), the run config, the per-row metadata of ``collect``
-(``step, epoch, loss, batch_size, norm_mean, norm_max, frac_clipped``, and
-``example_index`` for per-example rows), the background writer, crash-safe
-commits (a row counts once its bytes are on disk), resumption and the
-``complete`` status.
+gradspec's own trainer (``collect``) is one source of rows; a recorder takes them from anything
+else — a plain PyTorch loop, an Opacus ``DPOptimizer`` (``attach_opacus``), a Hugging Face
+``Trainer`` (``GradientRecorderCallback``). It owns what a store needs: the layout of a row (names
+and shapes of the recorded parameters), the run config, the per-row metadata of ``collect``
+(``step, epoch, loss, batch_size, norm_mean, norm_max, frac_clipped``, and ``example_index`` for
+per-example rows), the background writer, crash-safe commits (a row counts once its bytes are on
+disk), resumption and the ``complete`` status.
 
-Rows mean what they mean in ``collect`` (Li et al. 2022 §4.2; the convention is
-spelled out in :mod:`gradspec.collect._rows`): a per-step row is the mean clipped
-gradient over the examples the step actually had, before noise (the clipped sum
-divided by the actual batch size, not by the expected one); a step with no example
-has no row; a per-example row is one clipped per-example gradient. For a
-non-private loop the "clipped" gradient is just the gradient. The run config names
-the rows (``row``, ``row_divisor``). The norm statistics of a row are those of the
-step's per-example gradients before clipping (NaN when the source does not know them).
+Rows mean what they mean in ``collect`` (the convention is :mod:`gradspec.collect._rows`'s):
+the norm statistics of a row are those of the step's per-example gradients before clipping (NaN
+when the source does not know them).
 """
 
 from __future__ import annotations
@@ -40,10 +33,10 @@ from gradspec.collect._recorder_setup import (
     _acquire_run_lock,
     _release_run_lock,
     open_store,
-    recorder_sketch,
     resolve_layout,
     unwrap_model,
 )
+from gradspec.collect._recorder_sketch import open_sketched_store, recorder_sketch, settle_plan
 from gradspec.collect._rows import (
     Grad,
     OwnedRows,
@@ -87,7 +80,7 @@ class RecorderBase:
         max_queue: int = 64,
         store: GradientStore | None = None,
         distributed: bool | None = None,
-        sketch: int | None = None, sketch_seed: int = 0, sketch_blocks: int = 8,
+        sketch: int | None = None, sketch_seed: int = 0, sketch_blocks: int = 8, sketch_weights: str = "energy",
     ) -> None:
         if commit_every < 1:
             raise ValueError(f"commit_every must be a positive number of steps, got {commit_every}")
@@ -107,8 +100,14 @@ class RecorderBase:
         self._background, self._max_queue = bool(background), int(max_queue)
         #: This process's place under torch.distributed (one process without a process group).
         self.ranks = recorder_ranks(distributed, per_example=self.per_example)
-        #: The sketch plan of a ``sketch=M`` recorder (None: rows stored whole); rank 0 computes it.
-        self.plan, self._sketch = recorder_sketch(self, sketch, seed=sketch_seed, blocks=sketch_blocks, store=store)
+        #: The sketch plan of a ``sketch=M`` recorder (None: rows stored whole), made from the first
+        #: row with ``sketch_weights="energy"``, the store's on a resume (`_recorder_sketch`).
+        self.plan = recorder_sketch(self, sketch, seed=sketch_seed, blocks=sketch_blocks, weights=sketch_weights,
+                                    store=store)
+        self._sketch: Any = None  # the writer's DenseSketch of the plan
+        self._pending: dict[str, Any] | None = None  # open_store's arguments, until the first row
+        self._pending_config: dict[str, Any] = {}
+        self._plan_from_row = self.plan is not None and sketch_weights == "energy" and not resume
         self._lock = None
         if store is not None:  # the caller's store, under the caller's lock
             self.store: GradientStore | None = store
@@ -117,11 +116,11 @@ class RecorderBase:
         else:
             self._lock = _acquire_run_lock(self.out)
             try:
-                self.store = open_store(self.out, layout=self.layout if self.plan is None else self.plan.column_layout(),
-                                        plan=self.plan, per_example=self.per_example,
-                                        run_config=self._run_config(config), user_config=config, dtype=dtype,
-                                        compressor=compressor, resume=resume, overwrite=overwrite,
-                                        rows_per_chunk=example_rows_per_chunk(self.layout.p) if per_example else None)
+                args = {"per_example": self.per_example, "run_config": self._run_config(config), "user_config": config,
+                        "dtype": dtype, "compressor": compressor, "resume": resume, "overwrite": overwrite,
+                        "rows_per_chunk": example_rows_per_chunk(self.layout.p) if per_example else None}
+                self.store = (open_store(self.out, layout=self.layout, **args) if self.plan is None
+                              else open_sketched_store(self, args))
             except BaseException:
                 _release_run_lock(self._lock)
                 raise
@@ -298,6 +297,8 @@ class RecorderBase:
         loss_value = noted if loss is None else float(np.mean(floats(loss)))
         if not self._finite(row, step):
             return
+        if self._plan_from_row:
+            settle_plan(self, row)
         if self._sketch is not None:  # Phi of the row (rank 0: the others write nothing)
             row = self._sketch(row).to("cpu", torch.float32)
         mean, top, frac = norm_stats(norms, self.max_grad_norm if max_grad_norm is None else max_grad_norm)
@@ -408,6 +409,8 @@ class RecorderBase:
         self._writer.wait()
         if self.store is not None:
             self.store.update_config(**items)
+        elif self._pending is not None:  # the store waits for the first row
+            self._pending_config.update(items)
 
     def rewind(self, step: int) -> int:
         """Forget the rows of steps >= ``step`` (continue a resumed loop from its own checkpoint).
@@ -445,6 +448,8 @@ class RecorderBase:
         self._closed = True
         try:
             try:
+                if self._plan_from_row:  # no row recorded: an empty store, split by sqrt(numel)
+                    settle_plan(self, None)
                 self._writer.close()  # the rows already handed over are written and committed
             except Exception:  # noqa: BLE001 - the original error matters more
                 logger.debug("closing the writer after an error also failed", exc_info=True)
@@ -462,6 +467,8 @@ class RecorderBase:
             return
         self._closed = True
         try:
+            if self._plan_from_row:  # no row recorded: an empty store, split by sqrt(numel)
+                settle_plan(self, None)
             self._writer.close()
             items = dict(items or {})
             for fn in self._on_close:

@@ -90,35 +90,6 @@ def resolve_layout(model, params, layout) -> tuple[list[str], list[Tensor] | Non
     return [n for n, _ in named], [p for _, p in named], layout
 
 
-def recorder_sketch(recorder: Any, sketch: int | None, *, seed: int, blocks: int,
-                    store: GradientStore | None) -> tuple[Any, Any]:
-    """(plan, `gradspec.sketch.DenseSketch` or None) of ``GradientRecorder(sketch=M)``: each
-    per-step row (p values) is stored as its M-column sketch, computed on the writer (rank 0,
-    from the row every rank holds after DDP's all-reduce; every rank makes the plan, so that
-    all refuse alike), on the recorded parameters' device; (None, None) without ``sketch``.
-
-    Raises:
-        ValueError: per-example rows, a caller's ``store``, an M at or above p, an M too small.
-    """
-    if sketch is None:
-        return None, None
-    layout, writer = recorder.layout, recorder.ranks.is_writer
-    if recorder.per_example:
-        raise ValueError("GradientRecorder(sketch=M) sketches per-step rows (record_step); sketched per-example "
-                         "rows come from gradspec collect --per-example --sketch M (ghost clipping)")
-    if store is not None:
-        raise ValueError("sketch= with store=: the store's own plan (gradspec.sketch) decides its rows")
-    from gradspec.sketch import DenseSketch, check_width, dense_kinds, make_plan, width_note
-
-    check_width(int(sketch), layout.p, option="sketch=")
-    plan = make_plan(layout, dense_kinds(layout, recorder.model), int(sketch), seed=int(seed), blocks=int(blocks))
-    note = width_note(plan)
-    if note and writer:
-        logger.info("sketch: %s", note)
-    device = recorder.params[0].device if recorder.params else "cpu"
-    return plan, DenseSketch(plan, device=device, dtype=torch.float32) if writer else None
-
-
 def _sketch_text(attribute: Mapping[str, Any] | None) -> str:
     if attribute is None:
         return "unsketched rows"
@@ -126,13 +97,40 @@ def _sketch_text(attribute: Mapping[str, Any] | None) -> str:
             f"sketch_blocks={len(attribute.get('blocks') or [])}")
 
 
+def refuse_existing(out: Path, overwrite: bool) -> None:
+    """Refuse to replace the store in ``out`` unless ``overwrite``.
+
+    Raises:
+        FileExistsError: ``out`` holds a store and ``overwrite`` is False.
+    """
+    if (out / STORE_NAME).exists() and not overwrite:
+        raise FileExistsError(
+            f"{str(out)!r} already holds a gradient store: pass resume=True to continue it or overwrite=True to replace it"
+        )
+
+
+def same_settings(attribute: Mapping[str, Any] | None, plan: Any) -> bool:
+    """Whether a store's ``gradspec.sketch`` attribute was made with ``plan``'s settings (asked-for
+    M, seed, blocks), whatever its column split."""
+    if attribute is None or plan is None:
+        return attribute is None and plan is None
+    made = (attribute.get("requested_M"), attribute.get("seed"), len(attribute.get("blocks") or []))
+    params = [(str(d.get("name")), [int(v) for v in d.get("shape", [])]) for d in attribute.get("params") or []]
+    return made == (plan.requested_M, plan.seed, plan.n_blocks) and params == [(s.name, list(s.shape))
+                                                                                for s in plan.params]
+
+
 def open_store(out: Path, *, layout: ParamLayout, per_example: bool, run_config: dict[str, Any],
                user_config: Mapping[str, Any] | None, dtype: str | None, compressor: str | None, resume: bool,
-               overwrite: bool, rows_per_chunk: int | None = None, plan: Any = None) -> GradientStore:
+               overwrite: bool, rows_per_chunk: int | None = None, plan: Any = None,
+               keep_plan: bool = False) -> GradientStore:
     """A recorder's store in the run directory ``out``: continued (``resume``; its sketch plan,
     layout, row kind and dtype checked, ``user_config`` merged), or created with ``run_config``
     (replacing one with ``overwrite``; ``rows_per_chunk``: the store's default when None);
-    ``plan``: the `gradspec.sketch.SketchPlan` of sketched rows (``layout`` its columns)."""
+    ``plan``: the `gradspec.sketch.SketchPlan` of sketched rows (``layout`` its columns).
+    ``keep_plan``: a resumed store may hold any plan made with ``plan``'s settings (M, seed,
+    blocks; its columns split by the energies of its first row): the caller then uses the
+    store's plan (``layout`` is not compared)."""
     from gradspec.sketch import plan_attribute, same_plan
 
     path = out / STORE_NAME
@@ -141,11 +139,11 @@ def open_store(out: Path, *, layout: ParamLayout, per_example: bool, run_config:
         if not exists:
             raise FileNotFoundError(f"no store to resume in {str(out)!r} (no {STORE_NAME}); drop resume=True")
         store = GradientStore.open(path, mode="r+")
-        if not same_plan(store.sketch, plan):
+        if not (same_settings(store.sketch, plan) if keep_plan else same_plan(store.sketch, plan)):
             want = None if plan is None else plan.to_dict()
             raise ValueError(f"the store in {str(out)!r} holds {_sketch_text(store.sketch)}; this recorder would "
                              f"write {_sketch_text(want)}: resume with the store's sketch settings")
-        if store.layout.to_list() != layout.to_list():
+        if not keep_plan and store.layout.to_list() != layout.to_list():
             have = [(s.name, s.shape) for s in store.layout.params]
             want = [(s.name, s.shape) for s in layout.params]
             diff = next(((a, b) for a, b in zip(have, want, strict=False) if a != b), (len(have), len(want)))
@@ -163,10 +161,7 @@ def open_store(out: Path, *, layout: ParamLayout, per_example: bool, run_config:
         store.set_status("writing")
         logger.info("resuming %s after %d committed rows", path, store.n_rows)
         return store
-    if exists and not overwrite:
-        raise FileExistsError(
-            f"{str(out)!r} already holds a gradient store: pass resume=True to continue it or overwrite=True to replace it"
-        )
+    refuse_existing(out, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     return GradientStore.create(
         path, layout=layout, config=run_config, dtype=dtype or "float32",

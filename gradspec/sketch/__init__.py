@@ -25,6 +25,7 @@ from gradspec.sketch._dense import (
     check_width,
     dense_kinds,
     plan_attribute,
+    row_energies,
     same_plan,
     width_note,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "make_plan",
     "plan_attribute",
     "principal_sines",
+    "row_energies",
     "same_plan",
     "sketch_error",
     "sketch_matrix",

@@ -105,6 +105,25 @@ def width_note(plan: SketchPlan) -> str | None:
     return f"asked {asked:,}, stored {stored:,} because " + ", ".join(parts[:-1]) + (", and " if len(parts) > 1 else "") + parts[-1]
 
 
+def row_energies(layout: ParamLayout, row: Tensor) -> dict[str, float]:
+    """Each parameter's energy in one dense row (p values): the squared norm of its part, in float64.
+
+    Of a per-step row, the step's mean clipped gradient, these are the weights `energy_weights`
+    turns into a plan's column split: what ``collect --sketch`` measures on its warm-up batch
+    (`gradspec.train._sketching.warmup_energies`) and ``GradientRecorder(sketch=)`` on the first
+    row it records.
+
+    Raises:
+        ValueError: a row whose size is not the layout's p.
+    """
+    flat = row.detach().reshape(-1)
+    if flat.numel() != layout.p:
+        raise ValueError(f"a row of {flat.numel():,} values for a layout of p = {layout.p:,}")
+    parts = [flat[s.offset : s.stop].double().square().sum() for s in layout.params]
+    e = torch.stack(parts).cpu() if parts else torch.zeros(0, dtype=torch.float64)
+    return {s.name: float(v) for s, v in zip(layout.params, e, strict=True)}
+
+
 def plan_attribute(plan: SketchPlan) -> dict[str, Any]:
     """The store attribute ``gradspec.sketch`` of ``plan``: ``plan.to_dict()``, with the
     :func:`width_note` (key ``width_note``) when it stores fewer columns than were asked for."""

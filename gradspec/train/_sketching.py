@@ -97,12 +97,11 @@ def warmup_energies(config: TrainConfig, layout: ParamLayout, task: Any, ghost: 
                 total += g.sum(0)
                 parts.append(per_parameter_norms(g.detach(), spans) ** 2)
             per_example = torch.cat(parts)
-    if config.mode == CollectMode.PER_EXAMPLE:
-        e = per_example.double().mean(0)
-    else:
-        mean = total.detach().double() / max(len(idx), 1)
-        e = torch.stack([mean[a:b].square().sum() for a, b in spans])
-    e = e.to("cpu", torch.float64)
+    if config.mode != CollectMode.PER_EXAMPLE:
+        from gradspec.sketch import row_energies
+
+        return row_energies(layout, total.detach().double() / max(len(idx), 1))
+    e = per_example.double().mean(0).to("cpu", torch.float64)
     return {s.name: float(v) for s, v in zip(layout.params, e, strict=True)}
 
 

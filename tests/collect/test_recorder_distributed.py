@@ -52,7 +52,8 @@ def _loop(out: Path, rank: int, world: int, **options) -> dict:
             opt.step()
     if world > 1:
         dist.destroy_process_group()
-    return {"store": rec.store is not None, "ranks": (rec.ranks.rank, rec.ranks.world_size)}
+    result = {"store": rec.store is not None, "ranks": (rec.ranks.rank, rec.ranks.world_size)}
+    return result if rec.plan is None else {**result, "plan": rec.plan.to_dict()}
 
 
 def _ddp_rank(rank: int, out: Path) -> dict:

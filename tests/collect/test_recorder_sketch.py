@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gradspec.collect import GradientRecorder
-from gradspec.sketch import SketchPlan, dense_kinds, make_plan, sketch_rows
+from gradspec.sketch import SketchPlan, dense_kinds, energy_weights, make_plan, sketch_rows
 from gradspec.store import GradientStore
 
 from ..train._ranks import run_ranks
@@ -55,10 +55,59 @@ def test_a_plain_loop_records_the_sketch_of_each_step_row(tmp_path):
     np.testing.assert_allclose(sketched.read(), want, rtol=1e-5, atol=2e-6 * np.abs(want).max())  # float32 products
     for key, values in exact.row_meta().items():
         np.testing.assert_array_equal(sketched.row_meta()[key], values)
-    # the plan gradspec collect makes for the same parameters (so one seed gives one map)
-    model = Tiny()
-    assert SketchPlan.from_dict(sk) == make_plan(exact.layout, dense_kinds(exact.layout, model), M, seed=4, blocks=J)
+    # the plan gradspec collect makes for the same parameters from its warm-up batch's mean clipped
+    # gradient: columns split by each parameter's squared norm in the first row (numpy, float64)
+    first = exact.read(rows=[0])[0].astype(np.float64)
+    energies = {s.name: float(np.sum(first[s.offset : s.offset + s.numel] ** 2)) for s in exact.layout.params}
+    kinds = dense_kinds(exact.layout, Tiny())
+    plan = SketchPlan.from_dict(sk)
+    assert plan == make_plan(exact.layout, kinds, M, seed=4, blocks=J, weights=energy_weights(exact.layout, energies))
+    assert plan.weighting == "energy" and plan != make_plan(exact.layout, kinds, M, seed=4, blocks=J)
     assert sketched.row_kind == exact.row_kind and sketched.status == "complete"
+
+
+def test_sqrt_size_weights_give_the_plan_made_before_any_row(tmp_path):
+    exact, sketched = _plain_loop(tmp_path, steps=2, sketch=M, sketch_blocks=J, sketch_weights="sqrt-size")
+    assert SketchPlan.from_dict(sketched.sketch) == make_plan(exact.layout, dense_kinds(exact.layout, Tiny()), M,
+                                                              seed=0, blocks=J)
+    want = _reference(sketched, exact.read())
+    np.testing.assert_allclose(sketched.read(), want, rtol=1e-5, atol=2e-6 * np.abs(want).max())
+
+
+def test_the_energy_plan_waits_for_the_first_row(tmp_path):
+    """The store of an energy-split sketch is created at the first row; config given before it is
+    kept; a recorder closed before any row leaves an empty, complete store split by sqrt(size);
+    an existing store is refused at construction, as without a sketch."""
+    model = Tiny()
+    with GradientRecorder(out=tmp_path / "a", model=model, sketch=M, sketch_blocks=J) as rec:
+        assert rec.store is None and not (tmp_path / "a" / "gradients.zarr").exists()
+        rec.update_config(note="before the first row")
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        rec.record_step(batch_size=0)  # an empty Poisson batch: no row, still no store
+        assert rec.store is None
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        rec.record_step(batch_size=8)
+        assert rec.store is not None and rec.plan.weighting == "energy"
+    store = GradientStore.open(tmp_path / "a" / "gradients.zarr")
+    assert store.n_rows == 1 and store.config["note"] == "before the first row"
+    with GradientRecorder(out=tmp_path / "b", model=model, sketch=M, sketch_blocks=J):
+        pass
+    empty = GradientStore.open(tmp_path / "b" / "gradients.zarr")
+    assert empty.n_rows == 0 and empty.status == "complete" and empty.sketch["weighting"] == "sqrt-size"
+    with pytest.raises(FileExistsError, match="already holds a gradient store"):
+        GradientRecorder(out=tmp_path / "b", model=model, sketch=M, sketch_blocks=J)
+
+
+def test_an_all_zero_first_row_keeps_the_sqrt_size_split(tmp_path, caplog):
+    model = Tiny()
+    with GradientRecorder(out=tmp_path, model=model, sketch=M, sketch_blocks=J) as rec:
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        rec.record_step(batch_size=8)
+    assert rec.plan.weighting == "sqrt-size" and "not by the first row's energies" in caplog.text
+    assert GradientStore.open(rec.path).n_rows == 1
 
 
 def test_a_recorder_resumes_a_sketch_only_with_its_plan(tmp_path):
@@ -84,6 +133,7 @@ def test_a_recorder_resumes_a_sketch_only_with_its_plan(tmp_path):
     ({"sketch": 215}, r"sketch=215 is not below p = 215.*give sketch=214 or less"),
     ({"sketch": M, "per_example": True}, "sketches per-step rows"),
     ({"sketch": 4, "sketch_blocks": 4}, "--sketch >= "),
+    ({"sketch": M, "sketch_weights": "size"}, "sketch_weights='size': one of 'energy', 'sqrt-size'"),
 ])
 def test_refusals_leave_nothing_behind(tmp_path, options, says):
     with pytest.raises(ValueError, match=says):
@@ -145,9 +195,11 @@ def _ddp_sketch_rank(rank: int, out: Path) -> dict:
 @pytest.mark.slow
 def test_a_ddp_loop_on_two_ranks_records_the_sketch_on_rank_0(tmp_path):
     """Rank 0 sketches DDP's averaged gradient (the sketch is linear: the average of the ranks'
-    sketches), the other rank writes nothing."""
+    sketches), the other rank writes nothing; both make the same energy plan from the first row,
+    which every rank holds after the all-reduce."""
     lead, other = _ok(run_ranks(_ddp_sketch_rank, tmp_path / "ddp"))
     assert lead["store"] and not other["store"]
+    assert lead["plan"] == other["plan"] and lead["plan"]["weighting"] == "energy"
     _loop(tmp_path / "one", 0, 1)
     two, one = GradientStore.open(tmp_path / "ddp" / "gradients.zarr"), GradientStore.open(tmp_path / "one" / "gradients.zarr")
     assert two.status == "complete" and two.n_rows == one.n_rows
