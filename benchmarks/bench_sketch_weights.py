@@ -13,9 +13,14 @@ the columns split
 beside a dense Gaussian sketch of the same rows and width ((U S) Z, the law of H P^T). Prints
 one line per model and M with each error and its ratio to the dense sketch's.
 
+``--per-step``: the rows are instead 200 per-step rows, each the mean of 32 of the clipped rows
+drawn at random (seeded), and ``energy`` splits by the first of them
+(`gradspec.sketch.row_energies`): what ``GradientRecorder(sketch=M)`` does with the first row
+it records (and ``collect --sketch`` with its warm-up batch's mean clipped gradient).
+
 Usage:
     python benchmarks/bench_sketch_weights.py [--models mixed,mlp,cnn] [--M 1024,4096,16384]
-        [--seeds 6] [--cache DIR]
+        [--seeds 6] [--cache DIR] [--per-step]
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from bench_sketch_calibration import energies, model_rows  # noqa: E402
 
-from gradspec.sketch import energy_weights, make_plan, sketch_rows  # noqa: E402
+from gradspec.sketch import energy_weights, make_plan, row_energies, sketch_rows  # noqa: E402
 
 
 def top_sigma(y: torch.Tensor) -> np.ndarray:
@@ -51,16 +56,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=32, help="rows whose energies split the columns")
     ap.add_argument("--cache", type=Path, default=None, help="keep each model's rows here (.npy)")
+    ap.add_argument("--per-step", action="store_true",
+                    help="200 per-step rows (means of --warmup random clipped rows); energy: the first row's")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.cache:
         args.cache.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
         layout, kinds, h = model_rows(name, 400, args.cache)
+        if args.per_step:
+            gen = torch.Generator().manual_seed(0)
+            h = h[torch.stack([torch.randperm(h.shape[0], generator=gen)[: args.warmup] for _ in range(200)])].mean(1)
+            measured = row_energies(layout, h[0])
+        else:
+            measured = energies(layout, h[: args.warmup])
         s = np.linalg.svd(h.numpy(), compute_uv=False)
         u, sv, _ = torch.linalg.svd(h, full_matrices=False)
         us = u * sv
-        splits = {"sqrt-size": None, "energy": energy_weights(layout, energies(layout, h[: args.warmup])),
+        splits = {"sqrt-size": None, "energy": energy_weights(layout, measured),
                   "oracle": energy_weights(layout, energies(layout, h), prior=0.0)}
         for m in (int(x) for x in args.M.split(",")):
             err = {}
@@ -74,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                 dense.append(rms(top_sigma(us @ z), s))
             d = float(np.mean(dense))
             cells = "  ".join(f"{k} {v * 100:.2f}% ({v / d:.2f}x)" for k, v in err.items())
-            print(f"{name:6s} M = {m:6,d}  {cells}  dense {d * 100:.2f}%   ({args.seeds} seeds)", flush=True)
+            kind = "per-step rows" if args.per_step else "per-example rows"
+            print(f"{name:6s} M = {m:6,d}  {cells}  dense {d * 100:.2f}%   ({args.seeds} seeds, {kind})", flush=True)
     return 0
 
 
