@@ -16,6 +16,7 @@ Prints, per bound and multiplier, how many bounds are below 1 where the true sin
 
 Usage:
     python benchmarks/bench_sketch_angles.py --cache DIR [--json OUT]
+    python benchmarks/bench_sketch_angles.py --cache DIR --from-json OUT   # tabulate again
 """
 
 from __future__ import annotations
@@ -71,10 +72,11 @@ def case(grams: list[np.ndarray], exact: np.ndarray, u: np.ndarray, s: np.ndarra
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", type=Path, required=True, help="bench_sketch_calibration's --cache (energy cases)")
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="write every bound here")
+    ap.add_argument("--from-json", type=Path, default=None, help="tabulate a --json file; compute nothing")
     args = ap.parse_args(argv)
-    rows = []
-    for name in ("mixed", "mlp", "cnn"):
+    rows = json.loads(args.from_json.read_text()) if args.from_json else []
+    for name in () if args.from_json else ("mixed", "mlp", "cnn"):
         h = np.load(args.cache / f"rows_{name}_400.npy")
         for r in (400, 200):
             sl = slice(400 - r, 400)
@@ -103,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             per = ", ".join(f"q = {q}: {info[q]}/{want[q]}" for q in (1, 10, "k"))
             print(f"{label:32s} c = {c:3.1f}: below 1 where sin < 0.5: {got}/{tot} = {got / tot:.1%} ({per}); "
                   f"below the true sine: {below}/{len(rows)}")
+    for label, key in (("RMS replicate sine", "rms"), ("Davis-Kahan", "dk")):
+        ratio = [x[key] / x["true"] for x in rows if 0 < x["true"] < 0.5]
+        print(f"{label}: its ratio to the true sine where that is below 0.5: median {np.median(ratio):.2f}, "
+              f"min {min(ratio):.2f}")
     return 0
 
 
