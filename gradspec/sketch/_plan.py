@@ -32,7 +32,8 @@ parameters carry far more energy per value than big ones: a 4-class head holds ~
 the total error equals a dense Gaussian sketch's of the same width. ``collect --sketch``
 measures them (``--sketch-weights energy``, the default): `energy_weights` of the clipped
 gradients of a warm-up batch (`gradspec.train._sketching.warmup_energies`), hedged half by the
-``sqrt(numel)`` prior; the plan records which (``weighting``). Then:
+``sqrt(numel)`` prior; ``GradientRecorder(sketch=M)`` those of the first row it records
+(`row_energies`); the plan records which (``weighting``). Then:
 
 * **exact**: a parameter whose share of the columns left (by weight) is at least its size,
   or whose size is at most ``M / (4 K)`` (K parameters), is stored whole (it costs no more
