@@ -21,6 +21,7 @@ from gradspec.sketch import (
     dense_kinds,
     make_plan,
     plan_attribute,
+    row_energies,
     same_plan,
     sketch_rows,
     width_note,
@@ -169,3 +170,15 @@ def test_no_note_when_every_column_asked_for_is_stored():
     layout = ParamLayout.from_shapes([("v", (300,)), ("u", (200,))])
     plan = make_plan(layout, dense_kinds(layout), 100, blocks=2)
     assert plan.M == 100 and width_note(plan) is None and WIDTH_NOTE_KEY not in plan_attribute(plan)
+
+
+def test_row_energies_are_each_parameters_squared_norm_in_float64():
+    layout = ParamLayout.from_shapes([("a", (3, 4)), ("b", (5,)), ("c", (2, 2, 2))])
+    row = torch.randn(layout.p, dtype=torch.float32) * 1e3
+    got = row_energies(layout, row)
+    flat = row.double().numpy()
+    want = {"a": (flat[:12] ** 2).sum(), "b": (flat[12:17] ** 2).sum(), "c": (flat[17:] ** 2).sum()}
+    assert list(got) == ["a", "b", "c"]
+    assert all(math.isclose(got[n], want[n], rel_tol=1e-13) for n in want)
+    with pytest.raises(ValueError, match="a row of 24 values for a layout of p = 25"):
+        row_energies(layout, row[:24])
