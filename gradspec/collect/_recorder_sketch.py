@@ -124,10 +124,8 @@ def settle_plan(recorder: Any, row: Tensor | None) -> None:
     ``sqrt(numel)`` split stays), then create the store it waited for (on the writer), with the
     config given before it."""
     recorder._plan_from_row = False
-    if row is not None:
+    if row is not None:  # (without one the recorder is closing: nothing is left to sketch)
         recorder.plan, recorder._sketch = energy_plan(recorder, recorder.plan, row)
-    elif recorder.ranks.is_writer:
-        recorder._sketch = dense_sketch(recorder, recorder.plan)
     if recorder._pending is None:  # a rank that does not write
         return
     args, recorder._pending = recorder._pending, None
