@@ -35,16 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from bench_sketch_calibration import energies, model_rows  # noqa: E402
+from bench_sketch_weights import rms, top_sigma  # noqa: E402
 
 from gradspec.sketch import energy_weights, make_plan, sketch_rows  # noqa: E402
-
-
-def top_sigma(y: torch.Tensor) -> np.ndarray:
-    return np.sqrt(np.maximum(np.linalg.eigvalsh((y @ y.T).numpy())[::-1], 0))
-
-
-def rms(s_hat: np.ndarray, s: np.ndarray, k: int = 10) -> float:
-    return float(np.sqrt(np.mean(((s_hat[:k] - s[:k]) / s[:k]) ** 2)))
 
 
 def fwht(x: torch.Tensor) -> torch.Tensor:
