@@ -106,7 +106,6 @@ class RecorderBase:
                                     store=store)
         self._sketch: Any = None  # the writer's DenseSketch of the plan
         self._pending: dict[str, Any] | None = None  # open_store's arguments, until the first row
-        self._pending_config: dict[str, Any] = {}
         self._plan_from_row = self.plan is not None and sketch_weights == "energy" and not resume
         self._lock = None
         if store is not None:  # the caller's store, under the caller's lock
@@ -409,8 +408,8 @@ class RecorderBase:
         self._writer.wait()
         if self.store is not None:
             self.store.update_config(**items)
-        elif self._pending is not None:  # the store waits for the first row
-            self._pending_config.update(items)
+        elif self._pending is not None:  # the store waits for the first row: its config takes them
+            self._pending["run_config"].update(items)
 
     def rewind(self, step: int) -> int:
         """Forget the rows of steps >= ``step`` (continue a resumed loop from its own checkpoint).

@@ -121,8 +121,8 @@ def open_sketched_store(recorder: Any, args: dict[str, Any]) -> GradientStore | 
 
 def settle_plan(recorder: Any, row: Tensor | None) -> None:
     """Make the energy-split plan from the first row (None: no row was recorded; the
-    ``sqrt(numel)`` split stays), then create the store it waited for (on the writer), with the
-    config given before it."""
+    ``sqrt(numel)`` split stays), then create the store it waited for (on the writer; config given
+    before it is already in its run config)."""
     recorder._plan_from_row = False
     if row is not None:  # (without one the recorder is closing: nothing is left to sketch)
         recorder.plan, recorder._sketch = energy_plan(recorder, recorder.plan, row)
@@ -130,6 +130,4 @@ def settle_plan(recorder: Any, row: Tensor | None) -> None:
         return
     args, recorder._pending = recorder._pending, None
     recorder.store = open_store(recorder.out, layout=recorder.plan.column_layout(), plan=recorder.plan, **args)
-    if recorder._pending_config:
-        recorder.store.update_config(**recorder._pending_config)
     recorder._writer = recorder._new_writer()
