@@ -114,7 +114,9 @@ def same_settings(attribute: Mapping[str, Any] | None, plan: Any) -> bool:
     M, seed, blocks), whatever its column split."""
     if attribute is None or plan is None:
         return attribute is None and plan is None
-    made = (attribute.get("requested_M"), attribute.get("seed"), len(attribute.get("blocks") or []))
+    from gradspec.sketch import plan_settings
+
+    made = plan_settings(attribute)
     params = [(str(d.get("name")), [int(v) for v in d.get("shape", [])]) for d in attribute.get("params") or []]
     return made == (plan.requested_M, plan.seed, plan.n_blocks) and params == [(s.name, list(s.shape))
                                                                                 for s in plan.params]

@@ -131,6 +131,12 @@ def plan_attribute(plan: SketchPlan) -> dict[str, Any]:
     return {**plan.to_dict(), **({WIDTH_NOTE_KEY: note} if note else {})}
 
 
+def plan_settings(attribute: Mapping[str, Any]) -> tuple[Any, Any, int]:
+    """(asked-for M, seed, blocks): the settings a store's ``gradspec.sketch`` attribute was made
+    with (``--sketch``, ``--sketch-seed``, ``--sketch-blocks``), whatever its rules and column split."""
+    return attribute.get("requested_M"), attribute.get("seed"), len(attribute.get("blocks") or [])
+
+
 def same_plan(attribute: Mapping[str, Any] | None, plan: SketchPlan | None) -> bool:
     """Whether a store's ``gradspec.sketch`` attribute describes ``plan`` (notes aside)."""
     if attribute is None or plan is None:

@@ -238,8 +238,10 @@ class _Case:
                 raise ValueError(f"the run directory's {CONFIG_NAME} and the store {name!r} record different "
                                  f"settings ({flag(key)}: {saved.get(key)!r} and {config.to_dict()[key]!r}): "
                                  "one of them was changed; the run cannot be rebuilt")
+        from gradspec.sketch import plan_settings
+
         sk = g.sketch
-        made = (sk.get("requested_M"), sk.get("seed"), len(sk.get("blocks") or []))
+        made = plan_settings(sk)
         if made != (config.sketch, config.sketch_seed, config.sketch_blocks):
             raise ValueError(f"the store's sketch (--sketch {made[0]} --sketch-seed {made[1]} --sketch-blocks "
                              f"{made[2]}) is not the one its settings record (--sketch {config.sketch} "

@@ -122,9 +122,8 @@ def plan_of_store(attribute: dict[str, Any] | None, config: TrainConfig) -> Any:
     longer makes (a version-1 plan); None otherwise (the resume then refuses other settings)."""
     if attribute is None or config.sketch is None:
         return None
-    from gradspec.sketch import SketchPlan
+    from gradspec.sketch import SketchPlan, plan_settings
 
-    made = (attribute.get("requested_M"), attribute.get("seed"), len(attribute.get("blocks") or []))
-    if made != (config.sketch, config.sketch_seed, config.sketch_blocks):
+    if plan_settings(attribute) != (config.sketch, config.sketch_seed, config.sketch_blocks):
         return None
     return SketchPlan.from_dict(attribute)
