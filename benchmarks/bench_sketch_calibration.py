@@ -24,7 +24,7 @@ cached under the module's current multipliers without computing anything.
 
 Usage:
     python benchmarks/bench_sketch_calibration.py [--seeds 12] [--M 1024,4096,16384]
-        [--r 400,200] [--weights sqrt-size|energy] [--cache DIR] [--cached-only] [--out table.md]
+        [--r 400,200] [--weights sqrt-size|energy] [--version 2|3] [--cache DIR] [--cached-only] [--out table.md]
         [--png docs/sketch_calibration.png]
 """
 
@@ -167,31 +167,35 @@ WARMUP = 32
 
 
 def case_grams(name: str, layout: Any, kinds: Any, h: torch.Tensor, us: torch.Tensor, m: int, seed: int,
-               J: int, cache: Path | None, weights: str = "sqrt-size") -> dict[str, np.ndarray]:  # noqa: N803
+               J: int, cache: Path | None, weights: str = "sqrt-size", version: int = 2) -> dict[str, np.ndarray]:  # noqa: N803
     """One seeded case of all r rows: the version-2 plan's J block Grams (``grams``, J x r x r) and
     exact Gram (``exact``, r x r, zeros if none), a dense Gaussian J-block sketch's (``dense``), and
     the version-1 plan's sketched sigma (``s_v1``, all r rows). Cached as one .npz per case.
     ``weights="energy"``: the version-2 plan splits its columns by the first WARMUP rows' energies
-    (`collect --sketch`'s default); the cache file names it."""
+    (`collect --sketch`'s default); the cache file names it. ``version=3``: that plan's
+    sign-masked rules (per-step rows, rows given whole) in place of version 2's; named too."""
     from gradspec.sketch import energy_weights, make_plan, sketch_rows
 
-    tag = "" if weights == "sqrt-size" else f"_{weights}"
+    tag = ("" if weights == "sqrt-size" else f"_{weights}") + ("" if version == 2 else f"_v{version}")
     f = cache / f"case{tag}_{name}_{h.shape[0]}_{m}_{J}_{seed}.npz" if cache else None
     if f is not None and f.exists():
         with np.load(f) as z:
             return dict(z)
-    p1 = make_plan(layout, kinds, m, seed=seed, blocks=J, version=1)
-    y1 = sketch_rows(p1, h)
     w = energy_weights(layout, energies(layout, h[:WARMUP])) if weights == "energy" else None
-    p2 = make_plan(layout, kinds, m, seed=seed, blocks=J, weights=w)
+    p2 = make_plan(layout, kinds, m, seed=seed, blocks=J, weights=w, version=version)
     y2 = sketch_rows(p2, h)
     grams, ex = blocks_of(y2, p2.exact_width, J)
-    gen = torch.Generator().manual_seed(10_000 + seed)
-    width = (p2.M // J) * J
-    yd = us @ (torch.randn(us.shape[1], width, generator=gen, dtype=torch.float64) / math.sqrt(width))
-    dense, _ = blocks_of(yd, 0, J)
-    out = {"grams": np.stack(grams), "exact": np.zeros_like(grams[0]) if ex is None else ex,
-           "dense": np.stack(dense), "y1": (y1 @ y1.T).numpy(), "M": np.asarray(p2.M)}
+    out = {"grams": np.stack(grams), "exact": np.zeros_like(grams[0]) if ex is None else ex, "M": np.asarray(p2.M)}
+    base = cache / f"case{tag.removesuffix(f'_v{version}')}_{name}_{h.shape[0]}_{m}_{J}_{seed}.npz" if cache else None
+    if version != 2 and base is not None and base.exists():  # the same columns: version 2's v1 and dense parts
+        with np.load(base) as z:
+            out |= {"dense": z["dense"], "y1": z["y1"]}
+    else:
+        y1 = sketch_rows(make_plan(layout, kinds, m, seed=seed, blocks=J, version=1), h)
+        gen = torch.Generator().manual_seed(10_000 + seed)
+        width = (p2.M // J) * J
+        yd = us @ (torch.randn(us.shape[1], width, generator=gen, dtype=torch.float64) / math.sqrt(width))
+        out |= {"dense": np.stack(blocks_of(yd, 0, J)[0]), "y1": (y1 @ y1.T).numpy()}
     if f is not None:
         tmp = f.with_suffix(".tmp.npz")
         np.savez(tmp, **out)
@@ -279,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--weights", choices=("sqrt-size", "energy"), default="sqrt-size",
                     help="the version-2 plan's column split (energy: by the first 32 rows, collect's default)")
+    ap.add_argument("--version", type=int, choices=(2, 3), default=2,
+                    help="the plan's rules: 2 (per-example rows, ghost clipping), 3 (sign-masked: per-step rows)")
     ap.add_argument("--cache", type=Path, default=None, help="folder of cached rows and cases (resumable)")
     ap.add_argument("--cached-only", action="store_true", help="tabulate the cached cases only; compute none")
     ap.add_argument("--fit-seeds", type=int, default=4,
@@ -289,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     from gradspec.sketch._bootstrap import REPLICATES
 
     J, B = args.blocks, REPLICATES
-    tag = "" if args.weights == "sqrt-size" else f"_{args.weights}"
+    tag = ("" if args.weights == "sqrt-size" else f"_{args.weights}") + ("" if args.version == 2 else f"_v{args.version}")
+    dense_tag = "" if args.weights == "sqrt-size" else f"_{args.weights}"  # the same dense sketch in every version
+    plan_label = f"v{args.version}"
     models = args.models.split(",")
     ms = [int(v) for v in args.M.split(",")]
     rs = [int(v) for v in args.r.split(",")]
@@ -310,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         data[name] = (layout, kinds, h, u_all * s_all, parts)
 
     def have(kind: str, name: str, r: int, m: int, seed: int) -> bool:
-        return bool(args.cache and (args.cache / f"stat_{kind}{tag}_{name}_{r}_{m}_{J}_{seed}_B{B}.npz").exists())
+        t = tag if kind == "v2" else dense_tag
+        return bool(args.cache and (args.cache / f"stat_{kind}{t}_{name}_{r}_{m}_{J}_{seed}_B{B}.npz").exists())
 
     stats: dict[tuple, dict[str, list]] = {}
     for seed in range(args.seeds):  # seeds outermost: an interrupted run has every row
@@ -328,14 +337,17 @@ def main(argv: list[str] | None = None) -> int:
                             continue
                         if g is None:
                             t = time.time()
-                            g = case_grams(name, layout, kinds, h, us, m, seed, J, args.cache, args.weights)
-                        z = case_statement(kind, name, r, m, seed, J, g, sl, s, u, k, B, args.cache, tag)
+                            g = case_grams(name, layout, kinds, h, us, m, seed, J, args.cache, args.weights,
+                                           args.version)
+                        z = case_statement(kind, name, r, m, seed, J, g, sl, s, u, k, B, args.cache,
+                                           tag if kind == "v2" else dense_tag)
                         stats.setdefault((name, m, r), {}).setdefault(kind, []).append(z)
                 if g is not None and not args.cached_only:
                     print(f"seed {seed} {name} M={m}: {time.time() - t:.0f} s", flush=True)
 
-    lines = ["| model | M | r | k | cases | rel. error σ1..10: v1 plan | v2 plan | dense | v2/dense | "
-             "coverage v2 | coverage dense | old jackknife-t coverage | median half-width / RMS error v2 | "
+    v = plan_label
+    lines = [f"| model | M | r | k | cases | rel. error σ1..10: v1 plan | {v} plan | dense | {v}/dense | "
+             f"coverage {v} | coverage dense | old jackknife-t coverage | median half-width / RMS error {v} | "
              "dense | angle bounds < 1 and hold where sin < 0.5 | bounds below the true sin |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     curve: dict[str, dict[str, list[tuple[int, float]]]] = {}
@@ -364,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                         tot[kind][2] = [a + b for a, b in zip(tot[kind][2], res["angles"], strict=True)]
                 if r == r_all:
                     curve.setdefault(name, {}).setdefault("v1", []).append((m, v2["v1_err"]))
-                    curve[name].setdefault("v2", []).append((m, v2["err"]))
+                    curve[name].setdefault(plan_label, []).append((m, v2["err"]))
                     if dn:
                         curve[name].setdefault("dense", []).append((m, dn["err"]))
                 def d(key: str, fmt: str, dn: dict | None = dn) -> str:
@@ -382,11 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     for kind, n in (("v2", n_v2), ("dense", n_dn)):
         inside, total, ang = tot[kind]
         if total:
-            lines.append(f"All {kind} cases: {n} cases, {inside:,}/{total:,} σ inside ({inside / total:.1%}); angle "
+            lines.append(f"All {plan_label if kind == 'v2' else kind} cases: {n} cases, {inside:,}/{total:,} σ inside ({inside / total:.1%}); angle "
                          f"bounds < 1 and holding {ang[0]}/{ang[1]} where the true sin < 0.5, {ang[2]} below the true sin.")
     for part, (inside, total, ratios, n) in split.items():
         if total:
-            lines.append(f"{part.capitalize()} v2 cases (seeds {'<' if part == 'fit' else '>='} {args.fit_seeds}): {n} cases, "
+            lines.append(f"{part.capitalize()} {plan_label} cases (seeds {'<' if part == 'fit' else '>='} {args.fit_seeds}): {n} cases, "
                          f"{inside / total:.1%} of σ inside, median over rows of the width ratio {np.median(ratios):.2f}.")
     lines.append(f"J = {J}, {B} bootstrap replicates; {time.time() - t_all:.0f} s for this table "
                  "(cases from the cache are not recomputed).")
@@ -402,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
 
         fig, ax = plt.subplots(figsize=(6, 4))
         for (name, kinds_), color in zip(curve.items(), ["C0", "C1", "C2", "C3"], strict=False):
-            for kind, style in (("v1", ":"), ("v2", "-"), ("dense", "--")):
+            for kind, style in (("v1", ":"), (plan_label, "-"), ("dense", "--")):
                 if kind in kinds_:
                     pts = np.asarray(kinds_[kind])
                     ax.loglog(pts[:, 0], pts[:, 1], style, color=color, marker="o", label=f"{name} {kind}")

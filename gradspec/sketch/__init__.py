@@ -41,6 +41,7 @@ from gradspec.sketch._factors import (
 )
 from gradspec.sketch._plan import (
     DEFAULT_BLOCKS,
+    FACTORED_VERSION,
     FAMILY,
     KINDS,
     SKETCH_KINDS,
@@ -58,6 +59,7 @@ __all__ = [
     "DEFAULT_BLOCKS",
     "DENSE_MAX",
     "DenseSketch",
+    "FACTORED_VERSION",
     "FAMILY",
     "KINDS",
     "ParamSketch",

@@ -199,30 +199,41 @@ class DenseSketch:
         return out[0] if one else out
 
     def _structured(self, spec: Any, g: Tensor, out: Tensor) -> None:
-        """Every pair of every block of a Kronecker-kind parameter at once, G (B, d0, d1) ->
-        (B, J R, m0, m1) (`StackedFactors` stacks the J blocks' R pairs: ``blocks`` = J R)."""
+        """Every pair of every block of a Kronecker-kind parameter, G (B, d0, d1) -> (B, J R, m0, m1)
+        (`StackedFactors` stacks the J blocks' R pairs: ``blocks`` = J R): all blocks in one
+        product where they share G, block by block where a version-3 plan masks G's signs per block."""
         st = self.factors.stacked[spec.name]
-        b, (d0, d1), j = g.shape[0], spec.matrix, st.blocks
-        right = st.right.reshape(j, st.m1, d1)
-        if st.left is not None:  # kronecker: the cheaper order of the two products
-            if st.m0 * d0 * d1 + st.m0 * d1 * st.m1 <= st.m1 * d0 * d1 + st.m0 * d0 * st.m1:
-                y = (st.left @ g).reshape(b, j, st.m0, d1) @ right.transpose(1, 2)
-            else:
-                left = st.left.reshape(j, st.m0, d0)
-                y = left @ (g @ st.right.T).reshape(b, d0, j, st.m1).permute(0, 2, 1, 3)
-        elif hash_last(st.m0, st.m1, d0):  # countsketch-kronecker, a narrow P_1: G P_1^T of every block
-            # in one product (G read once), then its d0 rows hashed into m0 buckets with their signs
-            gr = (g @ st.right.T).reshape(b, d0, j, st.m1)
-            y = torch.stack([torch.zeros(b, st.m0, st.m1, dtype=g.dtype, device=g.device).index_add_(
-                1, st.bucket[k], gr[:, :, k] * st.sign[k][:, None]) for k in range(j)], 1)
-        else:  # countsketch-kronecker: G's rows hashed into m0 buckets with their signs, block by block
-            parts = []
-            for k in range(j):
-                s = torch.zeros(b, st.m0, d1, dtype=g.dtype, device=g.device)
-                s.index_add_(1, st.bucket[k], g * st.sign[k][:, None])
-                parts.append(s @ right[k].T)
-            y = torch.stack(parts, 1)
+        if st.signs is None:
+            y = _pairs(st, g, 0, st.blocks)
+        else:
+            r, d = st.pairs, spec.matrix
+            y = torch.cat([_pairs(st, g * st.signs[k].reshape(d), k * r, (k + 1) * r)
+                           for k in range(st.blocks // r)], 1)
         st.add(y, out)
+
+
+def _pairs(st: Any, g: Tensor, lo: int, hi: int) -> Tensor:
+    """(B, hi - lo, m0, m1): the stacked pairs ``lo .. hi`` of `StackedFactors` ``st`` applied to G (B, d0, d1)."""
+    b, d0, d1 = g.shape
+    j, m0, m1 = hi - lo, st.m0, st.m1
+    right = st.right[lo * m1 : hi * m1]
+    if st.left is not None:  # kronecker: the cheaper order of the two products
+        left = st.left[lo * m0 : hi * m0]
+        if m0 * d0 * d1 + m0 * d1 * m1 <= m1 * d0 * d1 + m0 * d0 * m1:
+            return (left @ g).reshape(b, j, m0, d1) @ right.reshape(j, m1, d1).transpose(1, 2)
+        return left.reshape(j, m0, d0) @ (g @ right.T).reshape(b, d0, j, m1).permute(0, 2, 1, 3)
+    bucket, sign = st.bucket[lo:hi], st.sign[lo:hi]
+    if hash_last(m0, m1, d0):  # countsketch-kronecker, a narrow P_1: G P_1^T of every pair in one
+        # product (G read once), then its d0 rows hashed into m0 buckets with their signs
+        gr = (g @ right.T).reshape(b, d0, j, m1)
+        return torch.stack([torch.zeros(b, m0, m1, dtype=g.dtype, device=g.device).index_add_(
+            1, bucket[k], gr[:, :, k] * sign[k][:, None]) for k in range(j)], 1)
+    parts = []  # countsketch-kronecker: G's rows hashed into m0 buckets with their signs, pair by pair
+    for k in range(j):
+        s = torch.zeros(b, m0, d1, dtype=g.dtype, device=g.device)
+        s.index_add_(1, bucket[k], g * sign[k][:, None])
+        parts.append(s @ right[k * m1 : (k + 1) * m1].T)
+    return torch.stack(parts, 1)
 
 
 def hash_last(m0: int, m1: int, d0: int) -> bool:

@@ -12,7 +12,10 @@ cleared) of ``blake2b("<seed>:<j>:<name>:<f>", digest_size=8)``:
 * ``"hash"``: ``torch.randint(0, m0, (R, d0), generator=g)`` then, from the same generator,
   ``"sign"``: ``2 * torch.randint(0, 2, (R, d0), generator=g) - 1`` (float64) — the CountSketch
   of pair q ``S_q[hash[q, v], v] = sign[q, v]`` (R = 1: the same numbers as shape ``(d0,)``);
-* ``"dense"`` (m x numel): ``torch.randn(m, numel, dtype=float64, generator=g) / sqrt(m)``.
+* ``"dense"`` (m x numel): ``torch.randn(m, numel, dtype=float64, generator=g) / sqrt(m)``;
+* ``"signs"`` (version-3 plans, Kronecker kinds): ``2 * torch.randint(0, 2, (numel,), generator=g)
+  - 1``, the sign mask D_j that multiplies ``vec(G)`` (row-major, G viewed as ``(d0, d1)``) value
+  by value before the block's pair; held as int8.
 
 Factors are drawn in float64 on the CPU (the same on every machine) and then cast and moved.
 """
@@ -63,6 +66,12 @@ def countsketch(seed: int, block: int, name: str, m: int, d: int, pairs: int = 1
     return bucket, sign
 
 
+def sign_mask(seed: int, block: int, name: str, numel: int) -> Tensor:
+    """(numel,) int8 in {-1, +1}: a version-3 plan's sign mask of one parameter in one block."""
+    g = _gen(seed, block, name, "signs")
+    return (2 * torch.randint(0, 2, (numel,), generator=g) - 1).to(torch.int8)
+
+
 def check_dense(spec: ParamSketch) -> None:
     """Refuse a dense factor too large to hold (one line naming the parameter)."""
     if spec.kind == "dense" and spec.dims[0] * spec.numel > DENSE_MAX:
@@ -83,12 +92,14 @@ class BlockFactors:
     bucket: Tensor | None = None  # (R, d0) countsketch-kronecker
     sign: Tensor | None = None  # (R, d0)
     dense: Tensor | None = None  # (m, numel)
+    signs: Tensor | None = None  # (numel,) int8: a version-3 plan's mask of a Kronecker kind
 
 
 def block_factors(plan: SketchPlan, spec: ParamSketch, block: int, *, dtype: torch.dtype = torch.float64,
                   device: torch.device | str = "cpu") -> BlockFactors:
     """The factors of ``spec`` in ``block``, scaled by ``1/sqrt(J R)`` (R = ``spec.pairs``;
-    folded into ``left``, ``sign`` or ``dense``), cast to ``dtype`` on ``device``."""
+    folded into ``left``, ``sign`` or ``dense``), cast to ``dtype`` on ``device`` (a version-3
+    plan's ``signs`` stay int8)."""
     if spec.kind == "exact":
         raise ValueError(f"parameter {spec.name!r} is stored exactly: it has no factors")
     r = spec.pairs
@@ -109,6 +120,9 @@ def block_factors(plan: SketchPlan, spec: ParamSketch, block: int, *, dtype: tor
     else:
         check_dense(spec)
         out.dense = put(gaussian(plan.seed, block, spec.name, "dense", spec.dims[0], spec.numel) * scale)
+        return out
+    if plan.signed:
+        out.signs = sign_mask(plan.seed, block, spec.name, spec.numel).to(device)
     return out
 
 
@@ -141,7 +155,8 @@ class StackedFactors:
     ``left`` (J R m0, d0) and ``right`` (J R m1, d1) stack the blocks' factors, each block's
     R pairs in turn (``left`` None for ``countsketch-kronecker``, which has ``bucket``,
     ``sign``: (J R, d0)); ``blocks`` counts the J R stacked pairs; block j's columns start at
-    ``start + j * stride``, its pair q's ``q m0 m1`` further.
+    ``start + j * stride``, its pair q's ``q m0 m1`` further; ``signs`` (J, numel), a version-3
+    plan's sign masks.
     """
 
     m0: int
@@ -153,6 +168,7 @@ class StackedFactors:
     bucket: Tensor | None = None
     sign: Tensor | None = None
     pairs: int = 1
+    signs: Tensor | None = None  # (J, numel) int8: a version-3 plan's masks, one per block
 
     @property
     def blocks(self) -> int:
@@ -181,6 +197,8 @@ def stack(factors: list[BlockFactors], spec: ParamSketch) -> StackedFactors:
     else:
         out.bucket = torch.cat([f.bucket for f in factors])
         out.sign = torch.cat([f.sign for f in factors])
+    if factors[0].signs is not None:
+        out.signs = torch.stack([f.signs for f in factors])
     return out
 
 
@@ -217,6 +235,8 @@ class SketchFactors:
                 out[:, a:b] += (rows.to(f.dense.dtype) @ f.dense.T).to(out.dtype)
             else:
                 g = rows.reshape(rows.shape[0], *spec.matrix).to(f.right.dtype)
+                if f.signs is not None:
+                    g = g * f.signs.reshape(spec.matrix)
                 if f.left is not None:
                     left = f.left.reshape(spec.pairs, spec.dims[0], -1)
                 else:

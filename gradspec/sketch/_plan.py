@@ -23,7 +23,7 @@ Every factor has ``E[P^T P] = I``, so for the stored matrix Y (rows y_i) with ex
 
 How M is split (deterministic from the layout, the kinds, the weights, M, J).
 
-Version 2 (issue 37; the default). The error a parameter adds to the sketched Gram is ~
+Version 2 (issue 37). The error a parameter adds to the sketched Gram is ~
 e_p^2 / m_p (e_p its share of ||H||_F^2, m_p its columns), so columns go in proportion to a
 weight w_p that stands for e_p: a measured gradient energy when one is given (``weights``:
 e.g. the mean squared per-parameter norm of a warm-up batch), else ``sqrt(numel)`` (small
@@ -49,6 +49,18 @@ gradients of a warm-up batch (`gradspec.train._sketching.warmup_energies`), hedg
   (measured: many small pairs are several times more accurate than one large one, at a cost
   per example ~ T (d0 + d1) sqrt(m PAIR_AREA) rather than T (d0 + d1) sqrt(m)).
 
+Version 3 (the default; for rows given whole: per-step rows, ``GradientRecorder(sketch=)``,
+`sketch_rows`): version 2's plan, with every Kronecker-kind parameter's gradient first
+multiplied, value by value, by a seeded random sign mask D_j (one per block): block j's pairs
+sketch ``D_j o G``. A per-example gradient of a linear layer has low rank (an MLP's is rank
+one, a transformer layer's at most its token count), and a Kronecker pair of a low-rank G has
+relative variance ~ 2/m0 + 2/m1 instead of a dense sketch's 2/(m0 m1): version 2's many small
+pairs only average that down. The signs spread G's energy over every row and column, which
+brings the pairs to within 1.5x a dense Gaussian sketch's error of the same width on the
+calibration models (docs/sketch_calibration.md), at the cost of one more pass over G per block.
+The mask needs G formed, so ghost clipping, which sketches per-example rows from a layer's
+inputs and output gradients without forming G, keeps version 2 (``FACTORED_VERSION``).
+
 Version 1 (stores written before issue 37; ``make_plan(version=1)``): exact when the size is
 at most ``M / (4 K)``, columns in proportion to the size, one Kronecker pair per block.
 
@@ -68,10 +80,14 @@ from typing import Any
 from gradspec._layout import ParamLayout
 
 #: The plan family written into a store (``"kind"``), and its format version (1: issue 22's
-#: plan, still read; 2: energy-weighted columns, dense small factors, several pairs).
+#: plan, still read; 2: energy-weighted columns, dense small factors, several pairs; 3: version
+#: 2's split with sign-masked Kronecker kinds, one pair per block).
 FAMILY = "kronecker-gaussian"
-VERSION = 2
-VERSIONS = (1, 2)
+VERSION = 3
+VERSIONS = (1, 2, 3)
+#: The newest rules a sketch computed from a layer's factors (ghost clipping's per-example rows,
+#: which never form G) can follow: version 3's sign mask needs G formed.
+FACTORED_VERSION = 2
 #: Version 2: a parameter is sketched dense when its J factors hold at most this many entries.
 DENSE_BUDGET = 2**24
 #: Version 2: the columns of one Kronecker pair (a parameter with m columns per block takes
@@ -97,7 +113,8 @@ class ParamSketch:
     ``(d0, d1)`` (``d1 = prod(shape[1:])``; ``(numel, 1)`` for a vector). ``columns`` lists
     its half-open column ranges: one for an exact parameter, else one per block. ``pairs``:
     how many independent Kronecker pairs of ``dims`` a block holds side by side (1 but for
-    the Kronecker kinds of a version-2 plan).
+    the Kronecker kinds of a version-2 plan). In a version-3 plan a Kronecker kind's gradient
+    is sign-masked first (`SketchPlan.signed`).
     """
 
     name: str
@@ -155,6 +172,12 @@ class SketchPlan:
     weighting: str = "sqrt-size"
 
     @property
+    def signed(self) -> bool:
+        """Whether each Kronecker-kind parameter's gradient is multiplied by a seeded sign mask, one
+        per block, before its pair (version 3; factor ``signs``, `gradspec.sketch.factor_seed`)."""
+        return self.version >= 3
+
+    @property
     def M(self) -> int:  # noqa: N802 - the paper's name
         """Stored columns."""
         return self.exact_width + self.n_blocks * self.block_width
@@ -191,6 +214,8 @@ class SketchPlan:
             "exact": [[0, self.exact_width]] if self.exact_width else [],
             "scale": 1.0 / math.sqrt(self.n_blocks),  # a pair of R also carries 1/sqrt(R)
             "seeds": "blake2b-8 of '<seed>:<block>:<parameter name>:<factor>' (gradspec.sketch.factor_seed)",
+            **({"signs": "each Kronecker-kind parameter's G is multiplied by its block's sign mask "
+                         "(factor 'signs') before its pair"} if self.signed else {}),
             "params": [s.to_dict() for s in self.params],
             **({"weighting": self.weighting} if self.version >= 2 else {}),
         }
@@ -231,7 +256,9 @@ def make_plan(layout: ParamLayout, kinds: Mapping[str, str], M: int, *, seed: in
         weights: version 2: per parameter, its expected share of the gradient energy
             (any positive scale; e.g. mean squared per-parameter norms of a warm-up batch);
             None: ``sqrt(numel)``. Columns are split in proportion to them.
-        version: the plan rules (2; 1: issue 22's, for resuming a store written with them).
+        version: the plan rules: 3 (sign-masked Kronecker kinds, for rows given whole), 2
+            (``FACTORED_VERSION``: what ghost clipping computes per example), 1 (issue 22's, for
+            resuming a store written with them).
         dense_budget: version 2: the most entries of a parameter's J dense factors (0: every
             parameter with a structured kind keeps it, as tests of the structured kinds want).
 

@@ -42,7 +42,8 @@ def sketch_rows(plan: SketchPlan, rows: Tensor) -> Tensor:
             if spec.kind == "dense":
                 out[:, a:z] = g @ f.dense.T
             else:
-                out[:, a:z] = kron_apply(dense_left(plan, spec, j), f.right, g.reshape(b, *spec.matrix))
+                x = g if f.signs is None else g * f.signs.to(torch.float64)
+                out[:, a:z] = kron_apply(dense_left(plan, spec, j), f.right, x.reshape(b, *spec.matrix))
     return out
 
 

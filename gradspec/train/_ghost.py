@@ -256,9 +256,12 @@ class GhostClipping(EngineBase):
         are drawn once, on the model's device, in the model's dtype.
 
         Raises:
-            ValueError: a plan of other parameters, or one with a parameter kind the layer's
-                rule cannot compute (named).
+            ValueError: a plan of other parameters, a sign-masked (version-3) plan, or one with
+                a parameter kind the layer's rule cannot compute (named).
         """
+        if plan.signed:
+            raise ValueError(f"a version-{plan.version} sketch plan masks each gradient's signs, which ghost clipping "
+                             "never forms: make the plan with version=gradspec.sketch.FACTORED_VERSION")
         if plan.names != self.names:
             raise ValueError(f"the sketch plan covers {plan.names[:3]}... but the engine's parameters are "
                              f"{self.names[:3]}...: build the plan from this engine's layout")

@@ -1,12 +1,13 @@
 """The sketch of a ``--sketch M`` run's rows (issues 22 and 37): its plan, and who computes it.
 
 Per-example rows are sketched by ghost clipping from its captured layer inputs and output
-gradients (the kinds its rules compute; `GhostClipping.set_sketch`). A per-step row, the step's
+gradients (the kinds its rules compute; `GhostClipping.set_sketch`), by the version-2 rules
+(``FACTORED_VERSION``: no per-example gradient is formed to mask). A per-step row, the step's
 mean clipped gradient (Li et al. 2022 §4.2; under torchrun the writer's, after the ranks'
 all-reduce), is one dense vector the step already holds: it is sketched whole, whatever the
 per-example engine, by `gradspec.sketch.DenseSketch` (O(p M) once a step), with the kinds
-`gradspec.sketch.dense_kinds` gives its parameters (the ghost rules' kinds), so both row kinds
-of one model and seed share one map.
+`gradspec.sketch.dense_kinds` gives its parameters (the ghost rules' kinds) and the version-3
+rules: the row is formed, so its Kronecker kinds are sign-masked first.
 """
 
 from __future__ import annotations
@@ -46,7 +47,15 @@ def sketch_plan(config: TrainConfig, layout: ParamLayout, model: nn.Module, ghos
     """
     if config.sketch is None:
         return None, None
-    from gradspec.sketch import check_width, dense_kinds, energy_weights, make_plan, width_note
+    from gradspec.sketch import (
+        FACTORED_VERSION,
+        VERSION,
+        check_width,
+        dense_kinds,
+        energy_weights,
+        make_plan,
+        width_note,
+    )
 
     check_width(config.sketch, layout.p)
     per_example = config.mode == CollectMode.PER_EXAMPLE
@@ -57,7 +66,7 @@ def sketch_plan(config: TrainConfig, layout: ParamLayout, model: nn.Module, ghos
             raise ValueError("sketch_weights='energy' needs the warm-up batch's energies")
         weights = energy_weights(layout, energies())
     plan = make_plan(layout, kinds, config.sketch, seed=config.sketch_seed, blocks=config.sketch_blocks,
-                     weights=weights)
+                     weights=weights, version=FACTORED_VERSION if per_example else VERSION)
     note = width_note(plan)
     if note and log:
         logger.info("sketch: %s", note)

@@ -17,7 +17,14 @@ import torch
 
 from gradspec._layout import ParamLayout
 from gradspec.collect import collect
-from gradspec.sketch import SketchPlan, dense_kinds, energy_weights, make_plan, sketch_rows
+from gradspec.sketch import (
+    FACTORED_VERSION,
+    SketchPlan,
+    dense_kinds,
+    energy_weights,
+    make_plan,
+    sketch_rows,
+)
 from gradspec.store import GradientStore
 
 from ._tiny import tiny_task
@@ -92,22 +99,30 @@ def test_per_step_sketch_is_the_plan_of_the_exact_per_step_row(tmp_path, backend
     assert b.status == "complete"
 
 
-def test_the_per_step_map_is_the_per_example_map(tmp_path):
-    """One model and seed: the per-step sketch of a step is the mean of its per-example sketches
-    (the same plan, so the same map; the map is linear). By size: energy-weighted plans of
-    the two row kinds differ, as their rows' energies do."""
+def test_the_per_step_plan_is_the_per_example_plan_with_sign_masks(tmp_path):
+    """One model and seed, by size: the per-step plan (version 3, the row is formed) has the
+    per-example plan's columns (version 2, ghost clipping forms no gradient to mask). The map is
+    linear, so the per-step row's exact and dense columns are the mean of its examples' sketched
+    ones; a Kronecker-kind parameter's are not, as its gradient is sign-masked first (the tiny
+    model has none at this M: tests/sketch/test_dense.py checks the masks of every kind)."""
     steps = collect(_sketched(backend="ghost", steps=3, sketch_weights="sqrt-size"), out=tmp_path / "steps",
                     task=tiny_task())
     examples = collect(_sketched(backend="ghost", steps=3, mode="per-example", sketch_weights="sqrt-size"),
                        out=tmp_path / "ex", task=tiny_task())
     s, e = GradientStore.open(steps.store), GradientStore.open(examples.store)
-    assert SketchPlan.from_dict(s.sketch) == SketchPlan.from_dict(e.sketch)
+    plan, per_example = SketchPlan.from_dict(s.sketch), SketchPlan.from_dict(e.sketch)
+    assert (plan.version, per_example.version) == (3, 2) and plan.params == per_example.params
     assert s.sketch["weighting"] == "sqrt-size"
+    masked = np.zeros(plan.M, dtype=bool)
+    for spec in plan.params:
+        for a, z in spec.columns:
+            masked[a:z] = spec.kind in ("kronecker", "countsketch-kronecker")
+    assert not masked.all()
     step_of = e.row_meta()["step"]
     rows = e.read()
     for i, step in enumerate(s.row_meta()["step"]):
-        mine = rows[step_of == step]
-        np.testing.assert_allclose(s.read(slice(i, i + 1))[0], mine.sum(0) / len(mine), rtol=1e-5, atol=1e-7)
+        mine, got = rows[step_of == step], s.read(slice(i, i + 1))[0]
+        np.testing.assert_allclose(got[~masked], mine.sum(0)[~masked] / len(mine), rtol=1e-5, atol=1e-7)
 
 
 def test_a_per_step_sketch_resumes_as_one_uninterrupted_run(tmp_path):
@@ -162,7 +177,7 @@ def test_a_run_started_under_plan_version_1_resumes_with_its_own_plan(tmp_path, 
     real = gradspec.sketch.make_plan
     with monkeypatch.context() as m:  # the older gradspec
         # (version 1 took no weights: the energies this gradspec measures are dropped)
-        m.setattr(gradspec.sketch, "make_plan", lambda *a, weights=None, **k: real(*a, version=1, **k))
+        m.setattr(gradspec.sketch, "make_plan", lambda *a, weights=None, version=None, **k: real(*a, version=1, **k))
         full = collect(config, out=tmp_path / "full", task=tiny_task())
         collect(config, out=tmp_path / "part", task=tiny_task(), stop_after=2)
     old = GradientStore.open(tmp_path / "part" / "gradients.zarr").sketch
@@ -186,8 +201,8 @@ def test_per_example_plan_splits_columns_by_the_warm_up_examples_energies(tmp_pa
     kinds = dense_kinds(a.layout, tiny_task().model)
     weights = warmup_weights(a.layout, mode="per-example")
     assert plan.weighting == "energy"
-    assert plan == make_plan(a.layout, kinds, M, seed=3, blocks=J, weights=weights)
-    assert plan != make_plan(a.layout, kinds, M, seed=3, blocks=J)  # the check can fail
+    assert plan == make_plan(a.layout, kinds, M, seed=3, blocks=J, weights=weights, version=FACTORED_VERSION)
+    assert plan != make_plan(a.layout, kinds, M, seed=3, blocks=J, version=FACTORED_VERSION)  # the check can fail
     by_size = collect(_sketched(backend="ghost", steps=3, mode="per-example", sketch_weights="sqrt-size"),
                       out=tmp_path / "size", task=tiny_task())
     assert metrics_without_time(run.metrics) == metrics_without_time(by_size.metrics)  # the warm-up trains nothing

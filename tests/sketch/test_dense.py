@@ -55,7 +55,7 @@ def _layout(model: nn.Module) -> ParamLayout:
     return ParamLayout.from_shapes((n, tuple(p.shape)) for n, p in model.named_parameters())
 
 
-def _plan(layout: ParamLayout, blocks: int, seed: int = 7) -> SketchPlan:
+def _plan(layout: ParamLayout, blocks: int, seed: int = 7, version: int = 3) -> SketchPlan:
     """A plan laid out by hand (exact columns first, then the blocks, block-major), so that every
     branch of `DenseSketch` is taken whatever `make_plan`'s rules choose."""
     exact = [s for s in layout.params if DIMS[s.name][0] == "exact"]
@@ -74,7 +74,7 @@ def _plan(layout: ParamLayout, blocks: int, seed: int = 7) -> SketchPlan:
         start += w
     order = {s.name: i for i, s in enumerate(layout.params)}
     out.sort(key=lambda ps: order[ps.name])
-    return SketchPlan(seed, e + blocks * width, blocks, tuple(out), e, width)
+    return SketchPlan(seed, e + blocks * width, blocks, tuple(out), e, width, version)
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +105,11 @@ def test_both_orders_of_each_structured_kind_are_used(model):
     assert {hash_last(*by[n].dims, by[n].matrix[0]) for n in ("emb.weight", "short_emb.weight")} == {True, False}
 
 
-@pytest.mark.parametrize("blocks", [2, 3])
-def test_dense_sketch_equals_the_reference(model, blocks):
+@pytest.mark.parametrize(("blocks", "version"), [(2, 3), (3, 3), (2, 2)])
+def test_dense_sketch_equals_the_reference(model, blocks, version):
+    """Versions 2 (one product for every block) and 3 (a sign mask per block, block by block)."""
     layout = _layout(model)
-    plan = SketchPlan.from_dict(json.loads(json.dumps(_plan(layout, blocks).to_dict())))  # a valid plan
+    plan = SketchPlan.from_dict(json.loads(json.dumps(_plan(layout, blocks, version=version).to_dict())))
     g = torch.randn(3, layout.p, dtype=torch.float64, generator=torch.Generator().manual_seed(blocks))
     want = sketch_rows(plan, g)
     sketch = DenseSketch(plan)

@@ -30,10 +30,10 @@ LAYOUT = ParamLayout.from_shapes(SHAPES)
 
 def _plan(m: int = 300, seed: int = 3, blocks: int = 4, version: int = VERSION) -> SketchPlan:
     """A plan with structured kinds (no dense factor for a Kronecker-capable parameter), so that
-    version 2's several pairs per block are exercised."""
+    version 2's several pairs per block (and version 3's sign masks) are exercised."""
     if version == 1:
         return make_plan(LAYOUT, KINDS, m, seed=seed, blocks=blocks, version=1)
-    return make_plan(LAYOUT, KINDS, m, seed=seed, blocks=blocks, dense_budget=0)
+    return make_plan(LAYOUT, KINDS, m, seed=seed, blocks=blocks, dense_budget=0, version=version)
 
 
 def test_version_1_columns_are_exact_first_then_blocks_that_tile_the_row():
@@ -74,9 +74,9 @@ def test_version_1_columns_are_exact_first_then_blocks_that_tile_the_row():
 
 
 def test_version_2_small_or_energetic_parameters_exact_the_rest_in_pairs():
-    plan = _plan()
+    plan = _plan(version=2)
     d = plan.to_dict()
-    assert d["version"] == VERSION == 2
+    assert d["version"] == 2 and not plan.signed
     by = {s.name: s for s in plan.params}
     # small parameters (b, ln: size <= M / 4K) and those whose share by sqrt(size) is at least
     # their size (v, head) are exact; the big ones sketched in several independent pairs
@@ -103,10 +103,10 @@ def test_version_2_small_or_energetic_parameters_exact_the_rest_in_pairs():
         make_plan(LAYOUT, KINDS, 300, weights={**energy, "w": float("nan")})
     with pytest.raises(ValueError, match="takes no weights"):
         make_plan(LAYOUT, KINDS, 300, weights=energy, version=1)
-    with pytest.raises(ValueError, match="version 3"):
-        make_plan(LAYOUT, KINDS, 300, version=3)
-    with pytest.raises(ValueError, match="versions 1, 2"):
-        SketchPlan.from_dict({**d, "version": 3})
+    with pytest.raises(ValueError, match="version 4"):
+        make_plan(LAYOUT, KINDS, 300, version=4)
+    with pytest.raises(ValueError, match="versions 1, 2, 3"):
+        SketchPlan.from_dict({**d, "version": 4})
 
 
 def test_json_round_trip_regenerates_the_same_map():
@@ -126,7 +126,38 @@ def test_json_round_trip_regenerates_the_same_map():
         SketchPlan.from_dict({**plan.to_dict(), "kind": "other"})
 
 
-@pytest.mark.parametrize("version", [1, 2])
+def test_version_3_is_version_2_with_a_sign_mask_per_block():
+    """The default plan: version 2's columns, pairs and factors, each Kronecker-kind parameter's
+    gradient multiplied value by value by its block's seeded sign mask first."""
+    from gradspec.sketch._factors import dense_left, kron_apply, sign_mask
+
+    plan, old = _plan(), _plan(version=2)
+    assert VERSION == 3 and plan.version == 3 and plan.signed
+    assert plan.params == old.params and plan.M == old.M and plan.block_width == old.block_width
+    d = plan.to_dict()
+    same = {k: v for k, v in d.items() if k not in ("version", "signs")}
+    assert same == {k: v for k, v in old.to_dict().items() if k != "version"}
+    assert "signs" in d and "signs" not in old.to_dict()
+    h = torch.randn(3, LAYOUT.p, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    y, y_old = sketch_rows(plan, h), sketch_rows(old, h)
+    for spec in plan.params:
+        for j, (a, z) in enumerate(spec.columns):
+            if spec.kind in ("kronecker", "countsketch-kronecker"):
+                mask = sign_mask(plan.seed, j, spec.name, spec.numel)
+                assert mask.dtype == torch.int8 and set(mask.tolist()) == {-1, 1}
+                assert torch.equal(block_factors(plan, spec, j).signs, mask)
+                x = (h[:, spec.offset : spec.offset + spec.numel] * mask).reshape(3, *spec.matrix)
+                want = kron_apply(dense_left(plan, spec, j), block_factors(plan, spec, j).right, x)
+                torch.testing.assert_close(y[:, a:z], want, rtol=1e-12, atol=1e-12)
+                assert not torch.allclose(y[:, a:z], y_old[:, a:z])  # the mask changes them
+            else:  # exact and dense parameters are sketched as in version 2
+                assert torch.equal(y[:, a:z], y_old[:, a:z])
+    w = next(s for s in plan.params if s.name == "w")
+    assert not torch.equal(sign_mask(3, 0, "w", w.numel), sign_mask(3, 1, "w", w.numel))  # one mask per block
+    assert SketchPlan.from_dict(json.loads(json.dumps(d))) == plan
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_reference_is_the_linear_map_and_exact_columns_copy(version):
     plan = _plan(version=version)
     phi = sketch_matrix(plan)
@@ -140,7 +171,7 @@ def test_reference_is_the_linear_map_and_exact_columns_copy(version):
         sketch_rows(plan, rows[:, 1:])
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_block_gram_identity_and_unbiasedness_over_seeds(version):
     """Y Y^T = Y_x Y_x^T + sum_j Y_j Y_j^T exactly; and over 300 seeds the mean of
     Y_x Y_x^T + J Y_j Y_j^T (each j) and of Y Y^T is H H^T within a generous statistical bound

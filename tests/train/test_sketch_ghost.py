@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gradspec.privacy import clip_factors
-from gradspec.sketch import make_plan, sketch_rows
+from gradspec.sketch import FACTORED_VERSION, make_plan, sketch_rows
 from gradspec.train import GhostClipping, select_parameters
 
 from .test_ghost_layers import _case
@@ -34,7 +34,8 @@ def _sketched(case, batch, names, name, rows):
     (engine, plan, result, clip factors of the float64 reference rows)."""
     ghost = GhostClipping(case.model, case.forward, case.loss, names)
     m, blocks = SIZES[name]
-    plan = make_plan(ghost.layout, ghost.sketch_kinds(), m, seed=7, blocks=blocks, dense_budget=0)
+    plan = make_plan(ghost.layout, ghost.sketch_kinds(), m, seed=7, blocks=blocks, dense_budget=0,
+                     version=FACTORED_VERSION)
     ghost.set_sketch(plan)
     norms = rows.norm(dim=1)
     c = float(norms.median())
@@ -95,7 +96,8 @@ def test_microbatches_give_the_same_sketched_rows():
     out = []
     for micro in (None, 2):
         ghost = GhostClipping(case.model, case.forward, case.loss, names, microbatch=micro)
-        ghost.set_sketch(make_plan(ghost.layout, ghost.sketch_kinds(), 900, seed=1, blocks=2))
+        ghost.set_sketch(make_plan(ghost.layout, ghost.sketch_kinds(), 900, seed=1, blocks=2,
+                                   version=FACTORED_VERSION))
         out.append(ghost(case.batch, 0.5, sketch=True))
     torch.testing.assert_close(out[1].rows, out[0].rows, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(out[1].param_norms, out[0].param_norms, rtol=1e-12, atol=0)
@@ -112,10 +114,13 @@ def test_set_sketch_checks_the_plan():
                      "head.weight": "kronecker", "head.bias": "dense"}
     with pytest.raises(ValueError, match="'embed.weight' is planned as 'kronecker'"):
         ghost.set_sketch(make_plan(ghost.layout, {**kinds, "embed.weight": "kronecker"}, 300, blocks=2,
-                                   dense_budget=0))
+                                   dense_budget=0, version=FACTORED_VERSION))
     other = GhostClipping(case.model, case.forward, case.loss, names[:2])
     with pytest.raises(ValueError, match="build the plan from this engine's layout"):
-        other.set_sketch(make_plan(ghost.layout, kinds, 300, blocks=2))
+        other.set_sketch(make_plan(ghost.layout, kinds, 300, blocks=2, version=FACTORED_VERSION))
+    # a version-3 plan masks each formed gradient's signs: ghost clipping forms none
+    with pytest.raises(ValueError, match="version-3 sketch plan masks.*FACTORED_VERSION"):
+        ghost.set_sketch(make_plan(ghost.layout, kinds, 300, blocks=2, dense_budget=0))
 
 
 # ---------------------------------------------------------------------- the trainer
