@@ -4,8 +4,10 @@ Input: a per-example gradient store of real clipped gradients (e.g. MiniLM q/v f
 ``gradspec collect --mode per-example``) and its exact spectrum (``gradspec pca``). For each
 M, the sketch plan ``gradspec collect --sketch M`` would use for these parameters (every
 q/v weight is a linear layer's: Kronecker-factored Gaussian, J independent blocks) is
-applied to the stored rows with the dense float64 reference ``gradspec.sketch.sketch_rows``
-(the collector's fast path equals it to float32 rounding, tests/train/test_sketch_ghost.py),
+applied to the stored rows by ``gradspec.sketch.DenseSketch`` in float32 (the map the collector
+applies to formed rows; ghost clipping's equals the float64 reference to float32 rounding,
+tests/train/test_sketch_ghost.py), ``--version``: 3 (sign-masked, the default: what per-step
+rows and ``--per-example --backend vmap`` get) or 2 (what ghost clipping computes per example),
 written to a real sketched store, and ``gradspec.linalg.pca(method="gram")`` estimates σ and
 U with its stated error; ``compare_to_exact`` then reports, per σ_i, whether the exact σ_i
 lies inside the stated interval, and the subspace angles against their bounds.
@@ -25,7 +27,7 @@ left out), and compared with the exact spectrum beside the stored σ and the sto
 Usage:
     python benchmarks/bench_sketch_spectrum.py EXACT_STORE EXACT_SPECTRUM --work DIR
         [--M 16384,65536,262144] [--blocks 8] [--k 300] [--weights energy|sqrt-size] [--dense]
-        [--restate] [--out docs/bench_sketch_spectrum.txt]
+        [--version 3|2] [--gram-cache FILE.npy] [--restate] [--out docs/bench_sketch_spectrum.txt]
 """
 
 from __future__ import annotations
@@ -49,19 +51,20 @@ def sketch_store(exact, plan, path: Path, batch: int = 32):
     """The rows of ``exact`` sketched by ``plan`` into a new per-example store at ``path``."""
     import torch
 
-    from gradspec.sketch import sketch_rows
+    from gradspec.sketch import DenseSketch
     from gradspec.store import GradientStore
 
     store = GradientStore.create(path, layout=plan.column_layout(), per_example=True, sketch=plan.to_dict(),
                                  overwrite=True, config={"source": str(exact.path), "note": "sketched offline "
                                                          "by benchmarks/bench_sketch_spectrum.py"})
     r = exact.n_rows
+    sketch = DenseSketch(plan, dtype=torch.float32)  # the collector's map: factors drawn once, float32 products
     meta_all = exact.row_meta(slice(0, r))
     pnorms = exact.param_norms(slice(0, r))
     for a in range(0, r, batch):
         z = min(a + batch, r)
         rows = torch.from_numpy(np.asarray(exact.read(slice(a, z)), dtype=np.float32))
-        y = sketch_rows(plan, rows).numpy().astype(np.float32)
+        y = sketch(rows).numpy()
         meta = {f: np.asarray(meta_all[f][a:z]) for f in store.meta_fields}
         meta["param_norms"] = np.asarray(pnorms[a:z])
         store.write_rows(a, y, meta)
@@ -150,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", choices=("energy", "sqrt-size"), default="energy",
                     help="the plan's column split (energy: by the first 32 rows; collect's default)")
     ap.add_argument("--dense", action="store_true", help="also a dense Gaussian sketch of the same width")
+    ap.add_argument("--version", type=int, choices=(2, 3), default=3, help="the plan's rules")
+    ap.add_argument("--gram-cache", type=Path, default=None,
+                    help="--dense: keep U S of the exact Gram here (.npy), reused when it exists")
     ap.add_argument("--restate", action="store_true",
                     help="re-state the spectra of an earlier run in --work with today's statement; sketch nothing")
     ap.add_argument("--out", type=Path, default=None)
@@ -185,8 +191,13 @@ def main(argv: list[str] | None = None) -> int:
         from gradspec.linalg import GradientOperator
 
         t0 = time.perf_counter()
-        lam, w = np.linalg.eigh(GradientOperator(args.exact_store).gram())  # float32 products, float64 sums
-        us = w[:, ::-1] * np.sqrt(np.maximum(lam[::-1], 0.0))
+        if args.gram_cache is not None and args.gram_cache.is_file():
+            us = np.load(args.gram_cache)
+        else:
+            lam, w = np.linalg.eigh(GradientOperator(args.exact_store).gram())  # float32 products, float64 sums
+            us = w[:, ::-1] * np.sqrt(np.maximum(lam[::-1], 0.0))
+            if args.gram_cache is not None:
+                np.save(args.gram_cache, us)
         print(f"exact Gram of {exact.n_rows} rows and its eigh: {time.perf_counter() - t0:.0f} s", flush=True)
     lines = [f"# bench_sketch_spectrum: sketched vs exact spectrum of {exact.n_rows} real per-example gradients, "
              f"p = {exact.p:,}",
@@ -194,11 +205,13 @@ def main(argv: list[str] | None = None) -> int:
              f"# date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
              f"{os.cpu_count()} cores; store dtype {exact.dtype}; source config: "
              f"{ {k: (exact.config.get('collect') or {}).get(k) for k in ('task', 'task_options', 'params', 'steps', 'batch_size', 'lr', 'target_epsilon')} }",
-             f"# the plan of `gradspec collect --sketch M` for these parameters (columns by {args.weights}), applied "
-             "to the stored rows with the float64 reference sketch_rows; pca --method gram on the sketched store", ""]
+             f"# the version-{args.version} plan of `gradspec collect --sketch M` for these parameters (columns by "
+             f"{args.weights}), applied to the stored rows by DenseSketch (float32); pca --method gram on the "
+             "sketched store", ""]
     summary = []
     for m in (int(x) for x in args.M.split(",")):
-        plan = make_plan(exact.layout, kinds, m, seed=args.seed, blocks=args.blocks, weights=weights)
+        plan = make_plan(exact.layout, kinds, m, seed=args.seed, blocks=args.blocks, weights=weights,
+                         version=args.version)
         path = args.work / f"sketch-M{m}.zarr"
         t0 = time.perf_counter()
         sk = sketch_store(exact, plan, path, batch=args.batch)

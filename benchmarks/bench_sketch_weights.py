@@ -2,7 +2,8 @@
 
 On the real per-example gradients of `bench_sketch_calibration`'s three small models (r = 400
 clipped rows each, scikit-learn's 8x8 digits), per M and seed: the RMS relative error of
-sigma_1..10 of the version-2 plan's sketched rows (no bias correction, all J blocks pooled) with
+sigma_1..10 of the plan's sketched rows (``--version``: 2, what ghost clipping computes per
+example, the default without ``--per-step``; 3, sign-masked, what per-step rows get) (no bias correction, all J blocks pooled) with
 the columns split
 
 * ``sqrt-size``: by sqrt(numel) (no data seen; ``--sketch-weights sqrt-size``);
@@ -20,7 +21,7 @@ it records (and ``collect --sketch`` with its warm-up batch's mean clipped gradi
 
 Usage:
     python benchmarks/bench_sketch_weights.py [--models mixed,mlp,cnn] [--M 1024,4096,16384]
-        [--seeds 6] [--cache DIR] [--per-step]
+        [--seeds 6] [--cache DIR] [--per-step] [--version 2|3]
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=None, help="keep each model's rows here (.npy)")
     ap.add_argument("--per-step", action="store_true",
                     help="200 per-step rows (means of --warmup random clipped rows); energy: the first row's")
+    ap.add_argument("--version", type=int, choices=(2, 3), default=None,
+                    help="the plan's rules (default: what collect ships for the row kind: 3 per step, 2 per example)")
     args = ap.parse_args(argv)
+    version = args.version or (3 if args.per_step else 2)
     torch.set_num_threads(1)
     if args.cache:
         args.cache.mkdir(parents=True, exist_ok=True)
@@ -78,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in (int(x) for x in args.M.split(",")):
             err = {}
             for label, w in splits.items():
-                err[label] = np.mean([rms(top_sigma(sketch_rows(make_plan(layout, kinds, m, seed=seed, weights=w), h)), s)
+                err[label] = np.mean([rms(top_sigma(sketch_rows(make_plan(layout, kinds, m, seed=seed, weights=w,
+                                                                                 version=version), h)), s)
                                       for seed in range(args.seeds)])
             dense = []
             for seed in range(args.seeds):
@@ -87,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 dense.append(rms(top_sigma(us @ z), s))
             d = float(np.mean(dense))
             cells = "  ".join(f"{k} {v * 100:.2f}% ({v / d:.2f}x)" for k, v in err.items())
-            kind = "per-step rows" if args.per_step else "per-example rows"
+            kind = f"{'per-step' if args.per_step else 'per-example'} rows, plan version {version}"
             print(f"{name:6s} M = {m:6,d}  {cells}  dense {d * 100:.2f}%   ({args.seeds} seeds, {kind})", flush=True)
     return 0
 

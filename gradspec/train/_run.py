@@ -165,7 +165,8 @@ class _Run:
         from gradspec.train._ghost import GhostClipping
 
         backend = config.backend
-        if config.sketch is not None and config.mode == CollectMode.PER_EXAMPLE:  # ghost or auto, checked now
+        if (config.sketch is not None and config.mode == CollectMode.PER_EXAMPLE
+                and backend in (PerExampleBackend.GHOST, PerExampleBackend.AUTO)):  # vmap, hooks: rows formed
             probe = None
             if len(task.train) >= 2:
                 probe = {k: v.to(self.device) for k, v in task.train.batch(torch.arange(2)).items()}
@@ -365,8 +366,9 @@ class _Run:
                 total += grads.sum(0)
                 norms.append(norm)
                 losses.append(loss)
-                if keep:
-                    kept.append(grads.detach().to("cpu", torch.float32))
+                if keep:  # a formed row's sketch (vmap, hooks with --sketch): Phi of the clipped row
+                    row = grads.detach() if self.dense_sketch is None else self.dense_sketch(grads.detach())
+                    kept.append(row.to("cpu", torch.float32))
                     factors.append(factor.detach().cpu())
         norms_t = torch.cat(norms) if norms else torch.zeros(0)
         loss_t = torch.cat(losses) if losses else torch.zeros(0)

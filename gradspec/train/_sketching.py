@@ -2,7 +2,8 @@
 
 Per-example rows are sketched by ghost clipping from its captured layer inputs and output
 gradients (the kinds its rules compute; `GhostClipping.set_sketch`), by the version-2 rules
-(``FACTORED_VERSION``: no per-example gradient is formed to mask). A per-step row, the step's
+(``FACTORED_VERSION``: no per-example gradient is formed to mask); with ``--backend vmap`` or
+``hooks`` the per-example gradients are formed, and sketched as per-step rows are. A per-step row, the step's
 mean clipped gradient (Li et al. 2022 §4.2; under torchrun the writer's, after the ranks'
 all-reduce), is one dense vector the step already holds: it is sketched whole, whatever the
 per-example engine, by `gradspec.sketch.DenseSketch` (O(p M) once a step), with the kinds
@@ -58,15 +59,15 @@ def sketch_plan(config: TrainConfig, layout: ParamLayout, model: nn.Module, ghos
     )
 
     check_width(config.sketch, layout.p)
-    per_example = config.mode == CollectMode.PER_EXAMPLE
-    kinds = ghost.sketch_kinds() if per_example else dense_kinds(layout, model)
+    by_ghost = config.mode == CollectMode.PER_EXAMPLE and ghost is not None
+    kinds = ghost.sketch_kinds() if by_ghost else dense_kinds(layout, model)
     weights = None
     if config.sketch_weights == "energy":
         if energies is None:
             raise ValueError("sketch_weights='energy' needs the warm-up batch's energies")
         weights = energy_weights(layout, energies())
     plan = make_plan(layout, kinds, config.sketch, seed=config.sketch_seed, blocks=config.sketch_blocks,
-                     weights=weights, version=FACTORED_VERSION if per_example else VERSION)
+                     weights=weights, version=FACTORED_VERSION if by_ghost else VERSION)
     note = width_note(plan)
     if note and log:
         logger.info("sketch: %s", note)
@@ -115,11 +116,12 @@ def warmup_energies(config: TrainConfig, layout: ParamLayout, task: Any, ghost: 
 
 
 def use_plan(plan: Any, config: TrainConfig, ghost: Any, device: torch.device) -> tuple[Any, Any]:
-    """(plan, `DenseSketch` or None): ``plan`` set up to sketch the run's rows (per-example:
-    by ``ghost``; per-step: a `DenseSketch` on ``device``)."""
+    """(plan, `DenseSketch` or None): ``plan`` set up to sketch the run's rows (per-example
+    rows by ``ghost``; formed rows, per step or per example with vmap or hooks, by a
+    `DenseSketch` on ``device``)."""
     from gradspec.sketch import DenseSketch
 
-    if config.mode == CollectMode.PER_EXAMPLE:
+    if config.mode == CollectMode.PER_EXAMPLE and ghost is not None:
         ghost.set_sketch(plan)
         return plan, None
     return plan, DenseSketch(plan, device=device, dtype=torch.float32)
