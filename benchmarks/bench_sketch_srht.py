@@ -1,6 +1,7 @@
-"""Feasibility: a subsampled randomized Hadamard transform (SRHT) in place of the Kronecker kinds (issue 37 §1).
+"""Feasibility: a subsampled randomized Hadamard transform (SRHT) in place of the Kronecker kinds (issue 37 §1),
+beside the sign-masked pairs of plan version 3.
 
-Not a sketch gradspec makes. The version-2 plan sketches a large layer by independent Kronecker
+The SRHT is not a sketch gradspec makes. The version-2 plan sketches a large layer by independent Kronecker
 pairs P_0 G P_1^T, which ghost clipping computes from captured layer inputs and output gradients
 without forming G. When a layer's per-example gradient has low rank (an MLP's is rank one, a
 transformer's at most its token count) a pair's relative variance is ~(2 m0 + 2 m1 + 4)/m against
@@ -13,8 +14,9 @@ coordinate first, whatever G's rank.
 On the real clipped per-example rows of `bench_sketch_calibration`'s three models (r = 400), per M
 and seed: the plan `collect --sketch` ships (energy split by the first 32 rows), and the same plan
 with each Kronecker / CountSketch-Kronecker parameter's J blocks replaced by J independent SRHTs of
-the same width (exact and dense parameters as planned, independent Gaussian draws), beside a dense
-Gaussian sketch of the plan's width. Prints the RMS relative error of sigma_1..10 and its ratio to
+the same width (exact and dense parameters as planned, independent Gaussian draws), and the
+version-3 plan (the same columns and pairs, each Kronecker-kind gradient sign-masked per block
+first), beside a dense Gaussian sketch of the plan's width. Prints the RMS relative error of sigma_1..10 and its ratio to
 the dense sketch's.
 
 Usage:
@@ -93,20 +95,21 @@ def main(argv: list[str] | None = None) -> int:
         us = u * sv
         w = energy_weights(layout, energies(layout, h[:32]))
         for m in (int(x) for x in args.M.split(",")):
-            kron, had, dense = [], [], []
+            kron, had, dense, signed = [], [], [], []
             for seed in range(args.seeds):
-                plan = make_plan(layout, kinds, m, seed=seed, weights=w)
+                plan = make_plan(layout, kinds, m, seed=seed, weights=w, version=2)
                 kron.append(rms(top_sigma(sketch_rows(plan, h)), s))
+                signed.append(rms(top_sigma(sketch_rows(make_plan(layout, kinds, m, seed=seed, weights=w), h)), s))
                 had.append(rms(top_sigma(with_srht(plan, h, seed)), s))
                 gen = torch.Generator().manual_seed(10_000 + seed)
                 z = torch.randn(us.shape[1], plan.M, generator=gen, dtype=torch.float64) / math.sqrt(plan.M)
                 dense.append(rms(top_sigma(us @ z), s))
             structured = sum(p.kind in ("kronecker", "countsketch-kronecker") for p in plan.params)
             d = float(np.mean(dense))
-            k_, s_ = float(np.mean(kron)), float(np.mean(had))
+            k_, s_, g_ = float(np.mean(kron)), float(np.mean(had)), float(np.mean(signed))
             print(f"{name:6s} M = {m:6,d} ({structured} parameters by Kronecker kinds)  plan {k_ * 100:.2f}% "
-                  f"({k_ / d:.2f}x)  SRHT in their place {s_ * 100:.2f}% ({s_ / d:.2f}x)  dense {d * 100:.2f}%   "
-                  f"({args.seeds} seeds)", flush=True)
+                  f"({k_ / d:.2f}x)  SRHT in their place {s_ * 100:.2f}% ({s_ / d:.2f}x)  sign-masked pairs "
+                  f"(version 3) {g_ * 100:.2f}% ({g_ / d:.2f}x)  dense {d * 100:.2f}%   ({args.seeds} seeds)", flush=True)
     return 0
 
 

@@ -217,7 +217,7 @@ def sketch_error(
 def error_report(plan: SketchSelection, grams: Sequence[np.ndarray], exact: np.ndarray | None, *, k: int,
                  rounding: float) -> dict[str, Any]:
     """The ``sketch`` section of a sketched store's accuracy report, from the Gram pass's
-    per-block Grams (``gradspec.linalg``'s ``SketchGram``): for a version-2 plan the block
+    per-block Grams (``gradspec.linalg``'s ``SketchGram``): for a version-2 or -3 plan the block
     bootstrap (``_bootstrap.block_error``), for a version-1 plan :func:`sketch_error`, for
     the k directions kept, with the plan's M, J, p, kind and seed; V lives in sketch space.
     ``rounding``: the relative rounding of the Gram entries (the pass's precision)."""
