@@ -200,39 +200,33 @@ class DenseSketch:
 
     def _structured(self, spec: Any, g: Tensor, out: Tensor) -> None:
         """Every pair of every block of a Kronecker-kind parameter, G (B, d0, d1) -> (B, J R, m0, m1)
-        (`StackedFactors` stacks the J blocks' R pairs: ``blocks`` = J R): all blocks in one
-        product where they share G, block by block where a version-3 plan masks G's signs per block."""
+        (`StackedFactors` stacks the J blocks' R pairs: ``blocks`` = J R) in one product, after a
+        version-3 plan's sign mask."""
         st = self.factors.stacked[spec.name]
-        if st.signs is None:
-            y = _pairs(st, g, 0, st.blocks)
-        else:
-            r, d = st.pairs, spec.matrix
-            y = torch.cat([_pairs(st, g * st.signs[k].reshape(d), k * r, (k + 1) * r)
-                           for k in range(st.blocks // r)], 1)
-        st.add(y, out)
+        if st.signs is not None:  # version 3: G's sign mask, once for every block
+            g = g * st.signs.reshape(spec.matrix)
+        st.add(_pairs(st, g), out)
 
 
-def _pairs(st: Any, g: Tensor, lo: int, hi: int) -> Tensor:
-    """(B, hi - lo, m0, m1): the stacked pairs ``lo .. hi`` of `StackedFactors` ``st`` applied to G (B, d0, d1)."""
+def _pairs(st: Any, g: Tensor) -> Tensor:
+    """(B, J R, m0, m1): every stacked pair of `StackedFactors` ``st`` applied to G (B, d0, d1)."""
     b, d0, d1 = g.shape
-    j, m0, m1 = hi - lo, st.m0, st.m1
-    right = st.right[lo * m1 : hi * m1]
+    j, m0, m1 = st.blocks, st.m0, st.m1
     if st.left is not None:  # kronecker: the cheaper order of the two products
-        left = st.left[lo * m0 : hi * m0]
         if m0 * d0 * d1 + m0 * d1 * m1 <= m1 * d0 * d1 + m0 * d0 * m1:
-            return (left @ g).reshape(b, j, m0, d1) @ right.reshape(j, m1, d1).transpose(1, 2)
-        return left.reshape(j, m0, d0) @ (g @ right.T).reshape(b, d0, j, m1).permute(0, 2, 1, 3)
-    bucket, sign = st.bucket[lo:hi], st.sign[lo:hi]
+            return (st.left @ g).reshape(b, j, m0, d1) @ st.right.reshape(j, m1, d1).transpose(1, 2)
+        return st.left.reshape(j, m0, d0) @ (g @ st.right.T).reshape(b, d0, j, m1).permute(0, 2, 1, 3)
     if hash_last(m0, m1, d0):  # countsketch-kronecker, a narrow P_1: G P_1^T of every pair in one
         # product (G read once), then its d0 rows hashed into m0 buckets with their signs
-        gr = (g @ right.T).reshape(b, d0, j, m1)
+        gr = (g @ st.right.T).reshape(b, d0, j, m1)
         return torch.stack([torch.zeros(b, m0, m1, dtype=g.dtype, device=g.device).index_add_(
-            1, bucket[k], gr[:, :, k] * sign[k][:, None]) for k in range(j)], 1)
+            1, st.bucket[k], gr[:, :, k] * st.sign[k][:, None]) for k in range(j)], 1)
     parts = []  # countsketch-kronecker: G's rows hashed into m0 buckets with their signs, pair by pair
+    right = st.right.reshape(j, m1, d1)
     for k in range(j):
         s = torch.zeros(b, m0, d1, dtype=g.dtype, device=g.device)
-        s.index_add_(1, bucket[k], g * sign[k][:, None])
-        parts.append(s @ right[k * m1 : (k + 1) * m1].T)
+        s.index_add_(1, st.bucket[k], g * st.sign[k][:, None])
+        parts.append(s @ right[k].T)
     return torch.stack(parts, 1)
 
 

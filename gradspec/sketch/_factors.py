@@ -13,9 +13,10 @@ cleared) of ``blake2b("<seed>:<j>:<name>:<f>", digest_size=8)``:
   ``"sign"``: ``2 * torch.randint(0, 2, (R, d0), generator=g) - 1`` (float64) — the CountSketch
   of pair q ``S_q[hash[q, v], v] = sign[q, v]`` (R = 1: the same numbers as shape ``(d0,)``);
 * ``"dense"`` (m x numel): ``torch.randn(m, numel, dtype=float64, generator=g) / sqrt(m)``;
-* ``"signs"`` (version-3 plans, Kronecker kinds): ``2 * torch.randint(0, 2, (numel,), generator=g)
-  - 1``, the sign mask D_j that multiplies ``vec(G)`` (row-major, G viewed as ``(d0, d1)``) value
-  by value before the block's pair; held as int8.
+* ``"signs"`` (version-3 plans, Kronecker kinds; seeded with block 0, one mask per parameter
+  shared by its J blocks): ``2 * torch.randint(0, 2, (numel,), generator=g) - 1``, the sign mask
+  D that multiplies ``vec(G)`` (row-major, G viewed as ``(d0, d1)``) value by value before the
+  pairs.
 
 Factors are drawn in float64 on the CPU (the same on every machine) and then cast and moved.
 """
@@ -66,9 +67,13 @@ def countsketch(seed: int, block: int, name: str, m: int, d: int, pairs: int = 1
     return bucket, sign
 
 
-def sign_mask(seed: int, block: int, name: str, numel: int) -> Tensor:
-    """(numel,) int8 in {-1, +1}: a version-3 plan's sign mask of one parameter in one block."""
-    g = _gen(seed, block, name, "signs")
+def sign_mask(seed: int, name: str, numel: int) -> Tensor:
+    """(numel,) int8 in {-1, +1}: a version-3 plan's sign mask of one parameter, shared by its J
+    blocks. Given the mask each block's pairs are still an unbiased estimate (``E[P^T P] = I``
+    for any fixed input, and ``D^2 = I``), drawn independently of the others: the blocks stay
+    independent given it, which is what the block bootstrap needs, and the row is masked once,
+    not J times (a mask per block made a whole-MiniLM row 3.5x dearer to sketch)."""
+    g = _gen(seed, 0, name, "signs")
     return (2 * torch.randint(0, 2, (numel,), generator=g) - 1).to(torch.int8)
 
 
@@ -92,14 +97,14 @@ class BlockFactors:
     bucket: Tensor | None = None  # (R, d0) countsketch-kronecker
     sign: Tensor | None = None  # (R, d0)
     dense: Tensor | None = None  # (m, numel)
-    signs: Tensor | None = None  # (numel,) int8: a version-3 plan's mask of a Kronecker kind
+    signs: Tensor | None = None  # (numel,): a version-3 plan's mask of a Kronecker kind (every block's)
 
 
 def block_factors(plan: SketchPlan, spec: ParamSketch, block: int, *, dtype: torch.dtype = torch.float64,
                   device: torch.device | str = "cpu") -> BlockFactors:
     """The factors of ``spec`` in ``block``, scaled by ``1/sqrt(J R)`` (R = ``spec.pairs``;
     folded into ``left``, ``sign`` or ``dense``), cast to ``dtype`` on ``device`` (a version-3
-    plan's ``signs`` stay int8)."""
+    plan's ``signs`` too: a float mask multiplies faster than an int8 one)."""
     if spec.kind == "exact":
         raise ValueError(f"parameter {spec.name!r} is stored exactly: it has no factors")
     r = spec.pairs
@@ -122,7 +127,7 @@ def block_factors(plan: SketchPlan, spec: ParamSketch, block: int, *, dtype: tor
         out.dense = put(gaussian(plan.seed, block, spec.name, "dense", spec.dims[0], spec.numel) * scale)
         return out
     if plan.signed:
-        out.signs = sign_mask(plan.seed, block, spec.name, spec.numel).to(device)
+        out.signs = put(sign_mask(plan.seed, spec.name, spec.numel))
     return out
 
 
@@ -155,8 +160,8 @@ class StackedFactors:
     ``left`` (J R m0, d0) and ``right`` (J R m1, d1) stack the blocks' factors, each block's
     R pairs in turn (``left`` None for ``countsketch-kronecker``, which has ``bucket``,
     ``sign``: (J R, d0)); ``blocks`` counts the J R stacked pairs; block j's columns start at
-    ``start + j * stride``, its pair q's ``q m0 m1`` further; ``signs`` (J, numel), a version-3
-    plan's sign masks.
+    ``start + j * stride``, its pair q's ``q m0 m1`` further; ``signs`` (numel,), a version-3
+    plan's sign mask.
     """
 
     m0: int
@@ -168,7 +173,7 @@ class StackedFactors:
     bucket: Tensor | None = None
     sign: Tensor | None = None
     pairs: int = 1
-    signs: Tensor | None = None  # (J, numel) int8: a version-3 plan's masks, one per block
+    signs: Tensor | None = None  # (numel,): a version-3 plan's mask, shared by the blocks
 
     @property
     def blocks(self) -> int:
@@ -197,8 +202,7 @@ def stack(factors: list[BlockFactors], spec: ParamSketch) -> StackedFactors:
     else:
         out.bucket = torch.cat([f.bucket for f in factors])
         out.sign = torch.cat([f.sign for f in factors])
-    if factors[0].signs is not None:
-        out.signs = torch.stack([f.signs for f in factors])
+    out.signs = factors[0].signs
     return out
 
 
@@ -217,6 +221,9 @@ class SketchFactors:
         self.factors = {s.name: [] if s.kind == "exact" else
                         [block_factors(plan, s, j, dtype=dtype, device=device) for j in range(plan.n_blocks)]
                         for s in plan.params}
+        for blocks in self.factors.values():  # one mask per parameter: hold it once
+            for f in blocks[1:]:
+                f.signs = blocks[0].signs if f.signs is not None else None
         self.stacked = {s.name: stack(self.factors[s.name], s) for s in plan.params
                         if s.kind in ("kronecker", "countsketch-kronecker")}
 
@@ -236,7 +243,7 @@ class SketchFactors:
             else:
                 g = rows.reshape(rows.shape[0], *spec.matrix).to(f.right.dtype)
                 if f.signs is not None:
-                    g = g * f.signs.reshape(spec.matrix)
+                    g = g * f.signs.reshape(spec.matrix).to(g.dtype)
                 if f.left is not None:
                     left = f.left.reshape(spec.pairs, spec.dims[0], -1)
                 else:

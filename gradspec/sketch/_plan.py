@@ -51,13 +51,15 @@ gradients of a warm-up batch (`gradspec.train._sketching.warmup_energies`), hedg
 
 Version 3 (the default; for rows given whole: per-step rows, ``GradientRecorder(sketch=)``,
 `sketch_rows`): version 2's plan, with every Kronecker-kind parameter's gradient first
-multiplied, value by value, by a seeded random sign mask D_j (one per block): block j's pairs
-sketch ``D_j o G``. A per-example gradient of a linear layer has low rank (an MLP's is rank
+multiplied, value by value, by a seeded random sign mask D (one per parameter, shared by its
+blocks): every block's pairs sketch ``D o G``. A per-example gradient of a linear layer has low rank (an MLP's is rank
 one, a transformer layer's at most its token count), and a Kronecker pair of a low-rank G has
 relative variance ~ 2/m0 + 2/m1 instead of a dense sketch's 2/(m0 m1): version 2's many small
 pairs only average that down. The signs spread G's energy over every row and column, which
 brings the pairs to within 1.5x a dense Gaussian sketch's error of the same width on the
-calibration models (docs/sketch_calibration.md), at the cost of one more pass over G per block.
+calibration models (docs/sketch_calibration.md), at the cost of one more pass over G. Given D
+the blocks are still independent unbiased estimates (``E[P^T P] = I`` for any fixed input),
+which is what the block bootstrap needs.
 The mask needs G formed, so ghost clipping, which sketches per-example rows from a layer's
 inputs and output gradients without forming G, keeps version 2 (``FACTORED_VERSION``).
 
@@ -173,8 +175,8 @@ class SketchPlan:
 
     @property
     def signed(self) -> bool:
-        """Whether each Kronecker-kind parameter's gradient is multiplied by a seeded sign mask, one
-        per block, before its pair (version 3; factor ``signs``, `gradspec.sketch.factor_seed`)."""
+        """Whether each Kronecker-kind parameter's gradient is multiplied by a seeded sign mask (one
+        per parameter, every block's) before its pairs (version 3; factor ``signs``)."""
         return self.version >= 3
 
     @property
@@ -214,8 +216,8 @@ class SketchPlan:
             "exact": [[0, self.exact_width]] if self.exact_width else [],
             "scale": 1.0 / math.sqrt(self.n_blocks),  # a pair of R also carries 1/sqrt(R)
             "seeds": "blake2b-8 of '<seed>:<block>:<parameter name>:<factor>' (gradspec.sketch.factor_seed)",
-            **({"signs": "each Kronecker-kind parameter's G is multiplied by its block's sign mask "
-                         "(factor 'signs') before its pair"} if self.signed else {}),
+            **({"signs": "each Kronecker-kind parameter's G is multiplied by its sign mask (factor 'signs', "
+                         "seeded with block 0, shared by every block) before its pairs"} if self.signed else {}),
             "params": [s.to_dict() for s in self.params],
             **({"weighting": self.weighting} if self.version >= 2 else {}),
         }

@@ -42,7 +42,7 @@ def sketch_rows(plan: SketchPlan, rows: Tensor) -> Tensor:
             if spec.kind == "dense":
                 out[:, a:z] = g @ f.dense.T
             else:
-                x = g if f.signs is None else g * f.signs.to(torch.float64)
+                x = g if f.signs is None else g * f.signs
                 out[:, a:z] = kron_apply(dense_left(plan, spec, j), f.right, x.reshape(b, *spec.matrix))
     return out
 

@@ -126,9 +126,9 @@ def test_json_round_trip_regenerates_the_same_map():
         SketchPlan.from_dict({**plan.to_dict(), "kind": "other"})
 
 
-def test_version_3_is_version_2_with_a_sign_mask_per_block():
+def test_version_3_is_version_2_with_a_sign_mask_per_parameter():
     """The default plan: version 2's columns, pairs and factors, each Kronecker-kind parameter's
-    gradient multiplied value by value by its block's seeded sign mask first."""
+    gradient multiplied value by value by its seeded sign mask first (one mask, every block's)."""
     from gradspec.sketch._factors import dense_left, kron_apply, sign_mask
 
     plan, old = _plan(), _plan(version=2)
@@ -143,9 +143,9 @@ def test_version_3_is_version_2_with_a_sign_mask_per_block():
     for spec in plan.params:
         for j, (a, z) in enumerate(spec.columns):
             if spec.kind in ("kronecker", "countsketch-kronecker"):
-                mask = sign_mask(plan.seed, j, spec.name, spec.numel)
+                mask = sign_mask(plan.seed, spec.name, spec.numel)  # one per parameter, every block's
                 assert mask.dtype == torch.int8 and set(mask.tolist()) == {-1, 1}
-                assert torch.equal(block_factors(plan, spec, j).signs, mask)
+                assert torch.equal(block_factors(plan, spec, j).signs, mask.double())
                 x = (h[:, spec.offset : spec.offset + spec.numel] * mask).reshape(3, *spec.matrix)
                 want = kron_apply(dense_left(plan, spec, j), block_factors(plan, spec, j).right, x)
                 torch.testing.assert_close(y[:, a:z], want, rtol=1e-12, atol=1e-12)
@@ -153,7 +153,8 @@ def test_version_3_is_version_2_with_a_sign_mask_per_block():
             else:  # exact and dense parameters are sketched as in version 2
                 assert torch.equal(y[:, a:z], y_old[:, a:z])
     w = next(s for s in plan.params if s.name == "w")
-    assert not torch.equal(sign_mask(3, 0, "w", w.numel), sign_mask(3, 1, "w", w.numel))  # one mask per block
+    assert not torch.equal(sign_mask(3, "w", w.numel), sign_mask(4, "w", w.numel))  # seeded by the plan's seed
+    assert not torch.equal(sign_mask(3, "w", 100), sign_mask(3, "emb", 100))  # and the parameter
     assert SketchPlan.from_dict(json.loads(json.dumps(d))) == plan
 
 
