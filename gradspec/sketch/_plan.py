@@ -52,14 +52,15 @@ gradients of a warm-up batch (`gradspec.train._sketching.warmup_energies`), hedg
 Version 3 (the default; for rows given whole: per-step rows, ``GradientRecorder(sketch=)``,
 `sketch_rows`): version 2's plan, with every Kronecker-kind parameter's gradient first
 multiplied, value by value, by a seeded random sign mask D (one per parameter, shared by its
-blocks): every block's pairs sketch ``D o G``. A per-example gradient of a linear layer has low rank (an MLP's is rank
-one, a transformer layer's at most its token count), and a Kronecker pair of a low-rank G has
-relative variance ~ 2/m0 + 2/m1 instead of a dense sketch's 2/(m0 m1): version 2's many small
-pairs only average that down. The signs spread G's energy over every row and column, which
-brings the pairs to within 1.5x a dense Gaussian sketch's error of the same width on the
-calibration models (docs/sketch_calibration.md), at the cost of one more pass over G. Given D
-the blocks are still independent unbiased estimates (``E[P^T P] = I`` for any fixed input),
-which is what the block bootstrap needs.
+blocks): every block's pairs sketch ``D o G``. A per-example gradient of a linear layer has low
+rank (an MLP's is rank one, a transformer layer's at most its token count), and a Kronecker
+pair of a low-rank G has relative variance ~ 2/m0 + 2/m1 instead of a dense sketch's
+2/(m0 m1): version 2's many small pairs only average that down. The signs break G's low rank,
+which brings the pairs to 0.31-1.56x a dense Gaussian sketch's error of the same width on the
+calibration models (docs/sketch_calibration.md), at the cost of one more pass over G. They
+keep every row's and column's norm, so a G whose energy sits in a few columns (MiniLM's q/v,
+BERT's outlier features) gains little. Given D the blocks are still independent unbiased
+estimates (``E[P^T P] = I`` for any fixed input), which is what the block bootstrap needs.
 The mask needs G formed, so ghost clipping, which sketches per-example rows from a layer's
 inputs and output gradients without forming G, keeps version 2 (``FACTORED_VERSION``).
 
@@ -83,7 +84,7 @@ from gradspec._layout import ParamLayout
 
 #: The plan family written into a store (``"kind"``), and its format version (1: issue 22's
 #: plan, still read; 2: energy-weighted columns, dense small factors, several pairs; 3: version
-#: 2's split with sign-masked Kronecker kinds, one pair per block).
+#: 2's plan with sign-masked Kronecker kinds).
 FAMILY = "kronecker-gaussian"
 VERSION = 3
 VERSIONS = (1, 2, 3)
