@@ -24,7 +24,7 @@ cached under the module's current multipliers without computing anything.
 
 Usage:
     python benchmarks/bench_sketch_calibration.py [--seeds 12] [--M 1024,4096,16384]
-        [--r 400,200] [--weights sqrt-size|energy] [--version 2|3] [--cache DIR] [--cached-only] [--out table.md]
+        [--r 400,200] [--weights sqrt-size|energy] [--version 2|3|4] [--cache DIR] [--cached-only] [--out table.md]
         [--png docs/sketch_calibration.png]
 """
 
@@ -172,8 +172,9 @@ def case_grams(name: str, layout: Any, kinds: Any, h: torch.Tensor, us: torch.Te
     exact Gram (``exact``, r x r, zeros if none), a dense Gaussian J-block sketch's (``dense``), and
     the version-1 plan's sketched sigma (``s_v1``, all r rows). Cached as one .npz per case.
     ``weights="energy"``: the version-2 plan splits its columns by the first WARMUP rows' energies
-    (`collect --sketch`'s default); the cache file names it. ``version=3``: that plan's
-    sign-masked rules (per-step rows, rows given whole) in place of version 2's; named too."""
+    (`collect --sketch`'s default); the cache file names it. ``version=3`` or 4: that plan's
+    sign-masked (4: column-mixed, then masked; rows given whole) rules in place of version 2's;
+    named too."""
     from gradspec.sketch import energy_weights, make_plan, sketch_rows
 
     tag = ("" if weights == "sqrt-size" else f"_{weights}") + ("" if version == 2 else f"_v{version}")
@@ -283,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--weights", choices=("sqrt-size", "energy"), default="sqrt-size",
                     help="the version-2 plan's column split (energy: by the first 32 rows, collect's default)")
-    ap.add_argument("--version", type=int, choices=(2, 3), default=2,
-                    help="the plan's rules: 2 (per-example rows, ghost clipping), 3 (sign-masked: per-step rows)")
+    ap.add_argument("--version", type=int, choices=(2, 3, 4), default=2,
+                    help="the plan's rules: 2 (per-example rows, ghost clipping), 3 (sign-masked), 4 (mixed and masked: per-step rows)")
     ap.add_argument("--cache", type=Path, default=None, help="folder of cached rows and cases (resumable)")
     ap.add_argument("--cached-only", action="store_true", help="tabulate the cached cases only; compute none")
     ap.add_argument("--fit-seeds", type=int, default=4,

@@ -27,7 +27,7 @@ left out), and compared with the exact spectrum beside the stored σ and the sto
 Usage:
     python benchmarks/bench_sketch_spectrum.py EXACT_STORE EXACT_SPECTRUM --work DIR
         [--M 16384,65536,262144] [--blocks 8] [--k 300] [--weights energy|sqrt-size] [--dense]
-        [--version 3|2] [--gram-cache FILE.npy] [--restate] [--out docs/bench_sketch_spectrum.txt]
+        [--version 4|3|2] [--gram-cache FILE.npy] [--restate] [--out docs/bench_sketch_spectrum.txt]
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", choices=("energy", "sqrt-size"), default="energy",
                     help="the plan's column split (energy: by the first 32 rows; collect's default)")
     ap.add_argument("--dense", action="store_true", help="also a dense Gaussian sketch of the same width")
-    ap.add_argument("--version", type=int, choices=(2, 3), default=3, help="the plan's rules")
+    ap.add_argument("--version", type=int, choices=(2, 3, 4), default=4, help="the plan's rules")
     ap.add_argument("--gram-cache", type=Path, default=None,
                     help="--dense: keep U S of the exact Gram here (.npy), reused when it exists")
     ap.add_argument("--restate", action="store_true",

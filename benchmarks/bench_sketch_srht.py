@@ -15,8 +15,8 @@ On the real clipped per-example rows of `bench_sketch_calibration`'s three model
 and seed: the plan `collect --sketch` ships (energy split by the first 32 rows), and the same plan
 with each Kronecker / CountSketch-Kronecker parameter's J blocks replaced by J independent SRHTs of
 the same width (exact and dense parameters as planned, independent Gaussian draws), and the
-version-3 plan (the same columns and pairs, each Kronecker-kind gradient sign-masked per block
-first), beside a dense Gaussian sketch of the plan's width. Prints the RMS relative error of sigma_1..10 and its ratio to
+version-3 plan (the same columns and pairs, each Kronecker-kind gradient sign-masked first) and
+the version-4 plan (its columns mixed by a block-diagonal Haar rotation before the mask), beside a dense Gaussian sketch of the plan's width. Prints the RMS relative error of sigma_1..10 and its ratio to
 the dense sketch's.
 
 Usage:
@@ -95,21 +95,23 @@ def main(argv: list[str] | None = None) -> int:
         us = u * sv
         w = energy_weights(layout, energies(layout, h[:32]))
         for m in (int(x) for x in args.M.split(",")):
-            kron, had, dense, signed = [], [], [], []
+            kron, had, dense, signed, mixed = [], [], [], [], []
             for seed in range(args.seeds):
                 plan = make_plan(layout, kinds, m, seed=seed, weights=w, version=2)
                 kron.append(rms(top_sigma(sketch_rows(plan, h)), s))
-                signed.append(rms(top_sigma(sketch_rows(make_plan(layout, kinds, m, seed=seed, weights=w), h)), s))
+                signed.append(rms(top_sigma(sketch_rows(make_plan(layout, kinds, m, seed=seed, weights=w, version=3), h)), s))
+                mixed.append(rms(top_sigma(sketch_rows(make_plan(layout, kinds, m, seed=seed, weights=w, version=4), h)), s))
                 had.append(rms(top_sigma(with_srht(plan, h, seed)), s))
                 gen = torch.Generator().manual_seed(10_000 + seed)
                 z = torch.randn(us.shape[1], plan.M, generator=gen, dtype=torch.float64) / math.sqrt(plan.M)
                 dense.append(rms(top_sigma(us @ z), s))
             structured = sum(p.kind in ("kronecker", "countsketch-kronecker") for p in plan.params)
             d = float(np.mean(dense))
-            k_, s_, g_ = float(np.mean(kron)), float(np.mean(had)), float(np.mean(signed))
+            k_, s_, g_, x_ = float(np.mean(kron)), float(np.mean(had)), float(np.mean(signed)), float(np.mean(mixed))
             print(f"{name:6s} M = {m:6,d} ({structured} parameters by Kronecker kinds)  plan {k_ * 100:.2f}% "
                   f"({k_ / d:.2f}x)  SRHT in their place {s_ * 100:.2f}% ({s_ / d:.2f}x)  sign-masked pairs "
-                  f"(version 3) {g_ * 100:.2f}% ({g_ / d:.2f}x)  dense {d * 100:.2f}%   ({args.seeds} seeds)", flush=True)
+                  f"(version 3) {g_ * 100:.2f}% ({g_ / d:.2f}x)  mixed, then masked (version 4) {x_ * 100:.2f}% "
+                  f"({x_ / d:.2f}x)  dense {d * 100:.2f}%   ({args.seeds} seeds)", flush=True)
     return 0
 
 

@@ -21,7 +21,7 @@ it records (and ``collect --sketch`` with its warm-up batch's mean clipped gradi
 
 Usage:
     python benchmarks/bench_sketch_weights.py [--models mixed,mlp,cnn] [--M 1024,4096,16384]
-        [--seeds 6] [--cache DIR] [--per-step] [--version 2|3]
+        [--seeds 6] [--cache DIR] [--per-step] [--version 2|3|4]
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=None, help="keep each model's rows here (.npy)")
     ap.add_argument("--per-step", action="store_true",
                     help="200 per-step rows (means of --warmup random clipped rows); energy: the first row's")
-    ap.add_argument("--version", type=int, choices=(2, 3), default=None,
-                    help="the plan's rules (default: what collect ships for the row kind: 3 per step, 2 per example)")
+    ap.add_argument("--version", type=int, choices=(2, 3, 4), default=None,
+                    help="the plan's rules (default: what collect ships for the row kind: 4 per step, 2 per example)")
     args = ap.parse_args(argv)
-    version = args.version or (3 if args.per_step else 2)
+    version = args.version or (4 if args.per_step else 2)
     torch.set_num_threads(1)
     if args.cache:
         args.cache.mkdir(parents=True, exist_ok=True)

@@ -201,10 +201,10 @@ class DenseSketch:
     def _structured(self, spec: Any, g: Tensor, out: Tensor) -> None:
         """Every pair of every block of a Kronecker-kind parameter, G (B, d0, d1) -> (B, J R, m0, m1)
         (`StackedFactors` stacks the J blocks' R pairs: ``blocks`` = J R) in one product, after a
-        version-3 plan's sign mask."""
+        version-3 or 4 plan's mixing."""
         st = self.factors.stacked[spec.name]
-        if st.signs is not None:  # version 3: G's sign mask, once for every block
-            g = g * st.signs.reshape(spec.matrix)
+        if st.mix is not None:  # version 3 or 4: G mixed and masked once for every block
+            g = st.mix(g)
         st.add(_pairs(st, g), out)
 
 

@@ -13,10 +13,16 @@ cleared) of ``blake2b("<seed>:<j>:<name>:<f>", digest_size=8)``:
   ``"sign"``: ``2 * torch.randint(0, 2, (R, d0), generator=g) - 1`` (float64) — the CountSketch
   of pair q ``S_q[hash[q, v], v] = sign[q, v]`` (R = 1: the same numbers as shape ``(d0,)``);
 * ``"dense"`` (m x numel): ``torch.randn(m, numel, dtype=float64, generator=g) / sqrt(m)``;
-* ``"signs"`` (version-3 plans, Kronecker kinds; seeded with block 0, one mask per parameter
+* ``"signs"`` (version-3 and 4 plans, Kronecker kinds; seeded with block 0, one mask per parameter
   shared by its J blocks): ``2 * torch.randint(0, 2, (numel,), generator=g) - 1``, the sign mask
   D that multiplies ``vec(G)`` (row-major, G viewed as ``(d0, d1)``) value by value before the
-  pairs.
+  pairs;
+* ``"rotation"`` (version-4 plans, Kronecker kinds; seeded with block 0, shared by the blocks):
+  with b = ``min(d1, ROTATION_BLOCK)``, ``torch.randn(b, b, dtype=float64, generator=g)``, then
+  Q = ``torch.linalg.qr`` 's Q with its columns' signs set by R's diagonal (a Haar orthogonal
+  matrix); ``"rotation-tail"`` the same of size ``d1 mod b`` when that is not 0. G (d0 x d1) is
+  mixed as ``G Q_bd^T``, Q_bd block-diagonal: Q on each run of b columns, the tail's on the rest,
+  and then masked: the pairs sketch ``D o (G Q_bd^T)``.
 
 Factors are drawn in float64 on the CPU (the same on every machine) and then cast and moved.
 """
@@ -30,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gradspec.sketch._plan import ParamSketch, SketchPlan
+from gradspec.sketch._plan import ROTATION_BLOCK, ParamSketch, SketchPlan
 
 #: The most entries of one dense factor (m x numel); a larger dense parameter is refused.
 DENSE_MAX = 2**24
@@ -77,6 +83,69 @@ def sign_mask(seed: int, name: str, numel: int) -> Tensor:
     return (2 * torch.randint(0, 2, (numel,), generator=g) - 1).to(torch.int8)
 
 
+def haar(seed: int, name: str, factor: str, b: int) -> Tensor:
+    """(b, b) float64: a seeded Haar-distributed orthogonal matrix (QR of a Gaussian, signs fixed)."""
+    g = _gen(seed, 0, name, factor)
+    q, r = torch.linalg.qr(torch.randn(b, b, dtype=torch.float64, generator=g))
+    return q * torch.where(torch.diagonal(r) < 0, -1.0, 1.0)
+
+
+@dataclass
+class Mix:
+    """What a version-3 or 4 plan does to a Kronecker-kind parameter's G (B, d0, d1) before the
+    pairs of every block: ``D o (G Q_bd^T)`` (version 4) or ``D o G`` (version 3)."""
+
+    signs: Tensor  # (d0, d1), +-1 in the factors' dtype
+    rotation: Tensor | None = None  # (b, b) orthogonal: version 4
+    tail: Tensor | None = None  # (t, t) orthogonal for the last d1 mod b columns
+
+    def __call__(self, g: Tensor) -> Tensor:
+        """A new (B, d0, d1) tensor: ``g`` mixed and masked. Rows of G that are all zero stay
+        zero and are not multiplied: an embedding's gradient has a row only for the tokens seen
+        (a whole-MiniLM per-step row: at most a few thousand of its 30,522)."""
+        if self.rotation is None:
+            return g * self.signs
+        d1 = g.shape[-1]
+        flat = g.reshape(-1, d1)
+        live = flat.ne(0).any(1).nonzero().squeeze(1) if flat.shape[0] >= 64 else None
+        if live is None or live.numel() > 0.75 * flat.shape[0]:
+            out = self._rotate(flat)
+        else:
+            out = torch.zeros_like(flat).index_copy_(0, live, self._rotate(flat.index_select(0, live)))
+        return out.reshape(g.shape).mul_(self.signs)
+
+    def _rotate(self, x: Tensor) -> Tensor:
+        """x (n, d1) times Q_bd^T, a new tensor."""
+        b, d1 = self.rotation.shape[0], x.shape[1]
+        n = d1 // b
+        if self.tail is None:
+            return (x.reshape(-1, b) @ self.rotation.T).reshape(x.shape)
+        out = torch.empty_like(x)
+        out[:, : n * b] = (x[:, : n * b].reshape(x.shape[0], n, b) @ self.rotation.T).reshape(x.shape[0], n * b)
+        out[:, n * b :] = x[:, n * b :] @ self.tail.T
+        return out
+
+
+def mixing(plan: SketchPlan, spec: ParamSketch, *, dtype: torch.dtype = torch.float64,
+           device: torch.device | str = "cpu") -> Mix | None:
+    """The `Mix` of one Kronecker-kind parameter (drawn once: every block's pairs share it), or
+    None: a plan before version 3, or a kind without pairs."""
+    if not plan.signed or spec.kind not in ("kronecker", "countsketch-kronecker"):
+        return None
+    d0, d1 = spec.matrix
+
+    def put(t: Tensor) -> Tensor:
+        return t.to(device=device, dtype=dtype)
+
+    out = Mix(put(sign_mask(plan.seed, spec.name, spec.numel).reshape(d0, d1)))
+    if plan.rotated:
+        b = min(d1, ROTATION_BLOCK)
+        out.rotation = put(haar(plan.seed, spec.name, "rotation", b))
+        if d1 % b:
+            out.tail = put(haar(plan.seed, spec.name, "rotation-tail", d1 % b))
+    return out
+
+
 def check_dense(spec: ParamSketch) -> None:
     """Refuse a dense factor too large to hold (one line naming the parameter)."""
     if spec.kind == "dense" and spec.dims[0] * spec.numel > DENSE_MAX:
@@ -97,14 +166,13 @@ class BlockFactors:
     bucket: Tensor | None = None  # (R, d0) countsketch-kronecker
     sign: Tensor | None = None  # (R, d0)
     dense: Tensor | None = None  # (m, numel)
-    signs: Tensor | None = None  # (numel,): a version-3 plan's mask of a Kronecker kind (every block's)
 
 
 def block_factors(plan: SketchPlan, spec: ParamSketch, block: int, *, dtype: torch.dtype = torch.float64,
                   device: torch.device | str = "cpu") -> BlockFactors:
     """The factors of ``spec`` in ``block``, scaled by ``1/sqrt(J R)`` (R = ``spec.pairs``;
-    folded into ``left``, ``sign`` or ``dense``), cast to ``dtype`` on ``device`` (a version-3
-    plan's ``signs`` too: a float mask multiplies faster than an int8 one)."""
+    folded into ``left``, ``sign`` or ``dense``), cast to ``dtype`` on ``device``. A version-3
+    or 4 plan's mixing, shared by the blocks, is `mixing`'s."""
     if spec.kind == "exact":
         raise ValueError(f"parameter {spec.name!r} is stored exactly: it has no factors")
     r = spec.pairs
@@ -125,9 +193,6 @@ def block_factors(plan: SketchPlan, spec: ParamSketch, block: int, *, dtype: tor
     else:
         check_dense(spec)
         out.dense = put(gaussian(plan.seed, block, spec.name, "dense", spec.dims[0], spec.numel) * scale)
-        return out
-    if plan.signed:
-        out.signs = put(sign_mask(plan.seed, spec.name, spec.numel))
     return out
 
 
@@ -160,8 +225,8 @@ class StackedFactors:
     ``left`` (J R m0, d0) and ``right`` (J R m1, d1) stack the blocks' factors, each block's
     R pairs in turn (``left`` None for ``countsketch-kronecker``, which has ``bucket``,
     ``sign``: (J R, d0)); ``blocks`` counts the J R stacked pairs; block j's columns start at
-    ``start + j * stride``, its pair q's ``q m0 m1`` further; ``signs`` (numel,), a version-3
-    plan's sign mask.
+    ``start + j * stride``, its pair q's ``q m0 m1`` further; ``mix``, a version-3 or 4 plan's
+    `Mix` of G before the pairs.
     """
 
     m0: int
@@ -173,7 +238,7 @@ class StackedFactors:
     bucket: Tensor | None = None
     sign: Tensor | None = None
     pairs: int = 1
-    signs: Tensor | None = None  # (numel,): a version-3 plan's mask, shared by the blocks
+    mix: Mix | None = None  # version 3 or 4: shared by the blocks
 
     @property
     def blocks(self) -> int:
@@ -202,7 +267,6 @@ def stack(factors: list[BlockFactors], spec: ParamSketch) -> StackedFactors:
     else:
         out.bucket = torch.cat([f.bucket for f in factors])
         out.sign = torch.cat([f.sign for f in factors])
-    out.signs = factors[0].signs
     return out
 
 
@@ -221,11 +285,11 @@ class SketchFactors:
         self.factors = {s.name: [] if s.kind == "exact" else
                         [block_factors(plan, s, j, dtype=dtype, device=device) for j in range(plan.n_blocks)]
                         for s in plan.params}
-        for blocks in self.factors.values():  # one mask per parameter: hold it once
-            for f in blocks[1:]:
-                f.signs = blocks[0].signs if f.signs is not None else None
+        self.mix = {s.name: mixing(plan, s, dtype=dtype, device=device) for s in plan.params}
         self.stacked = {s.name: stack(self.factors[s.name], s) for s in plan.params
                         if s.kind in ("kronecker", "countsketch-kronecker")}
+        for name, st in self.stacked.items():
+            st.mix = self.mix[name]
 
     def add_flat(self, name: str, rows: Tensor, out: Tensor) -> None:
         """Add the sketch of materialised per-example gradients ``rows`` (B, numel) of parameter
@@ -236,14 +300,15 @@ class SketchFactors:
             a, b = spec.columns[0]
             out[:, a:b] += rows.to(out.dtype)
             return
+        mix = self.mix[name]
         for f in self.factors[name]:
             a, b = f.cols
             if f.dense is not None:
                 out[:, a:b] += (rows.to(f.dense.dtype) @ f.dense.T).to(out.dtype)
             else:
                 g = rows.reshape(rows.shape[0], *spec.matrix).to(f.right.dtype)
-                if f.signs is not None:
-                    g = g * f.signs.reshape(spec.matrix).to(g.dtype)
+                if mix is not None:
+                    g = mix(g)
                 if f.left is not None:
                     left = f.left.reshape(spec.pairs, spec.dims[0], -1)
                 else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gradspec.sketch._factors import block_factors, check_dense, dense_left, kron_apply
+from gradspec.sketch._factors import block_factors, check_dense, dense_left, kron_apply, mixing
 from gradspec.sketch._plan import SketchPlan
 
 
@@ -36,14 +36,14 @@ def sketch_rows(plan: SketchPlan, rows: Tensor) -> Tensor:
             out[:, a:z] = g
             continue
         check_dense(spec)
+        mix = mixing(plan, spec)
+        x = g.reshape(b, *spec.matrix) if mix is None else mix(g.reshape(b, *spec.matrix))
         for j in range(plan.n_blocks):
             a, z = spec.columns[j]
-            f = block_factors(plan, spec, j)
             if spec.kind == "dense":
-                out[:, a:z] = g @ f.dense.T
+                out[:, a:z] = g @ block_factors(plan, spec, j).dense.T
             else:
-                x = g if f.signs is None else g * f.signs
-                out[:, a:z] = kron_apply(dense_left(plan, spec, j), f.right, x.reshape(b, *spec.matrix))
+                out[:, a:z] = kron_apply(dense_left(plan, spec, j), block_factors(plan, spec, j).right, x)
     return out
 
 

@@ -256,8 +256,8 @@ class GhostClipping(EngineBase):
         are drawn once, on the model's device, in the model's dtype.
 
         Raises:
-            ValueError: a plan of other parameters, a sign-masked (version-3) plan, or one with
-                a parameter kind the layer's rule cannot compute (named).
+            ValueError: a plan of other parameters, a plan for formed gradients (version 3 or 4:
+                masked), or one with a parameter kind the layer's rule cannot compute (named).
         """
         if plan.signed:
             raise ValueError(f"a version-{plan.version} sketch plan masks each gradient's signs, which ghost clipping "

@@ -7,8 +7,9 @@ gradients (the kinds its rules compute; `GhostClipping.set_sketch`), by the vers
 mean clipped gradient (Li et al. 2022 §4.2; under torchrun the writer's, after the ranks'
 all-reduce), is one dense vector the step already holds: it is sketched whole, whatever the
 per-example engine, by `gradspec.sketch.DenseSketch` (O(p M) once a step), with the kinds
-`gradspec.sketch.dense_kinds` gives its parameters (the ghost rules' kinds) and the version-3
-rules: the row is formed, so its Kronecker kinds are sign-masked first.
+`gradspec.sketch.dense_kinds` gives its parameters (the ghost rules' kinds) and the newest
+rules (version 4): the row is formed, so each Kronecker kind's G has its columns mixed and its
+values sign-masked first.
 """
 
 from __future__ import annotations

@@ -90,25 +90,27 @@ def test_store_rows_are_the_sketch_regenerated_from_its_attributes(run):
 
 
 def test_vmap_sketches_the_per_example_rows_it_forms_with_sign_masks(tmp_path):
-    """--backend vmap forms each per-example gradient, so its rows get the sign-masked plan
-    (version 3) of the same columns ghost clipping's version-2 plan has: each stored row is that
-    plan applied to the exact clipped row (a batch-of-one loop), and the norms stay exact."""
+    """--backend vmap forms each per-example gradient, so its rows get the column-mixed,
+    sign-masked plan (version 4) of the same columns ghost clipping's version-2 plan has: each
+    stored row is that plan applied to the exact clipped row (a batch-of-one loop), and the norms
+    stay exact."""
     out = tmp_path / "vmap"
     res = invoke("collect", "--out", out, "--steps", 2, *CNN, "--per-example", "--sketch", 4096, "--sketch-blocks", 4,
                  "--sketch-seed", 5, "--backend", "vmap")  # M = 4096: classifier.1.weight in Kronecker pairs
     assert res.exit_code == 0, res.output
     store = GradientStore.open(out / "gradients.zarr")
     plan = SketchPlan.from_dict(store.sketch)
-    assert plan.version == 3 and plan.signed and store.per_example
+    assert plan.version == 4 and plan.rotated and store.per_example
     assert any(s.kind == "kronecker" for s in plan.params)  # a sign mask is used
     step0 = np.flatnonzero(store.row_meta()["step"] == 0)
     rows = slice(int(step0[0]), int(step0[-1]) + 1)
     want, h = _reference_rows(store, rows)
     got = store.read(rows)
     assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
-    version_2 = sketch_rows(SketchPlan.from_dict({**store.sketch, "version": 2}), torch.as_tensor(h) * torch.as_tensor(
-        store.clip_factors()[rows])[:, None]).numpy()
-    assert np.linalg.norm(got - version_2) > 1e-2 * np.linalg.norm(want)  # the check can fail: no mask
+    clipped = torch.as_tensor(h) * torch.as_tensor(store.clip_factors()[rows])[:, None]
+    for version in (2, 3):  # the check can fail: no mask, or no mixing
+        other = sketch_rows(SketchPlan.from_dict({**store.sketch, "version": version}), clipped).numpy()
+        assert np.linalg.norm(got - other) > 1e-2 * np.linalg.norm(want), version
     np.testing.assert_allclose(store.row_norms(rows), h.norm(dim=1).numpy(), rtol=1e-5)
 
 

@@ -100,18 +100,18 @@ def test_per_step_sketch_is_the_plan_of_the_exact_per_step_row(tmp_path, backend
 
 
 def test_the_per_step_plan_is_the_per_example_plan_with_sign_masks(tmp_path):
-    """One model and seed, by size: the per-step plan (version 3, the row is formed) has the
-    per-example plan's columns (version 2, ghost clipping forms no gradient to mask). The map is
-    linear, so the per-step row's exact and dense columns are the mean of its examples' sketched
-    ones; a Kronecker-kind parameter's are not, as its gradient is sign-masked first (the tiny
-    model has none at this M: tests/sketch/test_dense.py checks the masks of every kind)."""
+    """One model and seed, by size: the per-step plan (version 4, the row is formed) has the
+    per-example plan's columns (version 2, ghost clipping forms no gradient to mix or mask). The
+    map is linear, so the per-step row's exact and dense columns are the mean of its examples'
+    sketched ones; a Kronecker-kind parameter's are not, as its gradient is mixed and masked first
+    (the tiny model has none at this M: tests/sketch/test_dense.py checks every kind's)."""
     steps = collect(_sketched(backend="ghost", steps=3, sketch_weights="sqrt-size"), out=tmp_path / "steps",
                     task=tiny_task())
     examples = collect(_sketched(backend="ghost", steps=3, mode="per-example", sketch_weights="sqrt-size"),
                        out=tmp_path / "ex", task=tiny_task())
     s, e = GradientStore.open(steps.store), GradientStore.open(examples.store)
     plan, per_example = SketchPlan.from_dict(s.sketch), SketchPlan.from_dict(e.sketch)
-    assert (plan.version, per_example.version) == (3, 2) and plan.params == per_example.params
+    assert (plan.version, per_example.version) == (4, 2) and plan.params == per_example.params
     assert s.sketch["weighting"] == "sqrt-size"
     masked = np.zeros(plan.M, dtype=bool)
     for spec in plan.params:

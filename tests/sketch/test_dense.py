@@ -55,7 +55,7 @@ def _layout(model: nn.Module) -> ParamLayout:
     return ParamLayout.from_shapes((n, tuple(p.shape)) for n, p in model.named_parameters())
 
 
-def _plan(layout: ParamLayout, blocks: int, seed: int = 7, version: int = 3) -> SketchPlan:
+def _plan(layout: ParamLayout, blocks: int, seed: int = 7, version: int = 4) -> SketchPlan:
     """A plan laid out by hand (exact columns first, then the blocks, block-major), so that every
     branch of `DenseSketch` is taken whatever `make_plan`'s rules choose."""
     exact = [s for s in layout.params if DIMS[s.name][0] == "exact"]
@@ -105,9 +105,10 @@ def test_both_orders_of_each_structured_kind_are_used(model):
     assert {hash_last(*by[n].dims, by[n].matrix[0]) for n in ("emb.weight", "short_emb.weight")} == {True, False}
 
 
-@pytest.mark.parametrize(("blocks", "version"), [(2, 3), (3, 3), (2, 2)])
+@pytest.mark.parametrize(("blocks", "version"), [(2, 4), (3, 4), (2, 3), (2, 2)])
 def test_dense_sketch_equals_the_reference(model, blocks, version):
-    """Versions 2 (one product for every block) and 3 (a sign mask per block, block by block)."""
+    """Versions 2 (G as given), 3 (G sign-masked) and 4 (G's columns mixed, then masked), one
+    product of the stacked factors for every block."""
     layout = _layout(model)
     plan = SketchPlan.from_dict(json.loads(json.dumps(_plan(layout, blocks, version=version).to_dict())))
     g = torch.randn(3, layout.p, dtype=torch.float64, generator=torch.Generator().manual_seed(blocks))
@@ -124,6 +125,21 @@ def test_dense_sketch_equals_the_reference(model, blocks, version):
     torch.testing.assert_close(sketch(g.mean(0)), got.mean(0), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match=f"p = {layout.p}"):
         sketch(g[:, :-1])
+
+
+def test_an_embedding_gradient_with_rows_for_a_few_tokens(model):
+    """Version 4 mixes only the rows of G that are not all zero (an embedding's gradient has rows
+    for the tokens seen): the same numbers as mixing every row, the reference's."""
+    layout = _layout(model)
+    plan = _plan(layout, 2)
+    g = torch.randn(4, layout.p, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    emb = layout["emb.weight"]
+    g[:, emb.offset : emb.stop].view(4, 50, 7)[:, 5:] = 0  # 5 tokens of 50 seen: 20 of 200 rows live
+    g[1, emb.offset : emb.stop] = 0  # and a row with none
+    torch.testing.assert_close(DenseSketch(plan)(g), sketch_rows(plan, g), rtol=1e-12, atol=1e-12)
+    mix = DenseSketch(plan).factors.mix["emb.weight"]
+    x = g[:, emb.offset : emb.stop].reshape(4, 50, 7)
+    torch.testing.assert_close(mix(x), (x @ mix.rotation.T) * mix.signs, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("m", [300, 1000])

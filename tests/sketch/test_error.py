@@ -179,7 +179,7 @@ def test_plan_maps_blocks_and_refuses_a_bad_attribute():
     with pytest.raises(ValueError, match="overlap"):
         sketch_selection({**attr, "exact": [[0, 3]]}, [(0, 10)], 10)
     with pytest.raises(ValueError, match="version"):
-        sketch_selection({**attr, "version": 4}, [(0, 10)], 10)
+        sketch_selection({**attr, "version": 5}, [(0, 10)], 10)
 
 
 def test_spectrum_store_report_cli_line_and_compare_to_exact(tmp_path):

@@ -30,7 +30,7 @@ LAYOUT = ParamLayout.from_shapes(SHAPES)
 
 def _plan(m: int = 300, seed: int = 3, blocks: int = 4, version: int = VERSION) -> SketchPlan:
     """A plan with structured kinds (no dense factor for a Kronecker-capable parameter), so that
-    version 2's several pairs per block (and version 3's sign masks) are exercised."""
+    version 2's several pairs per block (and versions 3 and 4's masks and mixing) are exercised."""
     if version == 1:
         return make_plan(LAYOUT, KINDS, m, seed=seed, blocks=blocks, version=1)
     return make_plan(LAYOUT, KINDS, m, seed=seed, blocks=blocks, dense_budget=0, version=version)
@@ -103,10 +103,10 @@ def test_version_2_small_or_energetic_parameters_exact_the_rest_in_pairs():
         make_plan(LAYOUT, KINDS, 300, weights={**energy, "w": float("nan")})
     with pytest.raises(ValueError, match="takes no weights"):
         make_plan(LAYOUT, KINDS, 300, weights=energy, version=1)
-    with pytest.raises(ValueError, match="version 4"):
-        make_plan(LAYOUT, KINDS, 300, version=4)
-    with pytest.raises(ValueError, match="versions 1, 2, 3"):
-        SketchPlan.from_dict({**d, "version": 4})
+    with pytest.raises(ValueError, match="version 5"):
+        make_plan(LAYOUT, KINDS, 300, version=5)
+    with pytest.raises(ValueError, match="versions 1, 2, 3, 4"):
+        SketchPlan.from_dict({**d, "version": 5})
 
 
 def test_json_round_trip_regenerates_the_same_map():
@@ -129,10 +129,10 @@ def test_json_round_trip_regenerates_the_same_map():
 def test_version_3_is_version_2_with_a_sign_mask_per_parameter():
     """The default plan: version 2's columns, pairs and factors, each Kronecker-kind parameter's
     gradient multiplied value by value by its seeded sign mask first (one mask, every block's)."""
-    from gradspec.sketch._factors import dense_left, kron_apply, sign_mask
+    from gradspec.sketch._factors import dense_left, kron_apply, mixing, sign_mask
 
-    plan, old = _plan(), _plan(version=2)
-    assert VERSION == 3 and plan.version == 3 and plan.signed
+    plan, old = _plan(version=3), _plan(version=2)
+    assert plan.version == 3 and plan.signed and not plan.rotated
     assert plan.params == old.params and plan.M == old.M and plan.block_width == old.block_width
     d = plan.to_dict()
     same = {k: v for k, v in d.items() if k not in ("version", "signs")}
@@ -145,7 +145,8 @@ def test_version_3_is_version_2_with_a_sign_mask_per_parameter():
             if spec.kind in ("kronecker", "countsketch-kronecker"):
                 mask = sign_mask(plan.seed, spec.name, spec.numel)  # one per parameter, every block's
                 assert mask.dtype == torch.int8 and set(mask.tolist()) == {-1, 1}
-                assert torch.equal(block_factors(plan, spec, j).signs, mask.double())
+                mix = mixing(plan, spec)
+                assert mix.rotation is None and torch.equal(mix.signs, mask.double().reshape(spec.matrix))
                 x = (h[:, spec.offset : spec.offset + spec.numel] * mask).reshape(3, *spec.matrix)
                 want = kron_apply(dense_left(plan, spec, j), block_factors(plan, spec, j).right, x)
                 torch.testing.assert_close(y[:, a:z], want, rtol=1e-12, atol=1e-12)
@@ -158,7 +159,52 @@ def test_version_3_is_version_2_with_a_sign_mask_per_parameter():
     assert SketchPlan.from_dict(json.loads(json.dumps(d))) == plan
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+def test_version_4_is_version_3_after_mixing_the_columns_of_g():
+    """The default plan: version 3's columns, pairs, factors and masks, each Kronecker-kind
+    parameter's G first multiplied on the right by Q_bd^T, a seeded block-diagonal orthogonal
+    matrix (Haar blocks of ROTATION_BLOCK columns, the remainder its own block), one per
+    parameter and every block's. A weight 1,100 columns wide has two blocks and a tail of 76."""
+    from gradspec.sketch import ROTATION_BLOCK
+    from gradspec.sketch._factors import dense_left, haar, kron_apply, mixing, sign_mask
+
+    layout = ParamLayout.from_shapes([*SHAPES, ("wide", (3, 1100))])
+    kinds = {**KINDS, "wide": "kronecker"}
+    plan = make_plan(layout, kinds, 400, seed=3, blocks=4, dense_budget=0)
+    old = make_plan(layout, kinds, 400, seed=3, blocks=4, dense_budget=0, version=3)
+    assert VERSION == 4 and plan.version == 4 and plan.signed and plan.rotated and not old.rotated
+    assert plan.params == old.params and plan.M == old.M
+    d = plan.to_dict()
+    assert {k: v for k, v in d.items() if k not in ("version", "rotation", "rotation_block")} == {
+        k: v for k, v in old.to_dict().items() if k != "version"}
+    assert d["rotation_block"] == ROTATION_BLOCK == 512
+    h = torch.randn(3, layout.p, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    y, y_old = sketch_rows(plan, h), sketch_rows(old, h)
+    for spec in plan.params:
+        d0, d1 = spec.matrix
+        for j, (a, z) in enumerate(spec.columns):
+            if spec.kind not in ("kronecker", "countsketch-kronecker"):
+                assert torch.equal(y[:, a:z], y_old[:, a:z])  # exact and dense parameters as in version 3
+                continue
+            b = min(d1, ROTATION_BLOCK)
+            parts = [haar(plan.seed, spec.name, "rotation", b)] * (d1 // b)
+            if d1 % b:
+                parts.append(haar(plan.seed, spec.name, "rotation-tail", d1 % b))
+            q = torch.block_diag(*parts)
+            torch.testing.assert_close(q @ q.T, torch.eye(d1, dtype=torch.float64), rtol=0, atol=1e-12)
+            g = h[:, spec.offset : spec.offset + spec.numel].reshape(3, d0, d1)
+            x = (g @ q.T) * sign_mask(plan.seed, spec.name, spec.numel).reshape(d0, d1)
+            want = kron_apply(dense_left(plan, spec, j), block_factors(plan, spec, j).right, x)
+            torch.testing.assert_close(y[:, a:z], want, rtol=1e-12, atol=1e-12)
+            assert not torch.allclose(y[:, a:z], y_old[:, a:z])  # the mixing changes them
+    wide = mixing(plan, next(s for s in plan.params if s.name == "wide"))
+    assert wide.rotation.shape == (512, 512) and wide.tail.shape == (76, 76)
+    assert not torch.equal(haar(3, "w", "rotation", 10), haar(4, "w", "rotation", 10))  # seeded by the plan
+    assert SketchPlan.from_dict(json.loads(json.dumps(d))) == plan
+    with pytest.raises(ValueError, match="rotation blocks of 128 columns"):
+        SketchPlan.from_dict({**d, "rotation_block": 128})
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_reference_is_the_linear_map_and_exact_columns_copy(version):
     plan = _plan(version=version)
     phi = sketch_matrix(plan)
@@ -172,7 +218,7 @@ def test_reference_is_the_linear_map_and_exact_columns_copy(version):
         sketch_rows(plan, rows[:, 1:])
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_block_gram_identity_and_unbiasedness_over_seeds(version):
     """Y Y^T = Y_x Y_x^T + sum_j Y_j Y_j^T exactly; and over 300 seeds the mean of
     Y_x Y_x^T + J Y_j Y_j^T (each j) and of Y Y^T is H H^T within a generous statistical bound

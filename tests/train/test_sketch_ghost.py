@@ -118,8 +118,8 @@ def test_set_sketch_checks_the_plan():
     other = GhostClipping(case.model, case.forward, case.loss, names[:2])
     with pytest.raises(ValueError, match="build the plan from this engine's layout"):
         other.set_sketch(make_plan(ghost.layout, kinds, 300, blocks=2, version=FACTORED_VERSION))
-    # a version-3 plan masks each formed gradient's signs: ghost clipping forms none
-    with pytest.raises(ValueError, match="version-3 sketch plan masks.*FACTORED_VERSION"):
+    # the default (version-4) plan mixes and masks each formed gradient: ghost clipping forms none
+    with pytest.raises(ValueError, match="version-4 sketch plan masks.*FACTORED_VERSION"):
         ghost.set_sketch(make_plan(ghost.layout, kinds, 300, blocks=2, dense_budget=0))
 
 
