@@ -70,11 +70,13 @@ columns, the last block the remainder; one Q per parameter, shared by its blocks
 pairs sketch ``D o (G Q^T)``. A per-example or per-step gradient of a transformer's linear layer
 holds most of its energy in a few input columns (MiniLM q/v: layer 1's value weight has ~2
 effective columns of 384), and no sign mask spreads it; Q spreads each column over its block
-of 128, and the mask then breaks the low rank. On MiniLM q/v (256 real per-example rows, 3
-seeds) this took σ₁..₁₀'s RMS error at M = 2¹⁴ from 3.3x a dense Gaussian sketch's (version 3)
-to 1.0-1.2x. Q is orthogonal and D² = I, so the map is still ``Phi T`` with T orthogonal and
-given T the blocks are independent unbiased estimates. The mixing costs ``2 numel b``
-multiply-adds a row (one matrix product).
+(all 384), and the mask then breaks the low rank. On MiniLM q/v (256 real per-example rows, 3
+seeds) this took σ₁..₁₀'s RMS error from 3.3x / 4.0x a dense Gaussian sketch's (version 3) to
+1.2x / 1.8x at M = 2¹⁴ / 2¹⁶ (blocks of 128: 1.6x at 2¹⁴); on the calibration models' plans it
+is level with version 3 or better (docs/sketch_calibration.md). Q is orthogonal and D² = I, so
+the map is still ``Phi T`` with T orthogonal and given T the blocks are independent unbiased
+estimates. The mixing costs ``2 numel b`` multiply-adds a row (one matrix product; rows of G
+that are all zero, an embedding's unseen tokens, are skipped).
 
 Version 1 (stores written before issue 37; ``make_plan(version=1)``): exact when the size is
 at most ``M / (4 K)``, columns in proportion to the size, one Kronecker pair per block.

@@ -113,9 +113,9 @@ class TrainConfig:
             ``mode="per-example"`` (issue 22): each clipped per-example gradient; the ghost
             backend (``ghost`` or ``auto``) sketches linear-like layers without forming their
             per-example gradients (plan version 2), ``vmap`` and ``hooks`` sketch the gradients
-            they form (version 3, sign-masked: 0.3-1.6x a dense sketch's error on the calibration
-            models where version 2 is up to 3.4x, not better on MiniLM q/v; at the memory and
-            time of forming them); the norms and clipping stay exact. M must be below p.
+            they form (version 4, columns mixed and sign-masked: about a dense sketch's error on
+            the calibration models and MiniLM q/v, where version 2 is up to 3.4x; at the memory
+            and time of forming them); the norms and clipping stay exact. M must be below p.
             With a sketch, ``params`` None means every trainable parameter of the task's model.
         sketch_seed: the sketch plan's seed (every random factor derives from it).
         sketch_blocks: J >= 2 independent blocks of the sketch (error estimates).
