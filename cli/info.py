@@ -70,7 +70,7 @@ def info_command(
         typer.echo(f"kind     {summary['row_kind_text']}")
         sk = summary.get("sketch")
         if sk:
-            typer.echo(f"sketch   {sk['kind']}  M = {sk['M']:,} columns ({sk['exact_columns']:,} exact, "
+            typer.echo(f"sketch   {sk['kind']} version {sk['version']}  M = {sk['M']:,} columns ({sk['exact_columns']:,} exact, "
                        f"{sk['blocks']} independent blocks)  of p = {sk['p']:,} unsketched  seed {sk['seed']}  "
                        f"columns by {sk['weighting']}")
             if sk.get("width_note"):  # why the stored M is below the asked one

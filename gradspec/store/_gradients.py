@@ -416,7 +416,7 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             "checksums": _checksum.checksum_summary(self._arrays()),
             "example_norms": None,
             "sketch": None if self._sketch is None else {
-                k: self._sketch.get(k) for k in ("kind", "M", "requested_M", "p", "seed", "width_note")} | {
+                k: self._sketch.get(k) for k in ("kind", "version", "M", "requested_M", "p", "seed", "width_note")} | {
                 "blocks": len(self._sketch.get("blocks", [])),
                 "exact_columns": sum(b - a for a, b in self._sketch.get("exact", [])),
                 # how the plan split its columns (gradspec.sketch.SketchPlan.weighting; version 1: by size)

@@ -118,7 +118,7 @@ def test_info_shows_the_sketch_and_pca_runs(run):
     res = invoke("info", run / "gradients.zarr")
     assert res.exit_code == 0, res.output
     line = next(x for x in res.output.splitlines() if x.startswith("sketch "))
-    assert "kronecker-gaussian" in line and "4 independent blocks" in line and "seed 5" in line
+    assert "kronecker-gaussian version 2" in line and "4 independent blocks" in line and "seed 5" in line
     assert line.endswith("columns by energy")  # the plan records its split (--sketch-weights energy, the default)
     res = invoke("pca", run / "gradients.zarr", "--k", 3, "--out", run.parent / "spectrum.zarr")
     assert res.exit_code == 0, res.output
