@@ -58,9 +58,9 @@ pair of a low-rank G has relative variance ~ 2/m0 + 2/m1 instead of a dense sket
 which brings the pairs to 0.31-1.56x a dense Gaussian sketch's error of the same width on the
 calibration models (docs/sketch_calibration.md), at the cost of one more pass over G. They
 keep every row's and column's norm, so a G whose energy sits in a few columns (MiniLM's q/v,
-BERT's outlier features) gains little: version 4 mends that. Given D the blocks are still independent unbiased
-estimates (``E[P^T P] = I`` for any fixed input), which is what the block bootstrap needs.
-The mask needs G formed, so ghost clipping, which sketches per-example rows from a layer's
+BERT's outlier features) gains little: version 4 mends that. Given D the blocks are still
+independent unbiased estimates (``E[P^T P] = I`` for any fixed input), which is what the block
+bootstrap needs. The mask needs G formed, so ghost clipping, which sketches per-example rows from a layer's
 inputs and output gradients without forming G, keeps version 2 (``FACTORED_VERSION``).
 
 Version 4 (the default; for rows given whole: per-step rows, ``GradientRecorder(sketch=)``,
@@ -72,8 +72,10 @@ holds most of its energy in a few input columns (MiniLM q/v: layer 1's value wei
 effective columns of 384), and no sign mask spreads it; Q spreads each column over its block
 (all 384), and the mask then breaks the low rank. On MiniLM q/v (256 real per-example rows, 3
 seeds) this took σ₁..₁₀'s RMS error from 3.3x / 4.0x a dense Gaussian sketch's (version 3) to
-1.2x / 1.8x at M = 2¹⁴ / 2¹⁶ (blocks of 128: 1.6x at 2¹⁴); on the calibration models' plans it
-is level with version 3 or better (docs/sketch_calibration.md). Q is orthogonal and D² = I, so
+1.2x / 1.8x at M = 2¹⁴ / 2¹⁶ (blocks of 128: 1.6x at 2¹⁴); on all 4,037 rows the top-100 σ
+are within 1.77% / 0.90% (version 3: 3.28% / 3.03%). On the calibration models' plans it is at
+0.36-1.26x a dense sketch where pairs are used (version 3: 0.31-1.45x); a pair with few rows
+(a few-class head forced into pairs) does worse mixed (docs/sketch_calibration.md). Q is orthogonal and D² = I, so
 the map is still ``Phi T`` with T orthogonal and given T the blocks are independent unbiased
 estimates. The mixing costs ``2 numel b`` multiply-adds a row (one matrix product; rows of G
 that are all zero, an embedding's unseen tokens, are skipped).
