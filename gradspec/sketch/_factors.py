@@ -300,15 +300,16 @@ class SketchFactors:
             a, b = spec.columns[0]
             out[:, a:b] += rows.to(out.dtype)
             return
-        mix = self.mix[name]
+        g = None
         for f in self.factors[name]:
             a, b = f.cols
             if f.dense is not None:
                 out[:, a:b] += (rows.to(f.dense.dtype) @ f.dense.T).to(out.dtype)
             else:
-                g = rows.reshape(rows.shape[0], *spec.matrix).to(f.right.dtype)
-                if mix is not None:
-                    g = mix(g)
+                if g is None:  # G, mixed and masked (version 3 or 4) once for every block
+                    g = rows.reshape(rows.shape[0], *spec.matrix).to(f.right.dtype)
+                    if self.mix[name] is not None:
+                        g = self.mix[name](g)
                 if f.left is not None:
                     left = f.left.reshape(spec.pairs, spec.dims[0], -1)
                 else:

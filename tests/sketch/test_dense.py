@@ -199,3 +199,19 @@ def test_row_energies_are_each_parameters_squared_norm_in_float64():
     assert all(math.isclose(got[n], want[n], rel_tol=1e-13) for n in want)
     with pytest.raises(ValueError, match="a row of 24 values for a layout of p = 25"):
         row_energies(layout, row[:24])
+
+
+def test_add_flat_mixes_once_for_every_block(model):
+    """`SketchFactors.add_flat` of every parameter (any kind, G mixed and masked once for the J
+    blocks) gives the reference's row, as `DenseSketch` does."""
+    from gradspec.sketch import SketchFactors
+
+    layout = _layout(model)
+    plan = _plan(layout, 3)
+    g = torch.randn(2, layout.p, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    factors = SketchFactors(plan, dtype=torch.float64, device="cpu")
+    out = torch.zeros(2, plan.M, dtype=torch.float64)
+    for spec in layout.params:
+        factors.add_flat(spec.name, g[:, spec.offset : spec.stop], out)
+    want = sketch_rows(plan, g)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12 * float(want.abs().max()))
