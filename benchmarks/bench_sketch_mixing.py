@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from bench_sketch_calibration import WARMUP, energies
     from bench_sketch_spectrum import plan_kinds
+    from bench_sketch_weights import rms, top_sigma
 
     import gradspec.sketch._factors as factors
     from gradspec.sketch import DenseSketch, energy_weights, make_plan
@@ -64,13 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     s_true = np.sqrt(np.maximum(lam[::-1], 0.0))
     us = u[:, ::-1] * s_true
 
-    def sigma(y: torch.Tensor) -> np.ndarray:
-        y = y.double()
-        return np.sqrt(np.maximum(np.linalg.eigvalsh((y @ y.T).numpy())[::-1], 0.0))
-
     def errors(s: np.ndarray) -> tuple[float, float]:
         e = np.abs(s[: args.top] - s_true[: args.top]) / s_true[: args.top]
-        return float(np.sqrt(np.mean(e[:10] ** 2))), float(e.max())
+        return rms(s, s_true), float(e.max())
 
     print(f"{'M':>7} {'plan':>8} {'rms 1..10':>10} {'max top':>8} {'rms/dense':>10} {'max/dense':>10}", flush=True)
     for m in (int(x) for x in args.M.split(",")):
@@ -80,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 plan = make_plan(ex.layout, kinds, m, seed=seed, weights=w, version=version)
                 sketch = DenseSketch(plan, dtype=torch.float32)
                 y = torch.cat([sketch(h[a : a + 32]) for a in range(0, r, 32)])
-                res.setdefault(f"v{version}", []).append(errors(sigma(y)))
+                res.setdefault(f"v{version}", []).append(errors(top_sigma(y.double())))
             z = torch.randn(r, plan.M, generator=torch.Generator().manual_seed(20_000 + seed), dtype=torch.float64)
             g = us @ (z @ z.T).numpy() @ us.T / plan.M
             res.setdefault("dense", []).append(errors(np.sqrt(np.maximum(np.linalg.eigvalsh(g)[::-1], 0.0))))
