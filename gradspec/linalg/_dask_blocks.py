@@ -67,7 +67,8 @@ def run_block(
     sink: ArraySink | None = None
     consumers: list[Any] = []
     if kind == "gram":
-        op.kernel_choice = choose_gram_kernel(kernel, dtype=op.dtype, device=op.device, flops=flops)
+        op.kernel_choice = choose_gram_kernel(kernel, dtype=op.dtype, device=op.device, flops=flops,
+                                              rows=r)
         consumers = [_Gram(op)]
     elif kind == "hht":
         consumers = [_HHt(op, args["q"])]

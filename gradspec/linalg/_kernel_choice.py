@@ -1,13 +1,20 @@
 """Choosing the Gram kernel by measurement, once per machine, and remembering the choice.
 
 On first use on a machine (a Gram pass worth at least ``MEASURE_MIN_FLOPS``),
-every CPU kernel of ``_kernels.GRAM_KERNELS`` updates a float64 Gram from one
-small random panel (``MEASURE_PANEL``), in float32 and in float64; the fastest
-of each dtype is used from then on. The measurement takes about a second. It
-is cached as JSON in the user's cache directory (``$GRADSPEC_CACHE_DIR``, else
-``$XDG_CACHE_HOME/gradspec``, else ``~/.cache/gradspec``), keyed by what decides
-the answer: the CPU model and core count, torch's thread count, the BLAS numpy
-and torch use, and the numpy, scipy and torch versions. A cache file that cannot
+every CPU kernel of ``_kernels.GRAM_KERNELS`` updates a float64 Gram from a
+random panel shaped like the pass's own (``measure_panel``: the pass's r rounded
+to a power of two in [256, 2048], ``MEASURE_COLS`` columns), in float32 and in
+float64, after one untimed warm-up update each; the fastest of each dtype is
+used from then on. The shape matters: on a 2-core Xeon (MKL torch, OpenBLAS
+numpy, 2026-11-28) a 1024×768 panel ranked torch's full GEMM first (106 against
+numpy ``syrk``'s 101 GFLOP/s), while at the pass's 1500×4096 panels numpy
+``syrk`` ran 181 against 121, and the Gram pass of a 1500×4e5 store took 10.3 s
+with the kernel the small panel chose and 6.6 s with ``syrk``. The measurement
+takes one to five seconds. It is cached as JSON in the user's cache directory
+(``$GRADSPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/gradspec``, else
+``~/.cache/gradspec``), keyed by what decides the answer: the CPU model and core
+count, torch's thread count, the BLAS numpy and torch use, the numpy, scipy and
+torch versions, and the panel measured (one entry per row bucket). A cache file that cannot
 be read, or whose entry is malformed, is ignored with a warning and measured
 again — a damaged cache is never trusted. It is read only if it is a regular file
 of at most ``MAX_CACHE_BYTES``, opened without blocking (a FIFO in its place hung
@@ -55,13 +62,20 @@ logger = logging.getLogger(__name__)
 CACHE_ENV = "GRADSPEC_CACHE_DIR"
 CACHE_FILE = "gram_kernels.json"
 CACHE_VERSION = 1
-#: Rows × columns of the panel the candidates are timed on.
-MEASURE_PANEL = (1024, 768)
-#: A Gram pass below r²p = this many flops takes the default kernel without measuring
-#: (or reading the cache): a measurement would cost more than it could save.
-MEASURE_MIN_FLOPS = 2e10
-#: Wall-time budget of one measurement (seconds); a second timed run of a kernel only within it.
-MEASURE_BUDGET_S = 1.5
+#: Columns of the panel the candidates are timed on (a pass's panels are 4,096-8,192 wide
+#: wherever the Gram is worth measuring; at 768 columns the ranking differed).
+MEASURE_COLS = 4096
+#: The range of the panel's rows: the pass's r rounded to a power of two, within it.
+MEASURE_ROWS = (256, 2048)
+#: Rows measured when no pass says how many (``gradspec info --machine``).
+DEFAULT_ROWS = 1024
+#: A Gram pass below r²p = this many flops (about 3 s at 170 GFLOP/s) takes the default kernel
+#: without measuring (or reading the cache): a measurement (1-5 s, once per machine and row
+#: bucket) would cost more than it could save.
+MEASURE_MIN_FLOPS = 5e11
+#: Wall-time budget of one dtype's measurement (seconds); a kernel's timed runs after its
+#: warm-up only within it.
+MEASURE_BUDGET_S = 2.5
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 #: The largest cache file read (bytes); an entry is about 1 KB.
 MAX_CACHE_BYTES = 1 << 20
@@ -146,16 +160,27 @@ def _clocks() -> tuple[float, float]:
     return time.process_time(), time.perf_counter()
 
 
-def _measure_with_conditions() -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
-    """:func:`measure`, and how it was measured (the entry's ``conditions``)."""
+def _measure_with_conditions(panel: tuple[int, int]) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+    """:func:`measure` on ``panel``, and how it was measured (the entry's ``conditions``)."""
     load = load_average()
     cpu0, wall0 = _clocks()
-    rates = measure()
+    rates = measure(panel)
     cpu1, wall1 = _clocks()
     conditions = {"load_1m": load, "cores": _cores(), "torch_threads": torch.get_num_threads(),
                   "cpu_s": cpu1 - cpu0, "wall_s": wall1 - wall0}
     conditions["under_load"] = under_load(conditions)
     return rates, conditions
+
+
+def measure_panel(rows: int | None = None) -> tuple[int, int]:
+    """(rows, columns) of the panel the kernels are timed on for a pass over ``rows`` rows of H:
+    ``rows`` rounded to the nearest power of two within ``MEASURE_ROWS`` (``DEFAULT_ROWS`` when
+    None), ``MEASURE_COLS`` columns. Kernels rank differently with r (at 256 rows numpy's
+    ``syrk`` led, at 2,048 scipy's), so each bucket has its own entry."""
+    n = DEFAULT_ROWS if rows is None else max(1, int(rows))
+    lo, hi = MEASURE_ROWS
+    bucket = 2 ** int(round(np.log2(n)))
+    return int(min(max(bucket, lo), hi)), MEASURE_COLS
 
 
 def _numpy_blas() -> str:
@@ -183,28 +208,44 @@ def machine_key() -> dict[str, Any]:
 
 
 def measure(
-    panel: tuple[int, int] = MEASURE_PANEL, budget_s: float = MEASURE_BUDGET_S, seed: int = 0
+    panel: tuple[int, int] | None = None, budget_s: float = MEASURE_BUDGET_S, seed: int = 0
 ) -> dict[str, dict[str, float]]:
-    """GFLOP/s (symmetric-counted, r²w per update) of every CPU kernel, per panel dtype."""
-    r, w = panel
+    """GFLOP/s (symmetric-counted, r²w per update) of every CPU kernel, per panel dtype, on a
+    random panel of shape ``panel`` (default: :func:`measure_panel`).
+
+    Each kernel first runs one update untimed (G's first touch, its BLAS threads' start-up:
+    a first run once made torch-blocked look 15× slower than it is), then up to three timed
+    ones while the dtype's ``budget_s`` lasts (the third only if the best of two is within 2×
+    of the fastest so far: the first after a switch of BLAS library can meet the other
+    library's threads still spinning); where no timed run fits the budget, the warm-up's
+    time stands."""
+    r, w = panel if panel is not None else measure_panel()
     cpu = torch.device("cpu")
-    base = np.random.default_rng(seed).standard_normal((r, w))
+    # A column slice of a block twice as wide, as the pass hands its kernel (a panel of a
+    # column block read whole): a kernel that copies a strided panel pays for it here too.
+    base = np.random.default_rng(seed).standard_normal((r, 2 * w))
     flops = float(r) * r * w
     t_start = time.perf_counter()
     rates: dict[str, dict[str, float]] = {}
     for dname, dtype in DTYPES.items():
-        p = torch.from_numpy(base).to(dtype).contiguous()
+        p = torch.from_numpy(base).to(dtype)[:, :w]
         rates[dname] = {}
         leader = np.inf  # the best time of this dtype so far
+        t_dtype = time.perf_counter()
         for name, cls in GRAM_KERNELS.items():
             kern = cls(r, cpu)
+            t0 = time.perf_counter()
+            kern.update(p)  # warm-up
+            warm = time.perf_counter() - t0
             best = np.inf
-            for _ in range(3):
+            for i in range(3):
+                if (i >= 2 and best > 2 * leader) or time.perf_counter() - t_dtype > budget_s:
+                    break  # clearly not the fastest after two timed runs, or out of time
                 t0 = time.perf_counter()
-                kern.update(p)  # the first run also pays G's first touch and thread start-up
+                kern.update(p)
                 best = min(best, time.perf_counter() - t0)
-                if best > 2 * leader or time.perf_counter() - t_start > budget_s:
-                    break  # clearly not the fastest, or out of time: its best so far stands
+            if not np.isfinite(best):
+                best = warm
             leader = min(leader, best)
             rates[dname][name] = flops / max(best, 1e-9) / 1e9
     logger.info("Gram kernels measured in %.1fs on a %d×%d panel", time.perf_counter() - t_start, r, w)
@@ -265,8 +306,17 @@ def _write_cache(path: Path, entries: dict[str, Any]) -> None:
                        str(path), exc)
 
 
-def machine_kernels(*, cache: str | os.PathLike | None = None, remeasure: bool = False) -> dict[str, Any]:
-    """The Gram kernel chosen on this machine for float32 and float64 panels, and the rates.
+def entry_key(rows: int | None = None) -> str:
+    """The cache entry's key for passes over ``rows`` rows: the machine's key and the panel
+    measured (:func:`measure_panel`), as sorted JSON."""
+    return json.dumps({**machine_key(), "panel": list(measure_panel(rows))}, sort_keys=True)
+
+
+def machine_kernels(
+    *, cache: str | os.PathLike | None = None, remeasure: bool = False, rows: int | None = None
+) -> dict[str, Any]:
+    """The Gram kernel chosen on this machine for float32 and float64 panels of ``rows`` rows
+    (None: ``DEFAULT_ROWS``), and the rates.
 
     Reads the cache, or measures (and writes the cache) when it holds no valid entry for
     this machine's key, or when its entry is stale: contradicted by a pass, or measured under
@@ -283,8 +333,9 @@ def machine_kernels(*, cache: str | os.PathLike | None = None, remeasure: bool =
         "source": "cache" | "measured", "why" (of a re-measurement, if any)}``.
     """
     path = cache_dir(cache) / CACHE_FILE
-    key = machine_key()
-    skey = json.dumps(key, sort_keys=True)
+    panel = measure_panel(rows)
+    skey = entry_key(rows)
+    key = json.loads(skey)
     memo_key = (str(path), skey)
     if not remeasure and memo_key in _memo:
         return dict(_memo[memo_key])
@@ -298,12 +349,12 @@ def machine_kernels(*, cache: str | os.PathLike | None = None, remeasure: bool =
         logger.info("measuring the Gram kernels again: %s", why)
     source = "cache"
     if entry is None or why is not None:
-        rates, conditions = _measure_with_conditions()
+        rates, conditions = _measure_with_conditions(panel)
         old = entry
         entry = {
             "choice": {d: max(r, key=r.get) for d, r in rates.items()},
             "rates": rates,
-            "panel": list(MEASURE_PANEL),
+            "panel": list(panel),
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "conditions": conditions,
         }
@@ -335,7 +386,8 @@ def _stale(entry: dict[str, Any]) -> str | None:
 
 
 def check_gram_pass(kernel: str, *, dtype: torch.dtype, device: torch.device, flops: float,
-                    gflops: float | None, cache: str | os.PathLike | None = None) -> bool:
+                    gflops: float | None, cache: str | os.PathLike | None = None,
+                    rows: int | None = None) -> bool:
     """Whether a Gram pass that ran ``kernel`` (chosen as ``"auto"``) at ``gflops`` contradicts
     the cached measurement, i.e. beat the kernel's measured rate by over ``CONTRADICTION``×.
     Then the cache entry is marked stale (the next choice measures again) and True returned;
@@ -344,7 +396,7 @@ def check_gram_pass(kernel: str, *, dtype: torch.dtype, device: torch.device, fl
     if device.type != "cpu" or flops < MEASURE_MIN_FLOPS or not gflops:
         return False
     path = cache_dir(cache) / CACHE_FILE
-    skey = json.dumps(machine_key(), sort_keys=True)
+    skey = entry_key(rows)
     info = _memo.get((str(path), skey))
     dname = "float64" if dtype == torch.float64 else "float32"
     if info is None or info["choice"][dname] != kernel:
@@ -387,8 +439,10 @@ def choose_gram_kernel(
     device: torch.device,
     flops: float,
     cache: str | os.PathLike | None = None,
+    rows: int | None = None,
 ) -> tuple[str, str]:
-    """-> (kernel name, why) for a Gram pass of ``flops`` = r²p on float32/float64 panels.
+    """-> (kernel name, why) for a Gram pass of ``flops`` = r²p on float32/float64 panels of
+    ``rows`` rows (r: the panel measured is shaped like the pass's, :func:`measure_panel`).
 
     ``kernel``: a name of ``GRAM_KERNELS`` (checked for the device) or ``"auto"``: one full
     GEMM on CUDA; on the CPU the measured fastest (cached) when the pass is worth it, else
@@ -402,9 +456,11 @@ def choose_gram_kernel(
     if flops < MEASURE_MIN_FLOPS:
         return default_kernel(dtype, device), f"default: a pass of {flops:.2g} flops is not worth measuring"
     dname = "float64" if dtype == torch.float64 else "float32"
-    info = machine_kernels(cache=cache)
+    info = machine_kernels(cache=cache, rows=rows)
     name = info["choice"][dname]
     rate = info["rates"][dname][name]
     cond = info.get("conditions")
     loaded = ", measured under load" if isinstance(cond, dict) and under_load(cond) else ""
-    return name, f"fastest for {dname} panels here, {rate:.0f} GFLOP/s{loaded} ({info['source']}: {info['cache']})"
+    shape = "x".join(str(n) for n in info["panel"])
+    return name, (f"fastest for {dname} panels here, {rate:.0f} GFLOP/s on {shape}{loaded} "
+                  f"({info['source']}: {info['cache']})")

@@ -154,7 +154,7 @@ class GradientOperator(OperatorBase):
             r, p = self.shape
             self.kernel_choice = choose_gram_kernel(
                 self.kernel, dtype=self.dtype, device=self.device, flops=float(r) * r * p,
-                cache=self.kernel_cache,
+                cache=self.kernel_cache, rows=r,
             )
             logger.info("Gram kernel %s (%s)", *self.kernel_choice)
         return gram_kernel(self.kernel_choice[0], self.device)
@@ -248,7 +248,7 @@ class GradientOperator(OperatorBase):
         if name == "gram" and self.kernel == "auto" and self.kernel_choice is not None:
             # a pass far faster than its kernel's cached rate: that measurement was taken under load
             check_gram_pass(self.kernel_choice[0], dtype=self.dtype, device=self.device, flops=flops,
-                            gflops=self.pass_log[-1]["gflops"], cache=self.kernel_cache)
+                            gflops=self.pass_log[-1]["gflops"], cache=self.kernel_cache, rows=r)
 
     # ------------------------------------------------------------------ products
     def _norms_pass(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import numpy as np
 import pytest
@@ -48,7 +49,8 @@ def test_measured_choice_is_cached_and_read_back(tmp_path, fake_measure):
     assert data["version"] == kc.CACHE_VERSION
     (entry,) = data["entries"].values()
     assert entry["choice"] == first["choice"] and entry["rates"] == RATES
-    assert json.loads(next(iter(data["entries"]))) == kc.machine_key()  # keyed by the machine
+    # keyed by the machine and the panel measured
+    assert json.loads(next(iter(data["entries"]))) == {**kc.machine_key(), "panel": [1024, 4096]}
     kc._memo.clear()  # a new process
     again = machine_kernels(cache=tmp_path)
     assert again["source"] == "cache" and len(fake_measure) == 1
@@ -69,7 +71,7 @@ QUIET = {"load_1m": 0.1, "cores": 2, "torch_threads": 2, "cpu_s": 3.0, "wall_s":
 
 
 def _valid_file(path) -> dict:
-    return {"version": kc.CACHE_VERSION, "entries": {json.dumps(kc.machine_key(), sort_keys=True): {
+    return {"version": kc.CACHE_VERSION, "entries": {kc.entry_key(): {
         "choice": {"float32": "torch-gemm", "float64": "torch-gemm"}, "rates": json.loads(json.dumps(RATES)),
         "panel": [8, 8], "measured_at": "then", "conditions": QUIET}}}
 
@@ -161,6 +163,55 @@ def test_an_override_is_used_as_is(tmp_path, fake_measure, monkeypatch):
     with pytest.raises(ValueError, match="unknown Gram kernel 'fast'; choose one of: auto, "):
         pca(source=h, k=3, kernel="fast")
     assert not fake_measure
+
+
+def test_the_panel_measured_is_shaped_like_the_pass(tmp_path, fake_measure, monkeypatch):
+    """Kernels rank differently with r and with the panel's width (a 1024x768 panel once chose a
+    kernel 1.5x slower at the pass's 1500x4096 panels), so a pass's rows pick the panel and
+    each row bucket is measured, and cached, on its own."""
+    assert kc.measure_panel(None) == (kc.DEFAULT_ROWS, kc.MEASURE_COLS)
+    assert [kc.measure_panel(r)[0] for r in (3, 200, 400, 1500, 2000, 4000, 10**6)] == [
+        256, 256, 512, 2048, 2048, 2048, 2048]
+    assert kc.measure_panel(700) == (512, 4096) and kc.measure_panel(800) == (1024, 4096)
+    panels = []
+    monkeypatch.setattr(kc, "measure", lambda panel=None, **kw: (panels.append(panel), json.loads(json.dumps(RATES)))[1])
+    for rows in (1500, 2000, 400):
+        kc.choose_gram_kernel("auto", dtype=torch.float32, device=CPU, flops=1e13, cache=tmp_path, rows=rows)
+    assert panels == [(2048, 4096), (512, 4096)]  # 2000 is in 1500's bucket: read back
+    entries = json.loads((tmp_path / kc.CACHE_FILE).read_text())["entries"]
+    assert sorted(json.loads(k)["panel"] for k in entries) == [[512, 4096], [2048, 4096]]
+    assert sorted(e["panel"] for e in entries.values()) == [[512, 4096], [2048, 4096]]
+    h = np.random.default_rng(0).standard_normal((300, 70_000)).astype(np.float32)
+    monkeypatch.setenv("GRADSPEC_CACHE_DIR", str(tmp_path))
+    res = pca(source=h, k=2)  # r²p = 6.3e9: under MEASURE_MIN_FLOPS, no measurement
+    assert "not worth measuring" in res.params["kernel_reason"] and len(panels) == 2
+    monkeypatch.setattr(kc, "MEASURE_MIN_FLOPS", 1e9)
+    res = pca(source=h, k=2)
+    assert panels[-1] == (256, 4096) and "on 256x4096" in res.params["kernel_reason"]
+
+
+def test_the_measurement_warms_each_kernel_up_before_timing_it(monkeypatch):
+    """A kernel's first update pays G's first touch and its threads' start-up: it is not the
+    rate. Here each kernel's first update is made 50x slower; the ranking must not change."""
+    seen: dict[str, int] = {}
+    real = dict(GRAM_KERNELS)
+
+    def slow_first(cls):
+        class Slow(cls):
+            def update(self, panel):
+                seen[cls.name] = seen.get(cls.name, 0) + 1
+                t0 = time.perf_counter()
+                super().update(panel)
+                if seen[cls.name] == 1:
+                    time.sleep(49 * (time.perf_counter() - t0) + 0.05)
+
+        return Slow
+
+    monkeypatch.setattr(kc, "GRAM_KERNELS", {n: slow_first(c) for n, c in real.items()})
+    rates = kc.measure(panel=(64, 256), budget_s=30.0)
+    slowest_possible = 64 * 64 * 256 / 0.05 / 1e9  # what a rate would be if its sleep were timed
+    for per_kernel in rates.values():
+        assert all(v > slowest_possible for v in per_kernel.values()), per_kernel
 
 
 def test_the_measurement_times_every_candidate():
