@@ -26,7 +26,8 @@ NARROW = ("float16", "bfloat16", "torch.float16", "torch.bfloat16")
 
 
 class BlockSource(Protocol):
-    """What the operator streams from."""
+    """What the operator streams from. A block it yields need only stay valid until the next
+    one is asked for (a store reads into reused buffers): keep a copy, not the block."""
 
     shape: tuple[int, int]
     dtype: np.dtype
@@ -188,11 +189,12 @@ class StoreSource:
         """Blocks as stored: float32, float16 (numpy), or bfloat16 (a torch tensor viewing the
         stored bits); the operator widens narrow ones panel by panel (``_precision.cast_into``),
         so a block in flight takes half the memory of a float32 copy and no full-block
-        temporary is made."""
+        temporary is made. A block is valid until the next one is asked for: the store reads
+        into reused buffers (``GradientStore.iter_col_blocks(reuse=True)``)."""
         dtype = str(getattr(self._store, "dtype", "float32"))
         blocks = self._store.iter_col_blocks(
             rows=self._idx, col_ranges=self._ranges, block_cols=block_cols, prefetch=prefetch,
-            narrow=dtype in NARROW,
+            narrow=dtype in NARROW, reuse=True,
         )
         for off, block in blocks:
             if dtype == "bfloat16":

@@ -164,9 +164,19 @@ class ChunkFileReader:
                 self._on_damage(i, j, problem)
             raise OSError(f"chunk {i}/{j} of {self._root!r} is {problem}; the store is damaged")
 
-    def read(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
-        """Rows [r0, r1) × columns [c0, c1) as a new C-order array of the stored dtype."""
-        out = np.empty((r1 - r0, c1 - c0), dtype=self._dtype)
+    def _out(self, shape: tuple[int, int], into: np.ndarray | None) -> np.ndarray:
+        """A C-order array of ``shape``: a new one, or a view of the 1-D buffer ``into``."""
+        if into is None:
+            return np.empty(shape, dtype=self._dtype)
+        n = shape[0] * shape[1]
+        if into.dtype != self._dtype or into.ndim != 1 or into.size < n:
+            raise ValueError(f"a buffer of {into.size} {into.dtype} cannot hold {shape} {self._dtype}")
+        return into[:n].reshape(shape)
+
+    def read(self, r0: int, r1: int, c0: int, c1: int, into: np.ndarray | None = None) -> np.ndarray:
+        """Rows [r0, r1) × columns [c0, c1) as a C-order array of the stored dtype: new, or a
+        view of ``into`` (a 1-D buffer of the stored dtype, at least that large)."""
+        out = self._out((r1 - r0, c1 - c0), into)
         rc, cc = self._rc, self._cc
         scratch: np.ndarray | None = None
         whole_cols = c0 % cc == 0 and (c1 - c0 == cc)
@@ -185,10 +195,11 @@ class ChunkFileReader:
                 ]
         return out
 
-    def read_rows(self, rows: np.ndarray, c0: int, c1: int) -> np.ndarray:
-        """Listed rows (any order, repeats allowed) × columns [c0, c1), each chunk read once."""
+    def read_rows(self, rows: np.ndarray, c0: int, c1: int, into: np.ndarray | None = None) -> np.ndarray:
+        """Listed rows (any order, repeats allowed) × columns [c0, c1), each chunk read once
+        (into a view of ``into`` as for :meth:`read`)."""
         rows = np.asarray(rows, dtype=np.int64)
-        out = np.empty((rows.size, c1 - c0), dtype=self._dtype)
+        out = self._out((rows.size, c1 - c0), into)
         rc, cc = self._rc, self._cc
         scratch = np.empty((rc, cc), dtype=self._dtype)
         chunk_of = rows // rc

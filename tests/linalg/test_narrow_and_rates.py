@@ -108,13 +108,15 @@ def test_narrow_stores_stream_as_stored_and_match_their_widened_copy_exactly(tmp
     store.write_rows(0, h.astype(np.float32), {f: np.arange(40) for f in META_FIELDS})
     store.commit(40)
     wide = GradientStore.open(tmp_path / "g.zarr").read()  # float32, exactly the stored values
-    blocks = list(StoreSource(GradientStore.open(tmp_path / "g.zarr")).iter_col_blocks(256, 1))
-    assert [off for off, _ in blocks] == [0, 256, 512, 768]
-    for off, block in blocks:
+    offsets = []
+    # a block is valid until the next is asked for (the store reuses its buffers): check each in turn
+    for off, block in StoreSource(GradientStore.open(tmp_path / "g.zarr")).iter_col_blocks(256, 1):
+        offsets.append(off)
         size = block.element_size() if hasattr(block, "element_size") else block.itemsize
         assert size == 2, f"a {dtype} block travels as {block.dtype}"
         as32 = block.float().numpy() if hasattr(block, "float") else block.astype(np.float32)
         np.testing.assert_array_equal(as32, wide[:, off : off + block.shape[1]])
+    assert offsets == [0, 256, 512, 768]
     q = np.random.default_rng(0).standard_normal((40, 3))
     for precision in ("float32", "float64"):
         narrow = GradientOperator(tmp_path / "g.zarr", precision=precision, kernel="torch-gemm")

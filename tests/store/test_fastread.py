@@ -88,3 +88,27 @@ def test_compressed_stores_use_zarr(tmp_path):
     store, data = build(tmp_path / "g", 6, 40, 3, 8, compressor="zstd")
     assert store._direct is None and ChunkFileReader.for_array(store._grads) is None
     np.testing.assert_array_equal(store.read(), data)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+@pytest.mark.parametrize("rows", [None, slice(3, 37, 2), np.array([30, 2, 5, 11])])
+def test_reused_block_buffers_hold_each_block_until_the_next_is_asked_for(tmp_path, prefetch, rows):
+    """``iter_col_blocks(reuse=True)`` reads a direct store into a ring of prefetch + 1 buffers
+    (a fresh array a block cost more in page faults than the read): each block, checked before
+    the next is asked for, equals the data, including a narrower last block; the ring's buffers
+    really are reused; and without ``reuse`` every block is its own array."""
+    store, data = build(tmp_path / "g", 40, 100, 8, 16)
+    assert store._direct is not None
+    want = data if rows is None else data[rows]
+    seen, bases = [], []
+    for off, block in store.iter_col_blocks(rows=rows, block_cols=32, prefetch=prefetch, reuse=True):
+        np.testing.assert_array_equal(block, want[:, off : off + block.shape[1]])
+        seen.append((off, block.shape[1]))
+        bases.append(block.base if block.base is not None else block)
+    assert seen == [(0, 32), (32, 32), (64, 32), (96, 4)]
+    n = prefetch + 1
+    assert len({id(b) for b in bases}) == min(n, len(bases))  # the ring, not a buffer a block
+    for i in range(n, len(bases)):
+        assert np.shares_memory(bases[i], bases[i - n])
+    fresh = [b for _, b in store.iter_col_blocks(rows=rows, block_cols=32, prefetch=prefetch)]
+    np.testing.assert_array_equal(np.concatenate(fresh, axis=1), want)  # kept whole: not reused
