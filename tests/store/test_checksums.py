@@ -62,6 +62,8 @@ def every_reader(store):
         "col-blocks": lambda: [b for _, b in store.iter_col_blocks(block_cols=7)],
         "col-blocks-narrow": lambda: [b for _, b in store.iter_col_blocks(narrow=True)],
         "col-blocks-inline": lambda: [b for _, b in store.iter_col_blocks(prefetch=0)],
+        "col-blocks-reused": lambda: [b.sum() for _, b in store.iter_col_blocks(block_cols=7, reuse=True)],
+        "col-blocks-reused-inline": lambda: [b.sum() for _, b in store.iter_col_blocks(prefetch=0, reuse=True)],
         "row-blocks": lambda: [b for _, b in store.iter_row_blocks(block_rows=3)],
         "dask": lambda: store.to_dask().compute(),
     }
