@@ -1,6 +1,6 @@
 """Choosing the Gram kernel by measurement, once per machine, and remembering the choice.
 
-On first use on a machine (a Gram pass worth at least ``MEASURE_MIN_FLOPS``),
+On first use on a machine (a Gram pass worth it: ``worth_measuring``),
 every CPU kernel of ``_kernels.GRAM_KERNELS`` updates a float64 Gram from a
 random panel shaped like the pass's own (``measure_panel``: the pass's r rounded
 to a power of two in [256, 2048], ``MEASURE_COLS`` columns), in float32 and in
@@ -10,7 +10,7 @@ numpy, 2026-11-28) a 1024×768 panel ranked torch's full GEMM first (106 against
 numpy ``syrk``'s 101 GFLOP/s), while at the pass's 1500×4096 panels numpy
 ``syrk`` ran 181 against 121, and the Gram pass of a 1500×4e5 store took 10.3 s
 with the kernel the small panel chose and 6.6 s with ``syrk``. The measurement
-takes one to five seconds. It is cached as JSON in the user's cache directory
+takes one to five seconds (half a second for small r). It is cached as JSON in the user's cache directory
 (``$GRADSPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/gradspec``, else
 ``~/.cache/gradspec``), keyed by what decides the answer: the CPU model and core
 count, torch's thread count, the BLAS numpy and torch use, the numpy, scipy and
@@ -69,10 +69,12 @@ MEASURE_COLS = 4096
 MEASURE_ROWS = (256, 2048)
 #: Rows measured when no pass says how many (``gradspec info --machine``).
 DEFAULT_ROWS = 1024
-#: A Gram pass below r²p = this many flops (about 3 s at 170 GFLOP/s) takes the default kernel
-#: without measuring (or reading the cache): a measurement (1-5 s, once per machine and row
-#: bucket) would cost more than it could save.
-MEASURE_MIN_FLOPS = 5e11
+#: A Gram pass below r²p = this many flops, or below ``MEASURE_WORK`` times one update of the
+#: panel measured (what a measurement costs: two dtypes, four kernels, up to four updates
+#: each; 1-5 s for 512-2,048 rows), takes the default kernel without measuring (or reading the
+#: cache): a measurement would cost more than it could save.
+MEASURE_MIN_FLOPS = 2e10
+MEASURE_WORK = 32
 #: Wall-time budget of one dtype's measurement (seconds); a kernel's timed runs after its
 #: warm-up only within it.
 MEASURE_BUDGET_S = 2.5
@@ -181,6 +183,12 @@ def measure_panel(rows: int | None = None) -> tuple[int, int]:
     lo, hi = MEASURE_ROWS
     bucket = 2 ** int(round(np.log2(n)))
     return int(min(max(bucket, lo), hi)), MEASURE_COLS
+
+
+def worth_measuring(flops: float, rows: int | None = None) -> bool:
+    """Whether a Gram pass of ``flops`` = r²p over ``rows`` rows is worth a measurement."""
+    r, w = measure_panel(rows)
+    return flops >= max(MEASURE_MIN_FLOPS, MEASURE_WORK * float(r) * r * w)
 
 
 def _numpy_blas() -> str:
@@ -393,7 +401,7 @@ def check_gram_pass(kernel: str, *, dtype: torch.dtype, device: torch.device, fl
     Then the cache entry is marked stale (the next choice measures again) and True returned;
     an entry that is itself a re-measurement after a contradiction is kept.
     """
-    if device.type != "cpu" or flops < MEASURE_MIN_FLOPS or not gflops:
+    if device.type != "cpu" or not worth_measuring(flops, rows) or not gflops:
         return False
     path = cache_dir(cache) / CACHE_FILE
     skey = entry_key(rows)
@@ -453,7 +461,7 @@ def choose_gram_kernel(
         return kernel, "as requested"
     if device.type != "cpu":
         return default_kernel(dtype, device), f"default on {device.type}"
-    if flops < MEASURE_MIN_FLOPS:
+    if not worth_measuring(flops, rows):
         return default_kernel(dtype, device), f"default: a pass of {flops:.2g} flops is not worth measuring"
     dname = "float64" if dtype == torch.float64 else "float32"
     info = machine_kernels(cache=cache, rows=rows)

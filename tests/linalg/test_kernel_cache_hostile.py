@@ -212,6 +212,7 @@ def test_a_pass_that_contradicts_the_measurement_marks_it_stale_once(tmp_path, m
 def test_a_gram_pass_checks_its_rate_against_the_cache(tmp_path, machine, monkeypatch):
     """The operator's Gram pass feeds its rate to the check (rates made tiny: any pass beats them)."""
     monkeypatch.setattr(kc, "MEASURE_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(kc, "MEASURE_WORK", 0.0)
     slow = {d: dict.fromkeys(r, 1e-9) for d, r in RATES.items()}
     monkeypatch.setattr(kc, "measure", lambda *a, **k: json.loads(json.dumps(slow)))
     h = np.random.default_rng(0).standard_normal((30, 400))

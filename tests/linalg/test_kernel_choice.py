@@ -185,7 +185,10 @@ def test_the_panel_measured_is_shaped_like_the_pass(tmp_path, fake_measure, monk
     monkeypatch.setenv("GRADSPEC_CACHE_DIR", str(tmp_path))
     res = pca(source=h, k=2)  # r²p = 6.3e9: under MEASURE_MIN_FLOPS, no measurement
     assert "not worth measuring" in res.params["kernel_reason"] and len(panels) == 2
+    assert not kc.worth_measuring(5e11, 4000) and kc.worth_measuring(5e11, 1000)  # the panel's own cost
+    assert kc.worth_measuring(2e10, 300) and not kc.worth_measuring(1.9e10, 300)
     monkeypatch.setattr(kc, "MEASURE_MIN_FLOPS", 1e9)
+    monkeypatch.setattr(kc, "MEASURE_WORK", 0.5)
     res = pca(source=h, k=2)
     assert panels[-1] == (256, 4096) and "on 256x4096" in res.params["kernel_reason"]
 
