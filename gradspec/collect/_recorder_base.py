@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,7 @@ class RecorderBase:
         resume: bool = False,
         overwrite: bool = False,
         commit_every: int = 32,
+        commit_seconds: float = 1.0,
         skip_nonfinite: bool = False,
         background: bool = True,
         max_queue: int = 64,
@@ -84,6 +86,8 @@ class RecorderBase:
     ) -> None:
         if commit_every < 1:
             raise ValueError(f"commit_every must be a positive number of steps, got {commit_every}")
+        if not commit_seconds >= 0:
+            raise ValueError(f"commit_seconds must be a number of seconds >= 0, got {commit_seconds}")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be positive (or None for unclipped rows), got {max_grad_norm}")
         if resume and overwrite:
@@ -95,6 +99,8 @@ class RecorderBase:
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.skip_nonfinite = bool(skip_nonfinite)
         self.commit_every = int(commit_every)
+        self.commit_seconds = float(commit_seconds)
+        self._last_commit = time.monotonic()
         self.out = Path(out)
         self.path = self.out / STORE_NAME
         self._background, self._max_queue = bool(background), int(max_queue)
@@ -242,7 +248,8 @@ class RecorderBase:
         if step != self._last_step:
             self._steps_since_commit += 1
         self._last_step = step
-        if self._steps_since_commit >= self.commit_every:
+        if (self._steps_since_commit >= self.commit_every
+                and time.monotonic() - self._last_commit >= self.commit_seconds):
             self.commit()
 
     def record_step(
@@ -400,6 +407,7 @@ class RecorderBase:
         self._check_open()
         self._writer.commit(callback, wait=wait)
         self._steps_since_commit = 0
+        self._last_commit = time.monotonic()
 
     def update_config(self, **items: Any) -> None:
         """Merge items into the store's run config (waits for the writer first; nothing on a rank

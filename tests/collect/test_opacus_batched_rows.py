@@ -139,7 +139,8 @@ def test_virtual_steps_keep_norms_aligned_with_their_rows(tmp_path):
 
 def test_a_failed_write_surfaces_as_one_line_and_committed_rows_stay(tmp_path, monkeypatch):
     model, optimizer, loader = _private()
-    rec = GradientRecorder(out=tmp_path, model=model, per_example=True, max_grad_norm=C, commit_every=2)
+    rec = GradientRecorder(out=tmp_path, model=model, per_example=True, max_grad_norm=C, commit_every=2,
+                           commit_seconds=0)
     rec.attach_opacus(optimizer)
     real, calls = rec.store.write_rows, []
 
