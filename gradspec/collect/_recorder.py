@@ -23,8 +23,8 @@ class GradientRecorder(RecorderBase):
     Writes ``out/gradients.zarr``, the store ``collect`` writes, so ``gradspec
     info``, ``pca``, ``decay`` and ``retrain --projector`` read it unchanged. Rows
     are written on a background thread and committed every ``commit_every``
-    steps (at most once every ``commit_seconds``), at :meth:`commit` and at :meth:`close`; a crash leaves the committed
-    rows readable. :meth:`close` (or leaving a ``with`` block normally) marks the
+    steps (at most once every ``commit_seconds``), at :meth:`commit` and at
+    :meth:`close`; a crash leaves the committed rows readable. :meth:`close` (or leaving a ``with`` block normally) marks the
     store complete; an exception in the block leaves it ``writing``.
 
     Args:
@@ -49,8 +49,9 @@ class GradientRecorder(RecorderBase):
         commit_every: commit rows every this many recorded steps.
         commit_seconds: but at most once every this many seconds (0: every ``commit_every``
             steps exactly). A commit writes each row's metadata arrays (about a dozen small
-            zarr writes) on the writer thread; in a 5 ms Opacus step, committing every 32
-            steps took 1.63x a plain step and every 256 steps 1.36x (2-core Xeon, 2026-11-28).
+            zarr writes) on the writer thread; in a 5 ms Opacus step, recording with a commit
+            every 32 steps took 1.43x a plain step, with commits a second apart 1.29x (2-core
+            Xeon, 2026-11-28).
         skip_nonfinite: drop a row with NaN/inf values (with a warning) instead of
             raising.
         background: write on a background thread (``False``: synchronously).

@@ -10,8 +10,8 @@ numpy, 2026-11-28) a 1024×768 panel ranked torch's full GEMM first (106 against
 numpy ``syrk``'s 101 GFLOP/s), while at the pass's 1500×4096 panels numpy
 ``syrk`` ran 181 against 121, and the Gram pass of a 1500×4e5 store took 10.3 s
 with the kernel the small panel chose and 6.6 s with ``syrk``. The measurement
-takes one to five seconds (half a second for small r). It is cached as JSON in the user's cache directory
-(``$GRADSPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/gradspec``, else
+takes one to five seconds (under a second for r <= 512). It is cached as JSON in
+the user's cache directory (``$GRADSPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/gradspec``, else
 ``~/.cache/gradspec``), keyed by what decides the answer: the CPU model and core
 count, torch's thread count, the BLAS numpy and torch use, the numpy, scipy and
 torch versions, and the panel measured (one entry per row bucket). A cache file that cannot
@@ -177,8 +177,9 @@ def _measure_with_conditions(panel: tuple[int, int]) -> tuple[dict[str, dict[str
 def measure_panel(rows: int | None = None) -> tuple[int, int]:
     """(rows, columns) of the panel the kernels are timed on for a pass over ``rows`` rows of H:
     ``rows`` rounded to the nearest power of two within ``MEASURE_ROWS`` (``DEFAULT_ROWS`` when
-    None), ``MEASURE_COLS`` columns. Kernels rank differently with r (at 256 rows numpy's
-    ``syrk`` led, at 2,048 scipy's), so each bucket has its own entry."""
+    None), ``MEASURE_COLS`` columns. Kernels rank differently with r (on contiguous panels of a
+    2-core Xeon: at 256 rows numpy's ``syrk`` led, at 2,048 scipy's), so each bucket has its own
+    entry."""
     n = DEFAULT_ROWS if rows is None else max(1, int(rows))
     lo, hi = MEASURE_ROWS
     bucket = 2 ** int(round(np.log2(n)))
