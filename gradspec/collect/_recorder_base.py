@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from gradspec._norms import row_norms64
+from gradspec.collect._cadence import CommitCadence
 from gradspec.collect._recorder_ranks import NoWriter, recorder_ranks, step_over_ranks
 from gradspec.collect._recorder_setup import (
     STORE_NAME,
@@ -84,10 +84,7 @@ class RecorderBase:
         distributed: bool | None = None,
         sketch: int | None = None, sketch_seed: int = 0, sketch_blocks: int = 8, sketch_weights: str = "energy",
     ) -> None:
-        if commit_every < 1:
-            raise ValueError(f"commit_every must be a positive number of steps, got {commit_every}")
-        if not commit_seconds >= 0:
-            raise ValueError(f"commit_seconds must be a number of seconds >= 0, got {commit_seconds}")
+        cadence = CommitCadence(commit_every, commit_seconds)  # its arguments checked first
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be positive (or None for unclipped rows), got {max_grad_norm}")
         if resume and overwrite:
@@ -98,9 +95,8 @@ class RecorderBase:
         self.per_example = bool(per_example)
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.skip_nonfinite = bool(skip_nonfinite)
-        self.commit_every = int(commit_every)
-        self.commit_seconds = float(commit_seconds)
-        self._last_commit = time.monotonic()
+        #: When rows are committed without a call to :meth:`commit`.
+        self.cadence = cadence
         self.out = Path(out)
         self.path = self.out / STORE_NAME
         self._background, self._max_queue = bool(background), int(max_queue)
@@ -134,7 +130,6 @@ class RecorderBase:
         #: The epoch written with rows that do not name one (set it from your loop).
         self.epoch = int(meta["epoch"][-1]) if meta else 0
         self._writer = self._new_writer()
-        self._steps_since_commit = 0
         #: Calls whose rows were dropped as non-finite (``skip_nonfinite``).
         self.steps_skipped = 0
         self._losses: list[Tensor] = []
@@ -245,11 +240,9 @@ class RecorderBase:
 
     def _put(self, rows: Tensor, meta: dict[str, np.ndarray], step: int, norms: Tensor | None = None) -> None:
         self._writer.put(self._bounded(rows, norms), meta)
-        if step != self._last_step:
-            self._steps_since_commit += 1
+        due = step != self._last_step and self.cadence.stepped()
         self._last_step = step
-        if (self._steps_since_commit >= self.commit_every
-                and time.monotonic() - self._last_commit >= self.commit_seconds):
+        if due:
             self.commit()
 
     def record_step(
@@ -406,8 +399,7 @@ class RecorderBase:
         ``callback(committed rows)`` runs (on the writer's thread)."""
         self._check_open()
         self._writer.commit(callback, wait=wait)
-        self._steps_since_commit = 0
-        self._last_commit = time.monotonic()
+        self.cadence.committed()
 
     def update_config(self, **items: Any) -> None:
         """Merge items into the store's run config (waits for the writer first; nothing on a rank
@@ -434,7 +426,7 @@ class RecorderBase:
         self.store.truncate(keep)
         self._writer = self._new_writer()
         self._last_step = int(steps[keep - 1]) if keep else -1
-        self._steps_since_commit = 0
+        self.cadence.committed()
         return keep
 
     def add_close_hook(self, fn: Callable[[], Mapping[str, Any] | None]) -> None:

@@ -209,18 +209,18 @@ def test_commits_and_an_error_in_the_block(tmp_path):
 
 def test_commits_come_every_commit_every_steps_but_at_most_once_every_commit_seconds(tmp_path):
     """A commit writes each row's metadata arrays: in a 5 ms step, committing every 32 steps took
-    1.63x a plain step, so automatic commits are at least ``commit_seconds`` apart; 0 restores
+    1.43x a plain step, so automatic commits are at least ``commit_seconds`` apart; 0 restores
     a commit every ``commit_every`` steps exactly. An explicit commit() is never held back."""
     model = nn.Linear(3, 2)
     with GradientRecorder(out=tmp_path / "a" / "run", model=model, commit_every=1, commit_seconds=0) as rec:
         for _ in range(3):
             rec.record_step(grad=torch.ones(8))
-            assert rec._steps_since_commit == 0  # the step asked for its commit
+            assert rec.cadence.steps == 0  # the step asked for its commit
     assert store_of(tmp_path / "a").n_rows == 3
     with GradientRecorder(out=tmp_path / "b" / "run", model=model, commit_every=1, commit_seconds=3600) as rec:
         for _ in range(3):
             rec.record_step(grad=torch.ones(8))
-        assert rec._steps_since_commit == 3  # no commit asked for: the hour has not passed
+        assert rec.cadence.steps == 3  # no commit asked for: the hour has not passed
         assert store_of(tmp_path / "b").n_rows == 0
         rec.commit(wait=True)
         assert store_of(tmp_path / "b").n_rows == 3
