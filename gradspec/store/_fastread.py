@@ -71,9 +71,10 @@ class ChunkFileReader:
         self._a = array
         self._root = root
         self._rc, self._cc = (int(c) for c in array.chunks)
-        self._dtype = np.dtype(array.dtype)
+        #: The stored dtype: what reads return, and what a buffer given to them must hold.
+        self.dtype = np.dtype(array.dtype)
         self._fill = array.fill_value
-        self._chunk_bytes = self._rc * self._cc * self._dtype.itemsize
+        self._chunk_bytes = self._rc * self._cc * self.dtype.itemsize
         self._crc = has_checksum(array)
         self._trailer = TRAILER if self._crc else 0  # bytes after the chunk in its file
         self._on_damage = on_damage
@@ -170,10 +171,10 @@ class ChunkFileReader:
     def _out(self, shape: tuple[int, int], into: np.ndarray | None) -> np.ndarray:
         """A C-order array of ``shape``: a new one, or a view of the 1-D buffer ``into``."""
         if into is None:
-            return np.empty(shape, dtype=self._dtype)
+            return np.empty(shape, dtype=self.dtype)
         n = shape[0] * shape[1]
-        if into.dtype != self._dtype or into.ndim != 1 or into.size < n:
-            raise ValueError(f"a buffer of {into.size} {into.dtype} cannot hold {shape} {self._dtype}")
+        if into.dtype != self.dtype or into.ndim != 1 or into.size < n:
+            raise ValueError(f"a buffer of {into.size} {into.dtype} cannot hold {shape} {self.dtype}")
         return into[:n].reshape(shape)
 
     def read(self, r0: int, r1: int, c0: int, c1: int, into: np.ndarray | None = None) -> np.ndarray:
@@ -191,7 +192,7 @@ class ChunkFileReader:
                     self._read_chunk(i, j, out[a - r0 : b - r0])  # a contiguous slab of out
                     continue
                 if scratch is None:
-                    scratch = np.empty((rc, cc), dtype=self._dtype)
+                    scratch = np.empty((rc, cc), dtype=self.dtype)
                 self._read_chunk(i, j, scratch)
                 out[a - r0 : b - r0, ca - c0 : cb - c0] = scratch[
                     a - i * rc : b - i * rc, ca - j * cc : cb - j * cc
@@ -204,7 +205,7 @@ class ChunkFileReader:
         rows = np.asarray(rows, dtype=np.int64)
         out = self._out((rows.size, c1 - c0), into)
         rc, cc = self._rc, self._cc
-        scratch = np.empty((rc, cc), dtype=self._dtype)
+        scratch = np.empty((rc, cc), dtype=self.dtype)
         chunk_of = rows // rc
         for i in np.unique(chunk_of):
             pos = np.flatnonzero(chunk_of == i)

@@ -27,6 +27,11 @@ from gradspec.store._zarr import (
 )
 
 
+def _count(idx: slice | np.ndarray) -> int:
+    """Rows a resolved selection (``_row_index``: a run of rows or indices) names."""
+    return idx.stop - idx.start if isinstance(idx, slice) else int(idx.size)
+
+
 class _Ring:
     """``n`` reusable 1-D buffers of ``dtype``; block ``i`` is read into buffer ``i mod n``
     (grown as needed). With a read-ahead of n − 1 blocks, block i's buffer is taken again only
@@ -47,10 +52,6 @@ class _Ring:
 class GradientReads:
     """The reading half of a :class:`~gradspec.store.GradientStore`."""
 
-    def _direct_dtype(self) -> np.dtype:
-        """The dtype the direct reader yields (the array's on-disk dtype)."""
-        return np.dtype(self._grads.dtype)
-
     def _row_index(self, rows: RowSelection) -> slice | np.ndarray:
         """The committed rows a selection names, as a slice (a run of rows) or indices.
 
@@ -67,8 +68,7 @@ class GradientReads:
 
     def n_selected(self, rows: RowSelection) -> int:
         """How many committed rows ``rows`` selects (checked as :meth:`read` checks it)."""
-        idx = self._row_index(rows)
-        return idx.stop - idx.start if isinstance(idx, slice) else int(idx.size)
+        return _count(self._row_index(rows))
 
     def _forget_listings(self) -> None:
         """Start of a read: chunks are listed again (remote stores) before they are trusted."""
@@ -96,7 +96,7 @@ class GradientReads:
                 raw = self._grads.get_orthogonal_selection((idx, slice(c0, c1)))
         except (RuntimeError, ValueError, OSError) as exc:
             raise self._unreadable("grads", idx, exc, (c0, c1)) from exc
-        want = idx.stop - idx.start if isinstance(idx, slice) else idx.size
+        want = _count(idx)
         if raw.shape[0] != want:
             raise StoreDamagedError(f"{self.path}: grads holds fewer rows than the {self._rows} committed")
         return widen(raw)
@@ -154,8 +154,8 @@ class GradientReads:
         blocks = self._col_blocks(col_ranges, block_cols)
         offsets = np.cumsum([0] + [b - a for a, b in blocks])[:-1]
         self._forget_listings()
-        ring = _Ring(prefetch + 1, self._direct_dtype()) if reuse and self._direct is not None else None
-        n_rows = idx.stop - idx.start if isinstance(idx, slice) else int(idx.size)
+        ring = _Ring(prefetch + 1, self._direct.dtype) if reuse and self._direct is not None else None
+        n_rows = _count(idx)
         tasks = [
             (lambda i=i, a=a, b=b: self._read(idx, a, b, narrow, None if ring is None else ring.slot(i, n_rows * (b - a))))
             for i, (a, b) in enumerate(blocks)
