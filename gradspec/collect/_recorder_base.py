@@ -30,7 +30,6 @@ from gradspec.collect._cadence import CommitCadence
 from gradspec.collect._recorder_ranks import NoWriter, recorder_ranks, step_over_ranks
 from gradspec.collect._recorder_setup import (
     STORE_NAME,
-    STORE_TORCH_DTYPES,
     _acquire_run_lock,
     _release_run_lock,
     open_store,
@@ -48,8 +47,8 @@ from gradspec.collect._rows import (
     floats,
     norm_stats,
     run_config,
+    stored_rows,
 )
-from gradspec.privacy import bound_rows_
 from gradspec.store import BackgroundWriter, GradientStore, ParamLayout
 
 logger = logging.getLogger(__name__)
@@ -224,22 +223,19 @@ class RecorderBase:
         self.steps_skipped += 1
         return False
 
-    def _bounded(self, rows: np.ndarray | Tensor, norms: Tensor | None = None) -> np.ndarray:
-        """The rows as the store will hold them: clipped per-example rows each with float64 norm
-        <= C (a rounding of the clip, or of the cast to a 16-bit store, never exceeds C).
-        ``norms``: the float64 norms of rows the recorder owns (`OwnedRows`), bounded in place."""
-        # (a sketched row is a projection of a clipped row: its norm is not bounded by C)
-        if self.max_grad_norm is None or not self.per_example or self.store is None or self.store.sketch is not None:
+    def _stored(self, rows: np.ndarray | Tensor, meta: dict, *, owned: bool, norms: Tensor | None = None) -> np.ndarray:
+        """The rows as the store will hold them (``stored_rows``: clipped per-example rows'
+        stored norms <= C; a 16-bit store's rows in its on-disk form, what rounding lost added
+        to ``meta``). A sketched row is a projection of a clipped row: not bounded by C."""
+        bound = self.per_example and self.store is not None and self.store.sketch is None
+        if not bound or self.max_grad_norm is None:
             return rows.numpy() if isinstance(rows, Tensor) else rows
-        if norms is not None and self.store.dtype == "float32":
-            return bound_rows_(rows, self.max_grad_norm, norms=norms).numpy()  # in place, rows over C only
-        t = torch.as_tensor(rows)
-        stored = bound_rows_(t.clone() if t.dtype == STORE_TORCH_DTYPES[self.store.dtype] else t,
-                             self.max_grad_norm, dtype=STORE_TORCH_DTYPES[self.store.dtype])
-        return stored.to(torch.float32).numpy()  # exact: the store's cast gives these values back
+        out, extra = stored_rows(rows, self.store.dtype, self.max_grad_norm, owned=owned, norms=norms)
+        meta.update(extra)
+        return out
 
     def _put(self, rows: Tensor, meta: dict[str, np.ndarray], step: int, norms: Tensor | None = None) -> None:
-        self._writer.put(self._bounded(rows, norms), meta)
+        self._writer.put(self._stored(rows, meta, owned=norms is not None, norms=norms), meta)
         due = step != self._last_step and self.cadence.stepped()
         self._last_step = step
         if due:
@@ -390,7 +386,8 @@ class RecorderBase:
         """Hand over rows (b, p) that a source computed with their metadata (gradspec's
         trainer: its rows, steps and norm statistics are its own), written in order."""
         self._check_open()
-        self._writer.put(self._bounded(rows), dict(meta))
+        meta = dict(meta)
+        self._writer.put(self._stored(rows, meta, owned=True), meta)
         self._last_step = int(np.asarray(meta["step"])[-1])
 
     # ------------------------------------------------------------------ commits, config, end

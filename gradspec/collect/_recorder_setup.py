@@ -9,15 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from gradspec.store import GradientStore, ParamLayout
 
 logger = logging.getLogger(__name__)
-
-#: The torch dtype of each store dtype: the store casts float32 rows with torch's rounding.
-STORE_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 STORE_NAME = "gradients.zarr"
 

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gradspec.store import ParamLayout
+from gradspec.privacy import bound_rows_
+from gradspec.store import STATS_ARRAY, ParamLayout, disk_rows
 
 #: ``row`` of a store of per-step rows.
 ROW_MEAN = "mean clipped gradient over the batch's examples (before noise)"
@@ -227,3 +228,35 @@ def example_norms(
                              f"{'factor in (0, 1]' if name == 'clip_factors' else 'norm >= 0'}; nothing "
                              "of the step was recorded")
     return factors, per_param
+
+
+#: The torch dtype of each store dtype: the store casts float32 rows with torch's rounding.
+STORE_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def stored_rows(rows: Tensor | np.ndarray, store_dtype: str, max_grad_norm: float | None, *, owned: bool = False,
+                norms: Tensor | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Rows as the store will hold them, and what their rounding to the store's dtype lost.
+
+    With ``max_grad_norm`` C (clipped per-example rows), every row's float64 norm as stored is
+    at most C: a rounding of the clip, or of the cast to a 16-bit store, never passes it
+    (``bound_rows_``; in place where the rows are the caller's to change, ``owned``; ``norms``:
+    their float64 norms where known). A 16-bit store's rows come back in its on-disk form
+    with ``{"dtype_stats": ...}``, what the rounding lost against the rows given: the writer
+    then holds half the bytes, and the store's precision record is of the real rounding
+    (rows rounded here and handed over as float32 made that record read "nothing lost").
+    Without C: the rows as they are (the store converts them and keeps the same record).
+    """
+    if max_grad_norm is None:
+        return (rows.numpy() if isinstance(rows, Tensor) else rows), {}
+    dt = STORE_TORCH_DTYPES[store_dtype]
+    t = torch.as_tensor(rows)
+    if dt == torch.float32:
+        if t.dtype != torch.float32:
+            return bound_rows_(t, max_grad_norm, dtype=dt).numpy(), {}  # a converted copy
+        return bound_rows_(t if owned else t.clone(), max_grad_norm, norms=norms).numpy(), {}
+    before = t.to(torch.float32)
+    stored = bound_rows_(before, max_grad_norm, dtype=dt)  # a new 16-bit tensor
+    disk = stored.view(torch.int16).numpy().view(np.uint16) if dt == torch.bfloat16 else stored.numpy()
+    disk, stats = disk_rows(before.numpy(), store_dtype, disk)
+    return disk, {STATS_ARRAY: stats}

@@ -2,9 +2,10 @@
 
 from gradspec._layout import ParamLayout, ParamSpec, match_names
 from gradspec.store._gradients import META_FIELDS, GradientStore
-from gradspec.store._gradients_schema import SKETCH_KEY
+from gradspec.store._gradients_schema import SKETCH_KEY, STATS_ARRAY
 from gradspec.store._integrity import StoreDamagedError
 from gradspec.store._lock import LOCK_NAME, DirectoryBusyError, RunLock
+from gradspec.store._precision import disk_rows
 from gradspec.store._precision import material as precision_material
 from gradspec.store._rowkind import MEAN_OF_EXAMPLES, RowKind, kind_mismatch, row_kind
 from gradspec.store._source import (
@@ -34,6 +35,7 @@ __all__ = [
     "RowKind",
     "RunLock",
     "SKETCH_KEY",
+    "STATS_ARRAY",
     "SpectrumStatus",
     "SpectrumStore",
     "StoreDamagedError",
@@ -41,6 +43,7 @@ __all__ = [
     "as_slice",
     "config_digest",
     "describe_row_indices",
+    "disk_rows",
     "is_url",
     "jsonable",
     "kind_mismatch",

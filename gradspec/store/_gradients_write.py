@@ -25,6 +25,7 @@ from gradspec.store._integrity import (
     damage_error,
 )
 from gradspec.store._zarr import (
+    disk_numpy_dtype,
     to_disk_dtype,
 )
 
@@ -48,6 +49,9 @@ class GradientWrites:
 
     def write_rows(self, start: int, rows: np.ndarray, meta: dict[str, np.ndarray]) -> None:
         """Write ``rows`` (float32, shape (b, p)) at ``start``; not visible until :meth:`commit`.
+
+        A 16-bit store also takes rows already in its on-disk form (``disk_numpy_dtype``) with
+        ``meta["dtype_stats"]``, what rounding them lost (``_precision.disk_rows``).
 
         ``meta`` holds a (b,) array per field of :attr:`meta_fields`; a store that keeps
         per-example norms (:attr:`has_example_norms`) also takes ``meta["param_norms"]``, (b,
@@ -83,15 +87,22 @@ class GradientWrites:
                 raise ValueError(f"row metadata {PARAM_NORMS_ARRAY!r} has shape {param_norms.shape}, not {want} "
                                  "(one pre-clip norm per row and parameter)")
             check_norm_values({**values, PARAM_NORMS_ARRAY: param_norms})
-        disk = to_disk_dtype(rows, self._dtype)
         stats = None
-        if self._stats is not None:
-            stats, overflowed = _precision.conversion_stats(np.asarray(rows, np.float32), disk, self._dtype)
-            if overflowed:
-                raise ValueError(
-                    f"{overflowed} finite gradient entries exceed {self._dtype}'s largest value (65504) and "
-                    "would be stored as infinity; collect with --dtype bfloat16 or float32"
-                )
+        if rows.dtype == np.dtype(disk_numpy_dtype(self._dtype)) and STATS_ARRAY in meta and self._stats is not None:
+            # rows already in their on-disk 16-bit form, with what that rounding lost
+            # (``_precision.disk_rows``, made by a recorder that rounds per-example rows itself)
+            disk = np.ascontiguousarray(rows)
+            stats = np.asarray(meta[STATS_ARRAY], dtype=np.float64)
+            if stats.shape != (b, len(_precision.STATS_COLUMNS)):
+                raise ValueError(f"row metadata {STATS_ARRAY!r} has shape {stats.shape}, not "
+                                 f"{(b, len(_precision.STATS_COLUMNS))}")
+        elif not np.issubdtype(rows.dtype, np.floating):
+            raise TypeError(f"rows must be floating point (or a 16-bit store's on-disk rows with their "
+                            f"{STATS_ARRAY!r}), got {rows.dtype}")
+        elif self._stats is not None:
+            disk, stats = _precision.disk_rows(rows, self._dtype)
+        else:
+            disk = to_disk_dtype(rows, self._dtype)
         self._ensure_capacity(start + b)
         self._grads[start : start + b] = disk
         small = dict(values)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from gradspec.store._zarr import from_disk_dtype
+from gradspec.store._zarr import from_disk_dtype, to_disk_dtype
 
 STATS_COLUMNS = ("nonzero", "underflowed", "subnormal", "err_sq", "norm_sq")
 
@@ -80,6 +80,31 @@ def conversion_stats(x: np.ndarray, disk: np.ndarray, dtype: str) -> tuple[np.nd
         s[:, 3] = err
         s[:, 4] = norm
     return stats, overflowed
+
+
+def disk_rows(x: np.ndarray, dtype: str, disk: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Float32 rows ``x`` in their on-disk 16-bit form, and what that form lost (``conversion_stats``).
+
+    Args:
+        x: the float32 rows (b, p) as they were before any rounding.
+        dtype: ``"float16"`` or ``"bfloat16"``.
+        disk: the on-disk form where the caller made it (a recorder rounds per-example rows
+            itself and scales any whose rounded norm passed C): the stats compare it with
+            ``x``. None: ``to_disk_dtype(x, dtype)``.
+
+    Raises:
+        ValueError: finite entries became ±inf (float16 above 65504).
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if disk is None:
+        disk = to_disk_dtype(x, dtype)
+    stats, overflowed = conversion_stats(x, disk, dtype)
+    if overflowed:
+        raise ValueError(
+            f"{overflowed} finite gradient entries exceed {dtype}'s largest value (65504) and "
+            "would be stored as infinity; collect with --dtype bfloat16 or float32"
+        )
+    return disk, stats
 
 
 def accumulate(acc: tuple[int, np.ndarray, float] | None, stats: np.ndarray) -> tuple[int, np.ndarray, float]:

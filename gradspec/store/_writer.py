@@ -59,7 +59,7 @@ class BackgroundWriter:
         self._next = store.n_rows  # next row index to write (writer side)
         self._handed = store.n_rows  # rows handed over by the caller (caller side)
         self._buffer: list[dict[str, np.ndarray]] = []  # metadata of the buffered rows
-        self._rowbuf: np.ndarray | None = None  # one row chunk of float32 rows
+        self._rowbuf: np.ndarray | None = None  # one row chunk: float32 rows, or a 16-bit store's on-disk rows
         self._buffered = 0
         self._error: BaseException | None = None
         self._background = background
@@ -110,7 +110,10 @@ class BackgroundWriter:
             self._room.notify_all()
 
     def put(self, rows: np.ndarray, meta: dict[str, Any]) -> None:
-        """Queue rows (float32, (b, p)) with their metadata (arrays of length b, or (b, k))."""
+        """Queue rows (float32, (b, p)) with their metadata (arrays of length b, or (b, k)).
+
+        A 16-bit store's rows may come in its on-disk form (float16, or bfloat16's bits as
+        uint16) with ``meta["dtype_stats"]`` (``GradientStore.write_rows``): half the bytes wait."""
         n = 1 if np.ndim(rows) == 1 else len(rows)
         nbytes = int(getattr(rows, "nbytes", 0))
         if self._background:
@@ -191,7 +194,9 @@ class BackgroundWriter:
         kind = item[0]
         if kind == "rows":
             rows, meta = item[1], item[2]
-            rows = np.asarray(rows, dtype=np.float32)
+            rows = np.asarray(rows)
+            if rows.dtype not in (np.float16, np.uint16):  # a 16-bit store's on-disk rows stay so
+                rows = rows.astype(np.float32, copy=False)
             if rows.ndim == 1:
                 rows = rows[None]
             rpc = self.store.chunks[0]
@@ -200,11 +205,12 @@ class BackgroundWriter:
                     for k, v in ((k, np.asarray(v)) for k, v in meta.items())}
             # Copy rows into a chunk-row buffer; flush whenever it reaches the end of a row chunk,
             # so every chunk is written once and no further concatenation is needed.
+            if self._rowbuf is None or self._rowbuf.shape[1] != rows.shape[1] or self._rowbuf.dtype != rows.dtype:
+                self._flush()  # (rows of another form than those buffered: they go as a partial chunk)
+                self._rowbuf = np.empty((rpc, rows.shape[1]), rows.dtype)
             while rows.shape[0]:
                 room = rpc - (self._next + self._buffered) % rpc
                 take = min(room, rows.shape[0])
-                if self._rowbuf is None or self._rowbuf.shape[1] != rows.shape[1]:
-                    self._rowbuf = np.empty((rpc, rows.shape[1]), np.float32)
                 self._rowbuf[self._buffered : self._buffered + take] = rows[:take]
                 self._buffer.append({k: v[:take] for k, v in meta.items()})
                 self._buffered += take

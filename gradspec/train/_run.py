@@ -29,6 +29,7 @@ from gradspec.train._distributed import Ranks
 from gradspec.train._hooks import StepHooks
 from gradspec.train._result import package_versions
 from gradspec.train._sampling import PoissonSampler, ShuffleSampler
+from gradspec.train._sink import StepRows
 from gradspec.train._sketching import sketch_plan, use_plan, warmup_energies
 
 logger = logging.getLogger(__name__)
@@ -353,6 +354,7 @@ class _Run:
                 param_norms.append(res.param_norms.detach().cpu())
         elif local:
             keep = store_row and c.mode == CollectMode.PER_EXAMPLE
+            buf = None
             for grads, loss in self.grads.iter_microbatches(batch):
                 grads = self.hooks.precondition(grads)
                 if keep:  # the norms of what is clipped, per parameter (float64)
@@ -366,10 +368,13 @@ class _Run:
                 total += grads.sum(0)
                 norms.append(norm)
                 losses.append(loss)
-                if keep:  # a formed row's sketch (vmap, hooks with --sketch): Phi of the clipped row
+                if keep:  # the clipped row, or its sketch (vmap, hooks with --sketch): Phi of the clipped row
                     row = grads.detach() if self.dense_sketch is None else self.dense_sketch(grads.detach())
-                    kept.append(row.to("cpu", torch.float32))
+                    buf = buf or StepRows(local, row.shape[1])
+                    buf.add(row)
                     factors.append(factor.detach().cpu())
+            if buf is not None:
+                kept.append(buf.full())
         norms_t = torch.cat(norms) if norms else torch.zeros(0)
         loss_t = torch.cat(losses) if losses else torch.zeros(0)
         if self.ranks.active:  # every rank: the global clipped sum, and the norms and losses in batch order
@@ -424,7 +429,7 @@ class _Run:
                 rows = rows.to("cpu", torch.float32).numpy()[None]
                 meta = {k: np.array([v]) for k, v in common.items()}
             else:
-                rows = torch.cat(kept).numpy()
+                rows = (kept[0] if len(kept) == 1 else torch.cat(kept)).numpy()
                 meta = {k: np.full(b, v) for k, v in common.items()}
                 meta["loss"] = loss_t.detach().cpu().numpy()
                 meta["example_index"] = idx.numpy()

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -73,3 +75,23 @@ def open_sink(factory: RowSinkFactory | None, store: GradientStore | None, *, ma
         raise ValueError("a run that writes a gradient store needs a row sink; use gradspec.collect.collect "
                          "(or pass sink=gradspec.collect.GradientRecorder.for_trainer)")
     return factory(store, max_queue=max_queue, background=background)
+
+
+class StepRows:
+    """A step's per-example rows, filled microbatch by microbatch into one CPU float32 buffer.
+
+    Keeping each microbatch's rows and concatenating them at the end held every row twice
+    (at p = 22.7M and 45 examples a step, 4 GB more at the step's peak)."""
+
+    def __init__(self, n: int, width: int) -> None:
+        self.rows = torch.empty((n, width), dtype=torch.float32)
+        self.n = 0
+
+    def add(self, rows: torch.Tensor) -> None:
+        self.rows[self.n : self.n + rows.shape[0]].copy_(rows)
+        self.n += rows.shape[0]
+
+    def full(self) -> torch.Tensor:
+        if self.n != self.rows.shape[0]:
+            raise RuntimeError(f"a step's per-example rows: {self.n} formed, {self.rows.shape[0]} expected")
+        return self.rows

@@ -96,7 +96,7 @@ def _arrays(store: GradientStore) -> dict[str, np.ndarray]:
 def test_batched_rows_equal_the_per_row_path_bit_for_bit(tmp_path, background, dtype, monkeypatch):
     import importlib
 
-    recorder_base = importlib.import_module("gradspec.collect._recorder_base")  # gradspec.collect is also a function
+    rows_module = importlib.import_module("gradspec.collect._rows")  # gradspec.collect is also a function
 
     ref = _arrays(_run(tmp_path / "ref", batched=False, steps=7, background=False, commit_every=1, dtype=dtype))
     bounded = []  # rows the batched path re-bounded: Opacus's clip rounded them above C
@@ -106,7 +106,7 @@ def test_batched_rows_equal_the_per_row_path_bit_for_bit(tmp_path, background, d
         bounded.append(len(rows) if norms is None else int((norms > max_norm).sum()))
         return bound_rows_(rows, max_norm, **kw)
 
-    monkeypatch.setattr(recorder_base, "bound_rows_", counting)
+    monkeypatch.setattr(rows_module, "bound_rows_", counting)
     new_store = _run(tmp_path / "new", batched=True, steps=7, background=background, dtype=dtype)
     if dtype == torch.float32:  # Opacus's float32 clip leaves some rows just above C
         assert sum(bounded) > 0
