@@ -108,10 +108,10 @@ def main() -> None:
         print(f"pass     {e['pass']:<8} {e['seconds']:7.0f} s  {e.get('gflops') or 0:6.1f} GFLOP/s (symmetric-counted)  "
               f"{e.get('gb_per_s') or 0:.3f} GB/s read  waited for reads {e.get('read_wait') or 0:.0f} s")
     print(f"kernel   {s.params.get('kernel')} ({s.params.get('kernel_reason')})")
-    mk = machine_kernels()
+    mk = machine_kernels(rows=r)  # the cache entry of this r's panel bucket, as pca chose from it
     rates32 = mk["rates"]["float32"]
     best = max(rates32.values())
-    print(f"measured float32 Gram kernels ({mk['measured_at']}): "
+    print(f"measured float32 Gram kernels on a {mk['panel'][0]}x{mk['panel'][1]} panel ({mk['measured_at']}): "
           + ", ".join(f"{n} {v:.0f}" for n, v in sorted(rates32.items(), key=lambda kv: -kv[1])) + " GFLOP/s")
     at_size = rates_at_size(r, k)
     print(f"float32 kernels at this run's shapes (r = {r}, panel 4096 columns, k = {k}): "
