@@ -227,8 +227,7 @@ class RecorderBase:
         """The rows as the store will hold them (``stored_rows``: clipped per-example rows'
         stored norms <= C; a 16-bit store's rows in its on-disk form, what rounding lost added
         to ``meta``). A sketched row is a projection of a clipped row: not bounded by C."""
-        bound = self.per_example and self.store is not None and self.store.sketch is None
-        if not bound or self.max_grad_norm is None:
+        if not (self.per_example and self.store is not None and self.store.sketch is None):
             return rows.numpy() if isinstance(rows, Tensor) else rows
         out, extra = stored_rows(rows, self.store.dtype, self.max_grad_norm, owned=owned, norms=norms)
         meta.update(extra)

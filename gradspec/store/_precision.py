@@ -75,7 +75,7 @@ def conversion_stats(x: np.ndarray, disk: np.ndarray, dtype: str) -> tuple[np.nd
             nz_in += np.count_nonzero(xs, axis=1)
             nz_out += np.count_nonzero(mag, axis=1)
             tiny_out += np.count_nonzero(mag < min_normal, axis=1)  # zeros and subnormals
-            back = from_disk_dtype(np.ascontiguousarray(ds), dtype)  # a new float32 array
+            back = from_disk_dtype(ds, dtype)  # a new float32 array
             with np.errstate(invalid="ignore"):  # inf - inf in rows holding non-finite input
                 np.subtract(back, xs, out=back)
             err += [np.dot(r, r) for r in back]
