@@ -243,14 +243,15 @@ def case_statement(kind: str, name: str, r: int, m: int, seed: int, J: int, g: d
     return out
 
 
-def summarise(stats: list[dict], with_jk: bool = False) -> dict[str, Any]:
+def summarise(stats: list[dict], with_jk: bool = False, multipliers: dict[str, float] | None = None) -> dict[str, Any]:
     """Coverage, median half-width / RMS error (per i over cases, median over i), the angle
-    counts and the fraction of finite intervals of one row's cases, with the module's constants."""
+    counts and the fraction of finite intervals of one row's cases, with the module's constants
+    (``multipliers``: ``state``'s multipliers, default the widest)."""
     from gradspec.sketch._bootstrap import state
 
     sig, lo, up, ang = [], [], [], [0, 0, 0]
     for z in stats:
-        rep = state(z)
+        rep = state(z, **(multipliers or {}))
         sig.append(rep["sigma"])
         lo.append(rep["sigma_lower"])
         up.append([np.inf if x is None else x for x in rep["sigma_upper"]])
@@ -293,9 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--png", type=Path, default=None)
     args = ap.parse_args(argv)
-    from gradspec.sketch._bootstrap import REPLICATES
+    from gradspec.sketch._bootstrap import REPLICATES, multipliers_for
 
     J, B = args.blocks, REPLICATES
+    mult = multipliers_for(args.version)  # the plan's, as pca states it (the dense column: the same)
     tag = ("" if args.weights == "sqrt-size" else f"_{args.weights}") + ("" if args.version == 2 else f"_v{args.version}")
     dense_tag = "" if args.weights == "sqrt-size" else f"_{args.weights}"  # the same dense sketch in every version
     plan_label = f"v{args.version}"
@@ -360,12 +362,12 @@ def main(argv: list[str] | None = None) -> int:
                 row = stats.get((name, m, r))
                 if not row or "v2" not in row:
                     continue
-                v2 = summarise(row["v2"], with_jk=True)
-                dn = summarise(row["dense"]) if row.get("dense") else None
+                v2 = summarise(row["v2"], with_jk=True, multipliers=mult)
+                dn = summarise(row["dense"], multipliers=mult) if row.get("dense") else None
                 for part, sub in (("fit", [z for z in row["v2"] if z["seed"] < args.fit_seeds]),
                                   ("held out", [z for z in row["v2"] if z["seed"] >= args.fit_seeds])):
                     if sub:
-                        res = summarise(sub)
+                        res = summarise(sub, multipliers=mult)
                         split[part][0] += res["inside"]
                         split[part][1] += res["total"]
                         split[part][2].append(res["ratio"])
@@ -401,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         if total:
             lines.append(f"{part.capitalize()} {plan_label} cases (seeds {'<' if part == 'fit' else '>='} {args.fit_seeds}): {n} cases, "
                          f"{inside / total:.1%} of σ inside, median over rows of the width ratio {np.median(ratios):.2f}.")
-    lines.append(f"J = {J}, {B} bootstrap replicates; {time.time() - t_all:.0f} s for this table "
+    lines.append(f"J = {J}, {B} bootstrap replicates, σ multiplier {mult['multiplier']:g}, angle multiplier {mult['angle_multiplier']:g}; {time.time() - t_all:.0f} s for this table "
                  "(cases from the cache are not recomputed).")
     text = "\n".join(lines)
     print(text)

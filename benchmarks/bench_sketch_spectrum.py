@@ -109,11 +109,12 @@ def restate(spectrum: Path, s_exact: np.ndarray, top: int = 100) -> list[str]:
     """Lines comparing the stored σ, the stored statement and today's re-statement of one sketched
     spectrum with the exact σ (top ``top``: max and RMS relative error, σ₁..₁₀ RMS; coverage of
     every stated σ; median relative half-width of the top ``top``)."""
-    from gradspec.sketch._bootstrap import MULTIPLIER, STATEMENT, state
+    from gradspec.sketch._bootstrap import multipliers_for, state, statement_text
     from gradspec.store import SpectrumStore
 
     rep = SpectrumStore.open(spectrum).accuracy["sketch"]
-    if rep.get("statement") == STATEMENT:  # its bias is already pooled: deriving it again would pool it twice
+    mult = multipliers_for(int(rep.get("version", 2)))
+    if rep.get("statement") == statement_text(**mult):  # its bias is already pooled: deriving it again would pool it twice
         raise ValueError(f"{spectrum} was stated with today's statement: nothing to re-state")
     raw, old = np.asarray(rep["sigma_raw"]), np.asarray(rep["sigma"])
     lo = np.asarray(rep["sigma_lower"])
@@ -123,9 +124,9 @@ def restate(spectrum: Path, s_exact: np.ndarray, top: int = 100) -> list[str]:
     lam = raw**2
     boot = {"lam": lam, "bias": lam - old**2, "sd": (up**2 - old**2) / float(rep["z"]), "J": rep["J"],
             "replicates": rep["replicates"], "qs": np.zeros(0, dtype=np.int64), "sine_rms": np.zeros(0)}
-    new = state(boot)
+    new = state(boot, **mult)
     t = s_exact[: lam.size]
-    out = [f"  {spectrum.name}: stored statement z = {rep['z']:g}, re-stated z = {MULTIPLIER:g} (pooled bias)"]
+    out = [f"  {spectrum.name}: stored statement z = {rep['z']:g}, re-stated z = {mult['multiplier']:g} (pooled bias)"]
     for name, sig, a, b in (("stored sigma", raw, None, None), ("stored statement", old, lo, up),
                             ("re-stated", np.asarray(new["sigma"]), np.asarray(new["sigma_lower"]),
                              np.asarray([np.inf if x is None else x for x in new["sigma_upper"]]))):

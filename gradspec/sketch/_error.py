@@ -61,7 +61,13 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from gradspec.sketch._bootstrap import ANGLE_KS, block_error, interval_fields, principal_sines
+from gradspec.sketch._bootstrap import (
+    ANGLE_KS,
+    block_error,
+    interval_fields,
+    multipliers_for,
+    principal_sines,
+)
 from gradspec.sketch._selection import SketchSelection
 
 #: Joint confidence the Bonferroni multiplier z is set for (the k intervals together).
@@ -217,12 +223,12 @@ def sketch_error(
 def error_report(plan: SketchSelection, grams: Sequence[np.ndarray], exact: np.ndarray | None, *, k: int,
                  rounding: float) -> dict[str, Any]:
     """The ``sketch`` section of a sketched store's accuracy report, from the Gram pass's
-    per-block Grams (``gradspec.linalg``'s ``SketchGram``): for a version-2 or -3 plan the block
-    bootstrap (``_bootstrap.block_error``), for a version-1 plan :func:`sketch_error`, for
+    per-block Grams (``gradspec.linalg``'s ``SketchGram``): for a version-2, -3 or -4 plan the block
+    bootstrap (``_bootstrap.block_error``, at the version's calibrated multiplier), for a version-1 plan :func:`sketch_error`, for
     the k directions kept, with the plan's M, J, p, kind and seed; V lives in sketch space.
     ``rounding``: the relative rounding of the Gram entries (the pass's precision)."""
     if getattr(plan, "version", 1) >= 2:
-        report = block_error(grams, exact, k=k, rounding=rounding)
+        report = block_error(grams, exact, k=k, rounding=rounding, **multipliers_for(plan.version))
     else:  # a store of issue 22's plan: its perturbation statement, as it was written with
         report = sketch_error(grams, exact, k=k, rounding=rounding)
     return {**plan.describe(), **report, "right_vectors": "sketch space"}
