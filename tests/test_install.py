@@ -120,13 +120,15 @@ def test_install_reports_each_stage_on_stderr_and_nothing_on_stdout():
 
     if Path(gradspec.__path__[0]).resolve().parent != ROOT:
         pytest.skip("gradspec is not installed from this checkout: install.sh would run pip")
+    # this interpreter, not whichever python3 is first on PATH (a suite run as
+    # /path/to/venv/bin/python -m pytest had install.sh pip-install into the system Python)
     res = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "test"], capture_output=True,
-                         text=True, timeout=300)
+                         env={**os.environ, "PYTHON": sys.executable}, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout == ""
     lines = res.stderr.splitlines()
     assert all(line.startswith("install: ") for line in lines), lines
-    assert lines[:3] == [f"install: checking torch ({os.environ.get('PYTHON', 'python3')})",
+    assert lines[:3] == [f"install: checking torch ({sys.executable})",
                          f"install: keeping torch {md.version('torch')}",
                          "install: checking gradspec[test] and its dependencies"]
     assert lines[3].startswith(("install: gradspec[test] already installed (",
