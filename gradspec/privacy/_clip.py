@@ -177,7 +177,7 @@ def _rescale_rows_float32(out: Tensor, rows: Tensor, every: Tensor, norms: Tenso
 
 
 def clip_rows(grads: Tensor, max_norm: float, *, dtype: torch.dtype | None = None,
-              eps: float = 0.0) -> ClipResult:
+              eps: float = 0.0, in_place: bool = False) -> ClipResult:
     """Clip each row to norm at most C, exactly: ``clip_per_example`` with the rows' dtype
     (or ``dtype``) given, norms accumulated in float64 and the bound checked on the stored values.
 
@@ -186,6 +186,9 @@ def clip_rows(grads: Tensor, max_norm: float, *, dtype: torch.dtype | None = Non
         max_norm: the clipping norm C > 0.
         dtype: the dtype of the clipped rows (default: ``grads.dtype``).
         eps: as in :func:`clip_factors` (Opacus's formula with ``OPACUS_CLIP_EPS``).
+        in_place: scale ``grads`` itself (the caller owns it and needs the unclipped rows no
+            more; ``dtype`` must be its own): at whole-model width a microbatch's clipped copy
+            is another (B, p) float32 block, 0.73 GB for 8 rows of MiniLM.
 
     Returns:
         ClipResult(grads (B, p) in ``dtype`` with float64 norms <= C, norms (B,) float64
@@ -196,8 +199,12 @@ def clip_rows(grads: Tensor, max_norm: float, *, dtype: torch.dtype | None = Non
     norms = row_norms64(grads)
     factors = clip_factors(norms, max_norm, eps=eps)
     target = grads.dtype if dtype is None else dtype
+    if in_place and target != grads.dtype:
+        raise ValueError(f"clip_rows in place keeps the rows' dtype ({grads.dtype}), not {target}")
     if bool((factors == 1).all()):
-        clipped = grads.to(target)
+        clipped = grads if in_place else grads.to(target)
+    elif in_place:
+        clipped = grads.mul_(factors[:, None].to(grads.dtype))
     else:
         clipped = (grads * factors[:, None].to(grads.dtype)).to(target)
     return ClipResult(bound_rows_(clipped, max_norm), norms, factors)

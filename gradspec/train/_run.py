@@ -361,7 +361,7 @@ class _Run:
                     param_norms.append(per_parameter_norms(
                         grads.detach(), [(s.offset, s.stop) for s in self.layout.params]).cpu())
                 if c.clip:  # float64 norms; every clipped row's norm <= C exactly (privacy.clip_rows)
-                    grads, norm, factor = clip_rows(grads, c.max_grad_norm)
+                    grads, norm, factor = clip_rows(grads, c.max_grad_norm, in_place=True)  # its own rows
                 else:
                     norm = row_norms64(grads)
                     factor = torch.ones_like(norm)

@@ -237,3 +237,21 @@ def test_float32_rows_rescaled_in_tiles_agree_with_the_float64_rescale(monkeypat
     u = torch.finfo(dtype).eps / 2
     assert float(((n_out - n_ref).abs() / C).max()) <= 16 * u / 50_001**0.5
     assert torch.equal(out[~over], rows[~over].to(dtype))  # rows under C: the plain cast
+
+
+def test_clip_rows_in_place_scales_the_callers_rows_to_the_same_result():
+    """``in_place=True`` (the trainer's own microbatch rows) gives the copy's rows, norms and
+    factors bit for bit, in the caller's storage; a dtype change in place is refused."""
+    from gradspec.privacy._clip import clip_rows
+
+    g = torch.Generator().manual_seed(7)
+    grads = torch.randn(9, 20_001, generator=g) * torch.linspace(0.01, 3, 9)[:, None]
+    want = clip_rows(grads.clone(), C)
+    mine = grads.clone()
+    got = clip_rows(mine, C, in_place=True)
+    assert got.grads.data_ptr() == mine.data_ptr()
+    assert torch.equal(got.grads, want.grads) and torch.equal(got.norms, want.norms)
+    assert torch.equal(got.factors, want.factors)
+    assert bool((got.factors < 1).any()) and bool((got.factors == 1).any())
+    with pytest.raises(ValueError, match="in place keeps the rows' dtype"):
+        clip_rows(grads.clone(), C, dtype=torch.bfloat16, in_place=True)
