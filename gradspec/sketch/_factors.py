@@ -90,6 +90,17 @@ def haar(seed: int, name: str, factor: str, b: int) -> Tensor:
     return q * torch.where(torch.diagonal(r) < 0, -1.0, 1.0)
 
 
+def live_rows(mask: Tensor) -> Tensor | None:
+    """The indices where ``mask`` (n,) is true (rows holding a nonzero, NaN included), or None
+    where it pays to treat every row: fewer than 64 rows, or more than 3/4 of them live. An
+    embedding's gradient has a row only for the tokens seen (a whole-MiniLM per-step row: a
+    few hundred of its 30,522), and rows that are zero contribute exact zeros to a sketch."""
+    if mask.numel() < 64:
+        return None
+    live = mask.nonzero().squeeze(1)
+    return None if live.numel() > 0.75 * mask.numel() else live
+
+
 @dataclass
 class Mix:
     """What a version-3 or 4 plan does to a Kronecker-kind parameter's G (B, d0, d1) before the
@@ -107,8 +118,8 @@ class Mix:
             return g * self.signs
         d1 = g.shape[-1]
         flat = g.reshape(-1, d1)
-        live = flat.ne(0).any(1).nonzero().squeeze(1) if flat.shape[0] >= 64 else None
-        if live is None or live.numel() > 0.75 * flat.shape[0]:
+        live = live_rows(flat.ne(0).any(1))
+        if live is None:
             out = self._rotate(flat)
         else:
             out = torch.zeros_like(flat).index_copy_(0, live, self._rotate(flat.index_select(0, live)))

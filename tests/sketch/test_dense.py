@@ -142,6 +142,46 @@ def test_an_embedding_gradient_with_rows_for_a_few_tokens(model):
     torch.testing.assert_close(mix(x), (x @ mix.rotation.T) * mix.signs, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("live", [7, 160, 200])
+def test_only_the_live_rows_of_a_tall_embedding_are_hashed(monkeypatch, live):
+    """A CountSketch x Gaussian parameter hashes only the rows of G that hold a nonzero (a
+    per-step row of whole MiniLM has a few hundred live rows of its word embeddings' 30,522),
+    in both orders of hashing, with the reference's numbers; where more than 3/4 of the rows
+    are live (160, 200 of 200) every row is hashed as before."""
+    from gradspec.sketch import _dense
+
+    layout = ParamLayout.from_shapes([("a", (200, 6)), ("b", (200, 30))])
+    # "a": m1 = 2 hashes G P_1^T; "b": m1 = 20 hashes G, then one product a pair
+    assert _dense.hash_last(9, 2, 200) and not _dense.hash_last(2, 20, 200)
+    specs, start = [], 0
+    for s, dims, pairs in ((layout["a"], (9, 2), 2), (layout["b"], (2, 20), 1)):
+        w = pairs * math.prod(dims)
+        specs.append((s, dims, pairs, start, w))
+        start += w
+    width = start
+    plan = SketchPlan(5, 2 * width, 2, tuple(
+        ParamSketch(s.name, s.shape, s.offset, "countsketch-kronecker", dims,
+                    tuple((a + j * width, a + j * width + w) for j in range(2)), pairs)
+        for s, dims, pairs, a, w in specs), 0, width, 4)
+    g = torch.zeros(3, layout.p, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(live)
+    for s in layout.params:
+        rows = torch.randperm(200, generator=gen)[:live]
+        g[:, s.offset : s.stop].view(3, 200, -1)[:, rows] = torch.randn(3, live, s.shape[1], generator=gen,
+                                                                          dtype=torch.float64)
+    g[1, layout["a"].offset : layout["a"].stop] = 0  # a row with no token of "a"
+    seen = []
+    real = _dense.live_rows
+    monkeypatch.setattr(_dense, "live_rows", lambda mask: seen.append(real(mask)) or seen[-1])
+    want = sketch_rows(plan, g)
+    torch.testing.assert_close(DenseSketch(plan)(g), want, rtol=1e-12, atol=1e-12 * float(want.abs().max()))
+    assert len(seen) == 2
+    if live == 7:
+        assert all(x is not None and x.numel() == 7 for x in seen)
+    else:
+        assert seen == [None, None]
+
+
 @pytest.mark.parametrize("m", [300, 1000])
 def test_dense_sketch_of_the_plans_make_plan_makes(model, m):
     layout = _layout(model)
