@@ -4,13 +4,13 @@ MiniLM parameter against the q/v subset the paper studies and the 5-type paper-s
 
 Run: ``python -m analyses.li2022_restricted_lipschitz.whole_model STORE [--out DIR] [--k 300]``
 where STORE is a sketched store of the whole model: per step (the paper's rows), e.g. issue 37
-§5's ``gradspec collect --out wm_all --params '*' --sketch 65536 -t dataset=movie-reviews
---steps 4000 --batch-size 32 --epsilon 8 --lr 5e-5 --backend ghost --eval-every 250
---checkpoint-every 250 --seed 0`` (``--params '*'``: the text task trains and records only
-q/v otherwise; continue it with the same command and ``--resume``; lr 5e-5, not the 2e-4 of
-the q/v and 5-type runs: training every parameter at 2e-4, the loss rose above chance, 0.97-1.21
-at steps 150-450; not diagnosed further: DP-Adam moves every noised coordinate by about lr a
-step, the 11.7M word-embedding values included),
+§5's ``gradspec collect --out wm_study --task text -t dataset=movie-reviews --params
+'re:^bert\\.(embeddings|encoder)\\.' --sketch 65536 --steps 4000 --batch-size 32 --epsilon 8
+--lr 2e-4 --backend ghost --eval-every 500 --checkpoint-every 250 --seed 0`` (continue it with
+the same command and ``--resume``): every parameter of the embeddings and the encoder, 99.35% of
+MiniLM, with the pooler and the head frozen as in the q/v and 5-type runs. Trained too, the
+pooler holds 88% of a per-example gradient's squared norm and the run does not learn
+(``norm_shares.py``; the README's "The whole-model study" has the probes),
 or per example
 (``--per-example``; ``benchmarks/bench_sketch_collect.py`` writes one).
 
