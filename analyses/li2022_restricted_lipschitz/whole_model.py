@@ -18,8 +18,11 @@ A subset needs no second run: a sketch plan gives every parameter its own column
 each independent block, so a subset's columns of the whole-model store *are* a J-block sketch
 of that subset's gradients of the same rows (same seeds, same scale). They are copied into a
 store of their own with the matching ``gradspec.sketch`` attribute, and ``pca`` states the
-error of both spectra. Output: ``results.json``, ``table.md`` and ``whole_model_spectrum.png``
-(σ̂_k with the stated intervals, both selections, log-log, power-law fits).
+error of both spectra. ``--exact NAME=PATH`` (repeatable) draws the exact spectrum of another run
+beside them, dashed: a σ text file such as docs/paper_scale/sigma.txt (the 5-type paper-scale
+run) or a ``gradspec pca`` spectrum store (the q/v run). Output: ``results.json``, ``table.md``
+and ``whole_model_spectrum.png`` (σ_k / σ_1 with the stated intervals, every selection, log-log,
+power-law fits).
 """
 
 from __future__ import annotations
@@ -111,6 +114,24 @@ def spectrum_of(store: Path, out: Path, k: int) -> dict[str, Any]:
             "angles": rep.get("angles")}
 
 
+def exact_spectrum(path: Path, k: int) -> dict[str, Any]:
+    """An exact spectrum to draw beside the sketched ones: a text file of σ (one a line, ``#``
+    comments; e.g. docs/paper_scale/sigma.txt, the 5-type paper-scale run's top 1000) or a
+    spectrum store of ``gradspec pca``; its power-law fit over k = 1..min(k, its length)."""
+    from gradspec.spectrum import fit_spectrum
+
+    if path.is_dir():
+        from gradspec.store import SpectrumStore
+
+        sigma = np.asarray(SpectrumStore.open(path).sigma, dtype=np.float64)
+    else:
+        lines = [ln.split("#")[0].strip() for ln in path.read_text().splitlines()]
+        sigma = np.array([float(ln) for ln in lines if ln], dtype=np.float64)
+    fit = fit_spectrum(sigma, k_range=(1, min(k, sigma.size)))
+    return {"sigma": sigma, "source": str(path),
+            "fit": {"c": float(fit.c), "a": float(fit.a), "r2": float(fit.r2), "ci": [float(x) for x in fit.ci]}}
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -125,11 +146,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
         up = np.minimum(res["upper"][: s.size] / res["sigma"][0], 3 * s)  # open above: cut at 3x
         ax.loglog(i, s, color=color, label=f"{name} (p = {res['p']:,}): k^-{res['fit']['c']:.2f}")
         ax.fill_between(i, lo, up, color=color, alpha=0.2, lw=0)
+    for (name, res), color in zip(results.get("exact", {}).items(), ("C3", "C4", "C5", "C6"), strict=False):
+        s = res["sigma"] / res["sigma"][0]
+        ax.loglog(np.arange(1, s.size + 1), s, color=color, ls="--", label=f"{name}: k^-{res['fit']['c']:.2f}")
     ax.set_xlabel("k")
-    ax.set_ylabel("σ_k / σ̂_1 (sketched)")
+    ax.set_ylabel("σ_k / σ_1")
     rows = "examples" if results.get("per_example", True) else "steps (mean clipped gradients)"
     ax.set_title(f"Gradient spectrum of MiniLM, r = {results['r']:,} {rows}\n"
-                 f"one sketched store, M = {results['M']:,}; bands: stated intervals (cut at 3× where open)",
+                 f"one sketched store, M = {results['M']:,}; bands: stated intervals (cut at 3× where open); "
+                 "dashed: exact spectra of other runs",
                  fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -142,7 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("store", type=Path)
     ap.add_argument("--out", type=Path, default=Path("runs/analyses/li2022_whole_model"))
     ap.add_argument("--k", type=int, default=300)
+    ap.add_argument("--exact", action="append", default=[], metavar="NAME=PATH",
+                    help="an exact spectrum of another run to draw beside (a σ text file or a spectrum store); "
+                         "repeatable")
     args = ap.parse_args(argv)
+    exact = {}
+    for item in args.exact:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            ap.error(f"--exact takes NAME=PATH, got {item!r}")
+        exact[name] = exact_spectrum(Path(path), args.k)
     log_to_stderr()
     from gradspec.store import GradientStore
 
@@ -153,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         sub = subset_store(args.store, patterns, args.out / f"subset{i}.zarr")
         spectra[name] = spectrum_of(sub, args.out / f"spectrum_subset{i}.zarr", args.k)
     results = {"store": str(args.store), "r": src.n_rows, "M": src.p, "k": args.k, "config": src.config,
-               "per_example": src.per_example, "spectra": spectra}
+               "per_example": src.per_example, "spectra": spectra, "exact": exact}
     plot(results, args.out / "whole_model_spectrum.png")
     lines = [f"| selection | p | sketch columns | σ_k fit (k = 1..{args.k}) | σ_1 stated | σ_10 stated | σ_100 stated |",
              "|---|---|---|---|---|---|---|"]
@@ -166,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         f = res["fit"]
         lines.append(f"| {name} | {res['p']:,} | {res['M']:,} | k^-{f['c']:.3f} (CI {f['ci'][0]:.3f}–{f['ci'][1]:.3f}, "
                      f"R² {f['r2']:.3f}) | {iv(0)} | {iv(9)} | {iv(99)} |")
+    for name, res in exact.items():
+        f = res["fit"]
+        plain = [f"{res['sigma'][i]:.3g}" if i < res["sigma"].size else "—" for i in (0, 9, 99)]
+        lines.append(f"| {name} | — | exact | k^-{f['c']:.3f} (CI {f['ci'][0]:.3f}–{f['ci'][1]:.3f}, R² {f['r2']:.3f}) "
+                     f"| {' | '.join(plain)} |")
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     (args.out / "results.json").write_text(json.dumps(json_safe(results), indent=2))
     print("\n".join(lines))
