@@ -50,9 +50,10 @@ def norm_shares(task: Any, n: int) -> dict[str, Any]:
     params = dict(model.named_parameters())
     for p in params.values():
         p.requires_grad_(True)
+    groups = {name: group_of(name) for name in params}
     sizes: dict[str, int] = {}
     for name, p in params.items():
-        sizes[group_of(name)] = sizes.get(group_of(name), 0) + p.numel()
+        sizes[groups[name]] = sizes.get(groups[name], 0) + p.numel()
     batch = task.train.batch(torch.arange(min(n, len(task.train))))
     norms, shares = [], {g: [] for g in sizes}
     for i in range(len(next(iter(batch.values())))):
@@ -61,7 +62,7 @@ def norm_shares(task: Any, n: int) -> dict[str, Any]:
         grads = torch.autograd.grad(loss, list(params.values()))
         sq: dict[str, float] = dict.fromkeys(sizes, 0.0)
         for name, g in zip(params, grads, strict=True):
-            sq[group_of(name)] += float(g.double().pow(2).sum())
+            sq[groups[name]] += float(g.double().pow(2).sum())
         total = sum(sq.values())
         norms.append(total**0.5)
         for g in sizes:
