@@ -110,6 +110,7 @@ def info_command(
                 f"{rows['loss_first_last'][1]:.4f}  {norms}"
             )
         _example_norms(summary)
+        _norm_shares(cfg.get("norm_shares"))
         _precision(summary.get("dtype_report"))
         _checksums(summary.get("checksums"))
         _missing(summary)
@@ -133,6 +134,16 @@ def _example_norms(summary: dict) -> None:
                    f"(smallest clip factor {n['clip_factor_min']:.3g})")
     elif summary.get("per_example") and summary["shape"][0]:
         typer.echo("norms    per example: not kept (written before gradspec kept each row's own norm)")
+
+
+def _norm_shares(shares: dict | None) -> None:
+    """The run's largest parameter groups by share of the warm-up batch's clipped norm
+    (`gradspec.train._norm_shares`; runs from before it have none)."""
+    if not shares or not shares.get("groups"):
+        return
+    p = max(int(shares["p"]), 1)
+    top = "; ".join(f"{g['group']} {g['share']:.1%} ({g['parameters'] / p:.2%} of p)" for g in shares["groups"][:3])
+    typer.echo(f"shares   of the clipped norm, {shares['examples']} warm-up examples: {top}")
 
 
 def _precision(rep: dict | None) -> None:

@@ -314,16 +314,24 @@ class GhostClipping(EngineBase):
         return GhostResult(total, torch.cat(norms), torch.cat(losses), torch.cat(rows), torch.cat(kept_factors),
                            torch.cat(param_norms))
 
-    def clipped_energies(self, batch: Batch, max_norm: float | None) -> tuple[Tensor, Tensor]:
+    def clipped_energies(self, batch: Batch, max_norm: float | None) -> tuple[Tensor, Tensor, Tensor]:
         """(the clipped sum, each example's squared clipped norm per parameter, (B, parameters)
-        float64) of ``batch``, without forming rows: the warm-up of an energy-weighted sketch
-        plan (`gradspec.sketch.energy_weights`)."""
+        float64, and its pre-clip norm, (B,)) of ``batch``, without forming rows: the warm-up
+        batch (`gradspec.train._norm_shares.warmup_batch`) of an energy-weighted sketch plan
+        (`gradspec.sketch.energy_weights`) and of the run's norm shares."""
         total = torch.zeros(self.p, dtype=self._dtype(), device=self._device())
         energies: list[Tensor] = []
-        self._clipped_parts(batch, max_norm, total, lambda loss, norms2, norm, factors: energies.append(
-            norms2.clamp(min=0) * factors.to(norms2.dtype)[:, None] ** 2))
+        norms: list[Tensor] = []
+
+        def each(loss: Tensor, norms2: Tensor, norm: Tensor, factors: Tensor) -> None:
+            energies.append(norms2.clamp(min=0) * factors.to(norms2.dtype)[:, None] ** 2)
+            norms.append(norm)
+
+        self._clipped_parts(batch, max_norm, total, each)
         k = len(self.names)
-        return total, (torch.cat(energies) if energies else torch.zeros(0, k, dtype=torch.float64))
+        if not energies:
+            return total, torch.zeros(0, k, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
+        return total, torch.cat(energies), torch.cat(norms)
 
     def _clipped_parts(self, batch: Batch, max_norm: float | None, total: Tensor,
                        each: Callable[[Tensor, Tensor, Tensor, Tensor], None]) -> None:

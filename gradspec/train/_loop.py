@@ -201,6 +201,7 @@ def _setup(config: TrainConfig | None, task: Task | None, out: Path, lock, ranks
             f"--every {config.every} with {run.steps} steps stores step 0 only: "
             f"give --every below {run.steps}"
         )
+    run.measure_norm_shares()  # after the cheap checks: it costs a batch of per-example work
     if not lock.held:
         lock.acquire()
     replace_old = check_new_run(out, overwrite=overwrite)  # again: the directory is ours only now

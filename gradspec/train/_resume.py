@@ -66,6 +66,7 @@ def _restore_run(
     run = _Run(config, task, out, progress, hooks, sigma=sigma, ranks=ranks, plan=_store_plan(out, config))
     run.restore(state)
     run.run_info = run_info
+    run.norm_shares = run_cfg.get("norm_shares")  # measured when the run began
     return run, state, saved, run_cfg, config, task
 
 

@@ -27,6 +27,7 @@ from gradspec.train._config import TrainConfig
 from gradspec.train._context import StepContext
 from gradspec.train._distributed import Ranks
 from gradspec.train._hooks import StepHooks
+from gradspec.train._norm_shares import WarmupBatch, measured_shares, warmup_batch
 from gradspec.train._result import package_versions
 from gradspec.train._sampling import PoissonSampler, ShuffleSampler
 from gradspec.train._sink import StepRows
@@ -129,6 +130,7 @@ class _Run:
             backend=PerExampleBackend.HOOKS if self.engine == "hooks" else PerExampleBackend.VMAP,
             microbatch=config.microbatch,
         )
+        self._warm: WarmupBatch | None = None
         #: The sketch plan of a ``--sketch`` run (None otherwise), the stored row's layout, and
         #: (per-step rows) the map of the step's dense mean clipped gradient.
         if plan is not None:
@@ -136,8 +138,10 @@ class _Run:
         else:
             self.plan, self.dense_sketch = sketch_plan(
                 config, self.layout, self.model, self.ghost, self.device, log=self.ranks.is_writer,
-                energies=lambda: warmup_energies(config, self.layout, task, self.ghost, self.grads, self.device))
+                energies=lambda: warmup_energies(config, self.layout, self.warmup()))
         self.store_layout = self.layout if self.plan is None else self.plan.column_layout()
+        #: a new run's `measure_norm_shares`, kept across resumes
+        self.norm_shares: dict[str, Any] | None = None
         self.step = 0
         self.n = n
         self.run_id = uuid.uuid4().hex
@@ -158,6 +162,18 @@ class _Run:
                 "backend never forms: use --backend vmap (or hooks)"
             )
         self.hooks.setup(self.context)
+
+    def warmup(self) -> WarmupBatch:
+        """The warm-up batch (`warmup_batch`), computed once: the sketch plan and the norm shares read it."""
+        if self._warm is None:
+            self._warm = warmup_batch(self.config, self.layout, self.task, self.ghost, self.grads, self.device)
+        return self._warm
+
+    def measure_norm_shares(self) -> None:
+        """A new clipped run's norm shares (`measured_shares`), logged on the writer, kept in its run config."""
+        if self.config.clip:
+            self.norm_shares = measured_shares(self.layout, self.warmup(), log=self.ranks.is_writer)
+        self._warm = None
 
     def _ghost_engine(self, config: TrainConfig, task: Task, hooks: StepHooks):
         """(GhostClipping or None, the engine's name, why ``auto`` chose it); ``auto`` takes
@@ -249,6 +265,7 @@ class _Run:
             ),
             "versions": package_versions(),
             **({"run_info": self.run_info} if self.run_info is not None else {}),
+            **({"norm_shares": self.norm_shares} if self.norm_shares is not None else {}),
         }
 
     # ------------------------------------------------------------------ checkpoint

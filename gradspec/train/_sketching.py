@@ -75,44 +75,18 @@ def sketch_plan(config: TrainConfig, layout: ParamLayout, model: nn.Module, ghos
     return use_plan(plan, config, ghost, device)
 
 
-def warmup_energies(config: TrainConfig, layout: ParamLayout, task: Any, ghost: Any, grads: Any,
-                    device: torch.device) -> dict[str, float]:
-    """Each parameter's gradient energy in a warm-up batch: the plan's column weights.
+def warmup_energies(config: TrainConfig, layout: ParamLayout, warm: Any) -> dict[str, float]:
+    """Each parameter's gradient energy in the run's warm-up batch (a
+    `gradspec.train._norm_shares.WarmupBatch`): the plan's column weights.
 
-    The warm-up batch is the first ``batch_size`` training examples (index order, the same
-    on every rank) at the starting weights, clipped as the run clips. Per-example rows: the
-    mean squared clipped norm per parameter; per-step rows: the squared norm per parameter
-    of the batch's mean clipped gradient (what a stored row holds). Nothing is trained and
-    the random generators are restored after it, so the run trains exactly as without it.
-    Under torchrun every rank computes it alone from the whole warm-up batch, the same
-    arithmetic on the same examples, so the ranks make the same plan
-    (tests/train/test_sketch_distributed.py). No collective: an all-reduce of the energies
-    here hung the two-rank tests (cause not found).
+    Per-example rows: the mean squared clipped norm per parameter; per-step rows: the squared
+    norm per parameter of the batch's mean clipped gradient (what a stored row holds).
     """
-    from gradspec.privacy import clip_rows, per_parameter_norms
-
-    n = len(task.train)
-    idx = torch.arange(min(n, max(int(config.batch_size), 1)))
-    batch = {k: v.to(device) for k, v in task.train.batch(idx).items()}
-    C = config.max_grad_norm if config.clip else None  # noqa: N806 - the paper's name
-    spans = [(s.offset, s.stop) for s in layout.params]
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        if ghost is not None:
-            total, per_example = ghost.clipped_energies(batch, C)
-        else:
-            total = torch.zeros(layout.p, device=device)
-            parts = []
-            for g, _ in grads.iter_microbatches(batch):
-                if C is not None:
-                    g, _, _ = clip_rows(g, C)
-                total += g.sum(0)
-                parts.append(per_parameter_norms(g.detach(), spans) ** 2)
-            per_example = torch.cat(parts)
     if config.mode != CollectMode.PER_EXAMPLE:
         from gradspec.sketch import row_energies
 
-        return row_energies(layout, total.detach().double() / max(len(idx), 1))
-    e = per_example.double().mean(0).to("cpu", torch.float64)
+        return row_energies(layout, warm.total.double() / max(len(warm.norms), 1))
+    e = warm.energies.mean(0)
     return {s.name: float(v) for s, v in zip(layout.params, e, strict=True)}
 
 

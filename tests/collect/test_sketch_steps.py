@@ -147,7 +147,7 @@ def test_a_resume_keeps_the_stores_plan_and_runs_no_warm_up(tmp_path, monkeypatc
     def refuse(*args, **kwargs):
         raise AssertionError("a warm-up batch ran on resume")
 
-    monkeypatch.setattr(gradspec.train._run, "warmup_energies", refuse)
+    monkeypatch.setattr(gradspec.train._run, "warmup_batch", refuse)
     done = collect(out=tmp_path / "part", task=tiny_task(), resume=True)
     a, b = GradientStore.open(full.store), GradientStore.open(done.store)
     assert b.sketch == a.sketch and b.sketch["weighting"] == "energy" and b.status == "complete"
