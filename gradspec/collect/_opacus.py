@@ -153,6 +153,7 @@ class OpacusRecording:
         self._factors: list[Tensor] = []  # per-example rows: Opacus's clip factors, per-parameter norms
         self._param_norms: list[Tensor] = []
         self._local_sum: Tensor | None = None  # under torch.distributed: this rank's clipped sum so far
+        self._shares: dict[str, Any] | None = None  # the first physical batch's norm shares
         self.steps = 0
         self._step = recorder.next_step
         self._chained: Any = None
@@ -215,7 +216,9 @@ class OpacusRecording:
                 for name, s in zip(self._names, samples, strict=True):
                     if s.numel() != b:
                         raise _summed_over_batch(name, (s.numel(),), (b,), why or " (its ghost-clipping norms)")
-                norms = torch.stack([s.reshape(-1) for s in samples], dim=1).norm(2, dim=1)
+                per_norm = torch.stack([s.reshape(-1) for s in samples], dim=1)
+                norms = per_norm.norm(2, dim=1)
+                self._first_shares(per_norm, b)
         else:
             grad_samples = opt.grad_samples
             b, why = self._batch_size([len(g) if g.dim() else 1 for g in grad_samples], observed)
@@ -227,7 +230,9 @@ class OpacusRecording:
                 norms = torch.zeros(0, device=grad_samples[0].device)
             else:  # the flat norm of each example over every parameter, as Opacus computes it
                 per_param = [g.reshape(b, -1).norm(2, dim=-1) for g in grad_samples]
-                norms = torch.stack([x.to(per_param[0].device) for x in per_param], dim=1).norm(2, dim=1)
+                stacked = torch.stack([x.to(per_param[0].device) for x in per_param], dim=1)
+                norms = stacked.norm(2, dim=1)
+                self._first_shares(stacked, b)
             if self.recorder.per_example:
                 factor = (opt.max_grad_norm / (norms + _OPACUS_EPS)).clamp(max=1.0)
                 self._rows.append(self._clipped_rows(grad_samples, factor, b))
@@ -243,6 +248,19 @@ class OpacusRecording:
             # place before the step hook runs, so the clipped sum so far is kept here
             self._local_sum = torch.cat([opt.params[i].summed_grad.detach().reshape(-1).to(torch.float64)
                                          for i in self._positions])
+
+    def _first_shares(self, per_param: Tensor, b: int) -> None:
+        """The norm shares (`gradspec.train.clipped_norm_shares`) of the first physical batch
+        with examples, over every parameter the optimizer clips; logged on the writer."""
+        if self._shares is not None or b == 0:
+            return
+        from gradspec._layout import ParamLayout
+        from gradspec.train import clipped_norm_shares
+
+        layout = ParamLayout.from_shapes(zip(self._names, (tuple(p.shape) for p in self.optimizer.params),
+                                             strict=True))
+        self._shares = clipped_norm_shares(layout, per_param, float(self.optimizer.max_grad_norm),
+                                           log=self.recorder.ranks.is_writer)
 
     def _clipped_rows(self, grad_samples: list[Tensor], factor: Tensor, b: int) -> Tensor:
         """The physical batch's clipped rows (b, p), float32 on the CPU: each recorded parameter's
@@ -335,6 +353,8 @@ class OpacusRecording:
     def _finalize(self) -> dict[str, Any]:
         self.detach()
         items: dict[str, Any] = {"opacus": {**self._describe(), "real_steps": self.steps}}
+        if self._shares is not None:
+            items["norm_shares"] = self._shares
         acc = self.accountant
         if acc is None:
             return items

@@ -27,6 +27,7 @@ from gradspec.train._loop import (
     resolve_device,
     train,
 )
+from gradspec.train._norm_shares import NormShares, clipped_norm_shares, norm_shares
 from gradspec.train._per_example import PerExampleGradients
 from gradspec.train._replay import ReplayMismatch, ReplayResult, replay
 from gradspec.train._sampling import PoissonSampler, ShuffleSampler
@@ -65,6 +66,10 @@ __all__ = [
     # changing a step
     "StepHooks",
     "StepContext",
+    # where the clipped norm goes (each parameter group's share; a new run logs it)
+    "NormShares",
+    "norm_shares",
+    "clipped_norm_shares",
     # the parts of a step
     "PerExampleGradients",
     "GhostClipping",

@@ -125,9 +125,23 @@ def norm_shares(layout: ParamLayout, energies: Tensor, norms: Tensor | None = No
 
 
 def measured_shares(layout: ParamLayout, warm: WarmupBatch, *, log: bool = True) -> dict[str, Any]:
-    """The shares of a run's warm-up batch (`norm_shares`) as its run config keeps them; with
+    """The shares of a run's warm-up batch (`norm_shares`) as a run config keeps them; with
     ``log``, the table is logged (INFO) and a dominant group named (WARNING)."""
-    shares = norm_shares(layout, warm.energies, warm.norms)
+    return _reported(norm_shares(layout, warm.energies, warm.norms), log)
+
+
+def clipped_norm_shares(layout: ParamLayout, param_norms: Tensor, max_norm: float, *,
+                        log: bool = True) -> dict[str, Any]:
+    """`measured_shares` of a batch known by its per-parameter pre-clip norms (B, parameters),
+    clipped at ``max_norm`` by ``min(1, C / ||g_i||)``: what a user's Opacus loop records from
+    its first physical batch (`gradspec.collect.record_opacus`)."""
+    e = param_norms.detach().to("cpu", torch.float64) ** 2
+    norms = e.sum(1).sqrt()
+    factors = (float(max_norm) / norms.clamp(min=1e-300)).clamp(max=1.0)
+    return _reported(norm_shares(layout, e * factors[:, None] ** 2, norms), log)
+
+
+def _reported(shares: NormShares, log: bool) -> dict[str, Any]:
     if log:
         logger.info("%s", shares.summary())
         why = shares.warning()

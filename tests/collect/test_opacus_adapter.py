@@ -331,3 +331,34 @@ def test_bad_input(tmp_path):
         losses.mean().backward()
         with pytest.raises(ValueError, match=rf"have {2 * len(x)} values, the per-example gradients {len(x)} rows"):
             optimizer.step()
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_the_first_batchs_norm_shares_equal_a_batch_of_one_reference(tmp_path, mode):
+    """The recorder keeps each layer's share of the first physical batch's clipped norm (what
+    gradspec.train.clipped_norm_shares measures in gradspec's own trainer), over every
+    parameter Opacus clips; checked against batch-of-one rows clipped like Opacus."""
+    kw = {"grad_sample_mode": "ghost", "criterion": nn.CrossEntropyLoss()} if mode == "ghost" else {}
+    engine, parts = private(**kw)
+    model, optimizer, loader = parts[0], parts[1], parts[-1]
+    criterion = parts[2] if mode == "ghost" else nn.functional.cross_entropy
+    first = None
+    with GradientRecorder(out=tmp_path, model=model, params=["2.*"]) as recorder:  # records layer 2 only
+        recorder.attach_opacus(optimizer)
+        for step, (x, y) in enumerate(loader):
+            if step == 2:
+                break
+            if first is None and len(x):
+                first = clipped_rows(snapshot(model), x, y)
+            loss = criterion(model(x), y)
+            recorder.observe_loss(loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    shares = GradientStore.open(tmp_path / "gradients.zarr").config["norm_shares"]
+    sq = first.double() ** 2
+    want = {"0": float(sq[:, : D * 8 + 8].sum()), "2": float(sq[:, D * 8 + 8 :].sum())}
+    total = sum(want.values())
+    got = {g["group"]: g["share"] for g in shares["groups"]}
+    assert shares["examples"] == len(first) and shares["p"] == D * 8 + 8 + 8 * K + K
+    assert got == pytest.approx({g: v / total for g, v in want.items()}, rel=1e-4)
