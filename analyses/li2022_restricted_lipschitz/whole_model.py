@@ -97,20 +97,31 @@ def subset_store(store_path: Path, patterns: tuple[str, ...], out: Path, batch: 
     return out
 
 
+def _fit(sigma: np.ndarray, k: int) -> dict[str, Any]:
+    from gradspec.spectrum import fit_spectrum
+
+    fit = fit_spectrum(sigma, k_range=(1, min(k, sigma.size)))
+    return {"c": float(fit.c), "a": float(fit.a), "r2": float(fit.r2), "ci": [float(x) for x in fit.ci],
+            "k": int(min(k, sigma.size))}
+
+
+def _fits(res: dict[str, Any], extra: list[int]) -> None:
+    """``res["fits"]``: the power-law fit over k = 1..K for each K of ``extra`` (other ranges
+    beside the main fit's, e.g. the paper-scale run's k = 1..1000 against the q/v run's 1..650)."""
+    res["fits"] = {str(K): _fit(res["sigma"], K) for K in extra}
+
+
 def spectrum_of(store: Path, out: Path, k: int) -> dict[str, Any]:
     from gradspec.linalg import pca
-    from gradspec.spectrum import fit_spectrum
     from gradspec.store import SpectrumStore
 
     pca(source=store, k=k, method="gram", out=out, overwrite=True)
     sp = SpectrumStore.open(out)
     rep = sp.accuracy["sketch"]
     sigma = np.asarray(sp.sigma, dtype=np.float64)
-    fit = fit_spectrum(sigma, k_range=(1, min(k, sigma.size)))
     return {"sigma": sigma, "lower": np.asarray(rep["sigma_lower"], dtype=np.float64),
             "upper": np.array([np.inf if u is None else u for u in rep["sigma_upper"]], dtype=np.float64),
-            "p": rep.get("p"), "M": rep.get("M"), "J": rep.get("J"),
-            "fit": {"c": float(fit.c), "a": float(fit.a), "r2": float(fit.r2), "ci": [float(x) for x in fit.ci]},
+            "p": rep.get("p"), "M": rep.get("M"), "J": rep.get("J"), "fit": _fit(sigma, k),
             "angles": rep.get("angles")}
 
 
@@ -118,8 +129,6 @@ def exact_spectrum(path: Path, k: int) -> dict[str, Any]:
     """An exact spectrum to draw beside the sketched ones: a text file of σ (one a line, ``#``
     comments; e.g. docs/paper_scale/sigma.txt, the 5-type paper-scale run's top 1000) or a
     spectrum store of ``gradspec pca``; its power-law fit over k = 1..min(k, its length)."""
-    from gradspec.spectrum import fit_spectrum
-
     if path.is_dir():
         from gradspec.store import SpectrumStore
 
@@ -127,9 +136,7 @@ def exact_spectrum(path: Path, k: int) -> dict[str, Any]:
     else:
         lines = [ln.split("#")[0].strip() for ln in path.read_text().splitlines()]
         sigma = np.array([float(ln) for ln in lines if ln], dtype=np.float64)
-    fit = fit_spectrum(sigma, k_range=(1, min(k, sigma.size)))
-    return {"sigma": sigma, "source": str(path),
-            "fit": {"c": float(fit.c), "a": float(fit.a), "r2": float(fit.r2), "ci": [float(x) for x in fit.ci]}}
+    return {"sigma": sigma, "source": str(path), "fit": _fit(sigma, k)}
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -170,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--exact", action="append", default=[], metavar="NAME=PATH",
                     help="an exact spectrum of another run to draw beside (a σ text file or a spectrum store); "
                          "repeatable")
+    ap.add_argument("--fit-k", type=int, action="append", default=[], metavar="K",
+                    help="also fit sigma_k over k = 1..K (a column of the table each; repeatable)")
     args = ap.parse_args(argv)
     exact = {}
     for item in args.exact:
@@ -186,11 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     for i, (name, patterns) in enumerate(SELECTIONS.items()):
         sub = subset_store(args.store, patterns, args.out / f"subset{i}.zarr")
         spectra[name] = spectrum_of(sub, args.out / f"spectrum_subset{i}.zarr", args.k)
+    for res in [*spectra.values(), *exact.values()]:
+        _fits(res, args.fit_k)
     results = {"store": str(args.store), "r": src.n_rows, "M": src.p, "k": args.k, "config": src.config,
                "per_example": src.per_example, "spectra": spectra, "exact": exact}
     plot(results, args.out / "whole_model_spectrum.png")
-    lines = [f"| selection | p | sketch columns | σ_k fit (k = 1..{args.k}) | σ_1 stated | σ_10 stated | σ_100 stated |",
-             "|---|---|---|---|---|---|---|"]
+    extra = "".join(f" σ_k fit (k = 1..{K}) |" for K in args.fit_k)
+    lines = [f"| selection | p | sketch columns | σ_k fit (k = 1..{args.k}) |{extra} σ_1 stated | σ_10 stated | σ_100 stated |",
+             "|---|---|---|---|" + "---|" * len(args.fit_k) + "---|---|---|"]
+
+    def fits(res: dict[str, Any]) -> str:
+        return "".join(f" k^-{f['c']:.3f} (CI {f['ci'][0]:.3f}–{f['ci'][1]:.3f}) |" for f in res["fits"].values())
+
     for name, res in spectra.items():
         def iv(i: int, res=res) -> str:
             if i >= res["sigma"].size:
@@ -199,12 +215,12 @@ def main(argv: list[str] | None = None) -> int:
             return f"{res['sigma'][i]:.3g} [{res['lower'][i]:.3g}, {up}]"
         f = res["fit"]
         lines.append(f"| {name} | {res['p']:,} | {res['M']:,} | k^-{f['c']:.3f} (CI {f['ci'][0]:.3f}–{f['ci'][1]:.3f}, "
-                     f"R² {f['r2']:.3f}) | {iv(0)} | {iv(9)} | {iv(99)} |")
+                     f"R² {f['r2']:.3f}) |{fits(res)} {iv(0)} | {iv(9)} | {iv(99)} |")
     for name, res in exact.items():
         f = res["fit"]
         plain = [f"{res['sigma'][i]:.3g}" if i < res["sigma"].size else "—" for i in (0, 9, 99)]
         lines.append(f"| {name} | — | exact | k^-{f['c']:.3f} (CI {f['ci'][0]:.3f}–{f['ci'][1]:.3f}, R² {f['r2']:.3f}) "
-                     f"| {' | '.join(plain)} |")
+                     f"|{fits(res)} {' | '.join(plain)} |")
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     (args.out / "results.json").write_text(json.dumps(json_safe(results), indent=2))
     print("\n".join(lines))

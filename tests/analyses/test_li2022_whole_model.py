@@ -48,10 +48,16 @@ def test_the_analysis_puts_exact_spectra_beside_the_sketched_ones(tmp_path):
     sigma = tmp_path / "sigma.txt"
     sigma.write_text("# an exact spectrum\n" + "\n".join(str(4.0 * k**-0.5) for k in range(1, 11)) + "\n")
     out = tmp_path / "analysis"
-    assert whole_model.main([str(store), "--out", str(out), "--k", "4", "--exact", f"made up (exact)={sigma}"]) == 0
+    assert whole_model.main([str(store), "--out", str(out), "--k", "4", "--exact", f"made up (exact)={sigma}",
+                             "--fit-k", "10"]) == 0
     table = (out / "table.md").read_text()
     assert "| all parameters |" in table and "| q/v subset |" in table and "| 5-type subset |" in table
     assert "| made up (exact) | — | exact | k^-0.500" in table
+    assert "σ_k fit (k = 1..10) |" in table.splitlines()[0]
+    # the extra range of the exact spectrum: all 10 of its σ (the main fit takes k = 1..4)
+    made_up = json.loads((out / "results.json").read_text())["exact"]["made up (exact)"]
+    assert made_up["fit"]["k"] == 4 and made_up["fits"]["10"]["k"] == 10
+    assert abs(made_up["fits"]["10"]["c"] - 0.5) < 1e-9
     res = json.loads((out / "results.json").read_text())
     assert abs(res["exact"]["made up (exact)"]["fit"]["c"] - 0.5) < 1e-9
     assert set(res["spectra"]) == {"all parameters", *whole_model.SELECTIONS}
