@@ -44,6 +44,8 @@ QV = ("*attention.self.query.weight", "*attention.self.value.weight")
 FIVE_TYPES = ("*attention.self.query.weight", "*attention.self.key.weight", "*attention.self.value.weight",
               "*attention.output.dense.weight", "*intermediate.dense.weight")
 SELECTIONS = {"q/v subset": QV, "5-type subset": FIVE_TYPES}
+#: The store's own columns: every parameter it records (the study's: all but the pooler and head).
+ALL = "all recorded parameters"
 
 
 def subset_store(store_path: Path, patterns: tuple[str, ...], out: Path, batch: int = 512) -> Path:
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     src = GradientStore.open(args.store)
-    spectra = {"all parameters": spectrum_of(args.store, args.out / "spectrum_all.zarr", args.k)}
+    spectra = {ALL: spectrum_of(args.store, args.out / "spectrum_all.zarr", args.k)}
     for i, (name, patterns) in enumerate(SELECTIONS.items()):
         sub = subset_store(args.store, patterns, args.out / f"subset{i}.zarr")
         spectra[name] = spectrum_of(sub, args.out / f"spectrum_subset{i}.zarr", args.k)

@@ -51,7 +51,7 @@ def test_the_analysis_puts_exact_spectra_beside_the_sketched_ones(tmp_path):
     assert whole_model.main([str(store), "--out", str(out), "--k", "4", "--exact", f"made up (exact)={sigma}",
                              "--fit-k", "10"]) == 0
     table = (out / "table.md").read_text()
-    assert "| all parameters |" in table and "| q/v subset |" in table and "| 5-type subset |" in table
+    assert "| all recorded parameters |" in table and "| q/v subset |" in table and "| 5-type subset |" in table
     assert "| made up (exact) | — | exact | k^-0.500" in table
     assert "σ_k fit (k = 1..10) |" in table.splitlines()[0]
     # the extra range of the exact spectrum: all 10 of its σ (the main fit takes k = 1..4)
@@ -60,5 +60,5 @@ def test_the_analysis_puts_exact_spectra_beside_the_sketched_ones(tmp_path):
     assert abs(made_up["fits"]["10"]["c"] - 0.5) < 1e-9
     res = json.loads((out / "results.json").read_text())
     assert abs(res["exact"]["made up (exact)"]["fit"]["c"] - 0.5) < 1e-9
-    assert set(res["spectra"]) == {"all parameters", *whole_model.SELECTIONS}
+    assert set(res["spectra"]) == {whole_model.ALL, *whole_model.SELECTIONS}
     assert (out / "whole_model_spectrum.png").stat().st_size > 0
