@@ -22,6 +22,7 @@ from gradspec._device import resolve_device
 from gradspec._enums import CollectMode, GradDtype, PerExampleBackend, Sampling
 from gradspec._norms import row_norms64
 from gradspec.tasks import Task
+from gradspec.train._backend import choose_engine
 from gradspec.train._checkpoint import layout_difference
 from gradspec.train._config import TrainConfig
 from gradspec.train._context import StepContext
@@ -121,7 +122,8 @@ class _Run:
         self.noise_gen = torch.Generator(self.device).manual_seed(config.seed + 2)
         # Ghost clipping (backend "ghost") forms the step's clipped sum without rows; the hooks
         # still get a vmap engine for rows of their own (a public subspace's examples).
-        self.ghost, self.engine, why = self._ghost_engine(config, task, hooks or StepHooks())
+        self.ghost, self.engine, why = choose_engine(config, task, hooks or StepHooks(), self.model, self.names,
+                                                     self.device)
         # logged once, at the first step (after every check of the run has passed)
         self._engine_note: str | None = f"per-example backend: {self.engine}" + (f" ({why})" if why else "")
         ghost = self.ghost is not None
@@ -174,46 +176,6 @@ class _Run:
         if self.config.clip:
             self.norm_shares = measured_shares(self.layout, self.warmup(), log=self.ranks.is_writer)
         self._warm = None
-
-    def _ghost_engine(self, config: TrainConfig, task: Task, hooks: StepHooks):
-        """(GhostClipping or None, the engine's name, why ``auto`` chose it); ``auto`` takes
-        ghost where it applies (batch mode, hooks that need no rows, layers it handles, its
-        batch-of-one check passed) and vmap otherwise."""
-        from gradspec.train._ghost import GhostClipping
-
-        backend = config.backend
-        if (config.sketch is not None and config.mode == CollectMode.PER_EXAMPLE
-                and backend in (PerExampleBackend.GHOST, PerExampleBackend.AUTO)):  # vmap, hooks: rows formed
-            probe = None
-            if len(task.train) >= 2:
-                probe = {k: v.to(self.device) for k, v in task.train.batch(torch.arange(2)).items()}
-            try:
-                engine = GhostClipping(self.model, task.forward, task.loss, self.names,
-                                       microbatch=config.microbatch, probe_batch=probe)
-            except ValueError as err:  # vmap cannot sketch: the way out is to leave the layer out
-                raise ValueError(str(err).replace("; use backend='vmap'", "") + "; --sketch needs ghost clipping "
-                                 "for every selected parameter: leave it out of --params") from None
-            return (engine, PerExampleBackend.GHOST.value,
-                    "--sketch: the sketched rows come from ghost clipping's layer inputs and output gradients")
-        if backend == PerExampleBackend.AUTO:
-            vmap = PerExampleBackend.VMAP.value
-            if config.mode != CollectMode.BATCH:
-                return None, vmap, "auto: --mode per-example stores the rows ghost clipping never forms"
-            if hooks.needs_rows:
-                return None, vmap, f"auto: {hooks.name} changes each per-example gradient before clipping"
-            probe = None
-            if len(task.train) >= 2:  # checked against a batch-of-one loop now, so a misfit falls back
-                probe = {k: v.to(self.device) for k, v in task.train.batch(torch.arange(2)).items()}
-            try:
-                engine = GhostClipping(self.model, task.forward, task.loss, self.names,
-                                       microbatch=config.microbatch, probe_batch=probe)
-            except ValueError as err:
-                return None, vmap, f"auto: {err}"
-            return engine, PerExampleBackend.GHOST.value, "auto: every selected layer has a ghost-clipping rule"
-        if backend == PerExampleBackend.GHOST:
-            return GhostClipping(self.model, task.forward, task.loss, self.names,
-                                 microbatch=config.microbatch), backend.value, ""
-        return None, backend.value, ""
 
     def set_config(self, config: TrainConfig) -> None:
         """Replace the run's settings (a resume that turns a calibrated run into a fixed-sigma one)."""
