@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit-k", type=int, action="append", default=[], metavar="K",
                     help="also fit sigma_k over k = 1..K (a column of the table each; repeatable)")
     args = ap.parse_args(argv)
+    if any(K < 2 for K in args.fit_k) or len(set(args.fit_k)) != len(args.fit_k):
+        ap.error(f"--fit-k takes distinct ranks K >= 2, got {args.fit_k}")
     exact = {}
     for item in args.exact:
         name, sep, path = item.partition("=")
@@ -207,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---|" + "---|" * len(args.fit_k) + "---|---|---|"]
 
     def fits(res: dict[str, Any]) -> str:
-        return "".join(f" k^-{f['c']:.3f} (CI {f['ci'][0]:.3f}–{f['ci'][1]:.3f}) |" for f in res["fits"].values())
+        # a spectrum shorter than K is fitted over all of it, and says so
+        return "".join(f" k^-{f['c']:.3f} (CI {f['ci'][0]:.3f}–{f['ci'][1]:.3f})"
+                       + (f", k = 1..{f['k']}" if f["k"] != int(K) else "") + " |" for K, f in res["fits"].items())
 
     for name, res in spectra.items():
         def iv(i: int, res=res) -> str:

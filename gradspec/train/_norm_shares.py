@@ -90,10 +90,11 @@ class NormShares:
         if top is None:
             return None
         g, n, share = top
-        return (f"{g} ({n:,} parameters, {n / self.p:.2%} of those trained) holds {share:.0%} of each "
-                f"example's clipped squared gradient norm: clipping at the whole norm leaves every other "
-                f"parameter {1 - share:.0%} of it, at the same noise in every coordinate, and such runs "
-                "can fail to learn. If that is not what you want, leave it out of --params (freeze it)")
+        return (f"{g} ({n:,} parameters, {n / self.p:.2%} of those trained) holds {share:.0%} of the "
+                f"clipped squared gradient norm of {self.examples} examples: clipping at the whole norm "
+                f"leaves every other parameter {1 - share:.0%} of it, at the same noise in every coordinate, "
+                "and such runs can fail to learn. If that is not what you want, leave it out of --params "
+                "(freeze it)")
 
 
 def norm_shares(layout: ParamLayout, energies: Tensor, norms: Tensor | None = None) -> NormShares:
@@ -130,14 +131,17 @@ def measured_shares(layout: ParamLayout, warm: WarmupBatch, *, log: bool = True)
     return _reported(norm_shares(layout, warm.energies, warm.norms), log)
 
 
-def clipped_norm_shares(layout: ParamLayout, param_norms: Tensor, max_norm: float, *,
+def clipped_norm_shares(layout: ParamLayout, param_norms: Tensor, max_norm: float, *, eps: float = 0.0,
                         log: bool = True) -> dict[str, Any]:
     """`measured_shares` of a batch known by its per-parameter pre-clip norms (B, parameters),
-    clipped at ``max_norm`` by ``min(1, C / ||g_i||)``: what a user's Opacus loop records from
-    its first physical batch (`gradspec.collect.record_opacus`)."""
+    clipped at ``max_norm`` by ``C / max(||g_i|| + eps, C)`` (`gradspec.privacy.clip_factors`;
+    Opacus: ``eps = OPACUS_CLIP_EPS``): what a user's Opacus loop records from its first
+    physical batch (`gradspec.collect.record_opacus`)."""
+    from gradspec.privacy import clip_factors
+
     e = param_norms.detach().to("cpu", torch.float64) ** 2
     norms = e.sum(1).sqrt()
-    factors = (float(max_norm) / norms.clamp(min=1e-300)).clamp(max=1.0)
+    factors = clip_factors(norms, float(max_norm), eps=eps)
     return _reported(norm_shares(layout, e * factors[:, None] ** 2, norms), log)
 
 
@@ -152,13 +156,14 @@ def _reported(shares: NormShares, log: bool) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class WarmupBatch:
-    """One clipped pass over the warm-up batch: ``total`` (p,) the clipped sum, ``energies``
-    (B, parameters) each example's clipped squared norm per parameter (float64, CPU), ``norms``
-    (B,) the pre-clip norms (float64, CPU)."""
+    """One clipped pass over the warm-up batch, on the model's device: ``total`` (p,) the
+    clipped sum, ``energies`` (B, parameters) each example's clipped squared norm per parameter
+    (float64), ``norms`` (B,) the pre-clip norms (float64), ``examples`` B."""
 
     total: Tensor
     energies: Tensor
     norms: Tensor
+    examples: int
 
 
 def warmup_batch(config: Any, layout: ParamLayout, task: Any, ghost: Any, grads: Any,
@@ -194,12 +199,12 @@ def warmup_batch(config: Any, layout: ParamLayout, task: Any, ghost: Any, grads:
             total = torch.zeros(layout.p, device=device)
             parts, pre = [], []
             for g, _ in grads.iter_microbatches(batch):
-                if C is not None:
-                    g, norm, _ = clip_rows(g, C)
+                if C is not None:  # in place, as the trainer clips: no second (B, p) copy
+                    g, norm, _ = clip_rows(g, C, in_place=True)
                     pre.append(norm.detach())
                 parts.append(per_parameter_norms(g.detach(), spans) ** 2)
                 total += g.sum(0)
             energies = torch.cat(parts)
             norms = torch.cat(pre) if pre else energies.sum(1).sqrt()
-    return WarmupBatch(total=total.detach(), energies=energies.detach().to("cpu", torch.float64),
-                       norms=norms.detach().to("cpu", torch.float64))
+    return WarmupBatch(total=total.detach(), energies=energies.detach().double(), norms=norms.detach().double(),
+                       examples=len(idx))

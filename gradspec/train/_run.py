@@ -171,9 +171,11 @@ class _Run:
             self._warm = warmup_batch(self.config, self.layout, self.task, self.ghost, self.grads, self.device)
         return self._warm
 
-    def measure_norm_shares(self) -> None:
-        """A new clipped run's norm shares (`measured_shares`), logged on the writer, kept in its run config."""
-        if self.config.clip:
+    def measure_norm_shares(self, measure: bool = True) -> None:
+        """A new clipped run's norm shares (`measured_shares`), logged on the writer, kept in its
+        run config; not where the hooks change each gradient before clipping (the warm-up does
+        not). ``measure=False``: only release the warm-up pass (another rank's run)."""
+        if measure and self.config.clip and not self.hooks.needs_rows:
             self.norm_shares = measured_shares(self.layout, self.warmup(), log=self.ranks.is_writer)
         self._warm = None
 

@@ -85,8 +85,8 @@ def warmup_energies(config: TrainConfig, layout: ParamLayout, warm: Any) -> dict
     if config.mode != CollectMode.PER_EXAMPLE:
         from gradspec.sketch import row_energies
 
-        return row_energies(layout, warm.total.double() / max(len(warm.norms), 1))
-    e = warm.energies.mean(0)
+        return row_energies(layout, warm.total.double() / max(warm.examples, 1))
+    e = warm.energies.mean(0).to("cpu", torch.float64)
     return {s.name: float(v) for s, v in zip(layout.params, e, strict=True)}
 
 

@@ -58,6 +58,10 @@ def test_the_analysis_puts_exact_spectra_beside_the_sketched_ones(tmp_path):
     made_up = json.loads((out / "results.json").read_text())["exact"]["made up (exact)"]
     assert made_up["fit"]["k"] == 4 and made_up["fits"]["10"]["k"] == 10
     assert abs(made_up["fits"]["10"]["c"] - 0.5) < 1e-9
+    # the sketched spectra hold at most 4 values: their "1..10" fit says how many it took
+    spectra = json.loads((out / "results.json").read_text())["spectra"]
+    for line, res in zip(table.splitlines()[2:5], spectra.values(), strict=True):
+        assert f"), k = 1..{len(res['sigma'])} |" in line and len(res["sigma"]) <= 4
     res = json.loads((out / "results.json").read_text())
     assert abs(res["exact"]["made up (exact)"]["fit"]["c"] - 0.5) < 1e-9
     assert set(res["spectra"]) == {whole_model.ALL, *whole_model.SELECTIONS}

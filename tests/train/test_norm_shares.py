@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,7 +17,7 @@ from gradspec.store import GradientStore
 from gradspec.train._norm_shares import group_of, norm_shares
 
 from ..collect._tiny import tiny_task
-from ..collect.test_collect import cfg
+from ..collect.test_collect import cfg, metrics_without_time
 
 C = 0.5  # below the tiny model's per-example norms, so that clipping matters
 
@@ -85,7 +86,8 @@ def test_a_small_group_holding_most_of_the_norm_is_named_and_a_large_one_is_not(
     shares = norm_shares(layout, e)
     assert shares.dominant() == ("pooler.dense", 65, pytest.approx(0.88))
     why = shares.warning()
-    assert "pooler.dense (65 parameters, 0.65% of those trained) holds 88%" in why and "--params" in why
+    assert "pooler.dense (65 parameters, 0.65% of those trained) holds 88% of the clipped squared gradient norm of 2 examples" in why
+    assert "--params" in why
     assert shares.groups[1][0] == "encoder.layer.*.q" and shares.groups[1][1] == 9935
     # the same energies on a group that is half the model: not flagged
     big = norm_shares(_layout([("a.w", 5000), ("b.w", 5000)]), e[:, :2])
@@ -136,3 +138,21 @@ def test_a_balanced_run_only_logs_its_table_and_an_unclipped_run_measures_none(t
     assert sum(g["share"] for g in table["groups"]) == pytest.approx(1.0)
     plain = collect(cfg(steps=2, clip=False, noise_multiplier=0.0), out=tmp_path / "plain", task=tiny_task())
     assert "norm_shares" not in GradientStore.open(plain.store).config
+
+
+@pytest.mark.parametrize(("backend", "mode"), [("ghost", "batch"), ("vmap", "per-example")])
+def test_the_warm_up_changes_nothing_the_run_trains_or_stores(tmp_path, monkeypatch, backend, mode):
+    """The same seeded run with the norm-share pass and without it: the same rows, norms and
+    metrics, bit for bit (the pass forks the random generators and trains nothing)."""
+    import gradspec.train._run
+
+    config = cfg(steps=6, backend=backend, mode=mode, max_grad_norm=C)
+    measured = collect(config, out=tmp_path / "measured", task=tiny_task())
+    monkeypatch.setattr(gradspec.train._run._Run, "measure_norm_shares", lambda self, measure=True: None)
+    plain = collect(config, out=tmp_path / "plain", task=tiny_task())
+    a, b = GradientStore.open(measured.store), GradientStore.open(plain.store)
+    assert "norm_shares" in a.config and "norm_shares" not in b.config
+    np.testing.assert_array_equal(a.read(), b.read())
+    for k, v in a.row_meta().items():
+        np.testing.assert_array_equal(v, b.row_meta()[k], err_msg=k)
+    assert metrics_without_time(measured.metrics) == metrics_without_time(plain.metrics)
