@@ -2,7 +2,8 @@
 MiniLM parameter against the q/v subset the paper studies and the 5-type paper-scale selection
 (q, k, v, attention output, first FFN weights), from one sketched store.
 
-Run: ``python -m analyses.li2022_restricted_lipschitz.whole_model STORE [--out DIR] [--k 300]``
+Run: ``python -m analyses.li2022_restricted_lipschitz.whole_model STORE [--out DIR] [--k 300]
+[--rows START:STOP] [--fit-k K ...]``
 where STORE is a sketched store of the whole model: per step (the paper's rows), e.g. issue 37
 §5's ``gradspec collect --out wm_study --task text -t dataset=movie-reviews --params
 're:^bert\\.(embeddings|encoder)\\.' --sketch 65536 --steps 4000 --batch-size 32 --epsilon 8
@@ -113,11 +114,11 @@ def _fits(res: dict[str, Any], extra: list[int]) -> None:
     res["fits"] = {str(K): _fit(res["sigma"], K) for K in extra}
 
 
-def spectrum_of(store: Path, out: Path, k: int) -> dict[str, Any]:
+def spectrum_of(store: Path, out: Path, k: int, rows: slice | None = None) -> dict[str, Any]:
     from gradspec.linalg import pca
     from gradspec.store import SpectrumStore
 
-    pca(source=store, k=k, method="gram", out=out, overwrite=True)
+    pca(source=store, k=k, method="gram", out=out, overwrite=True, rows=rows)
     sp = SpectrumStore.open(out)
     rep = sp.accuracy["sketch"]
     sigma = np.asarray(sp.sigma, dtype=np.float64)
@@ -179,11 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--exact", action="append", default=[], metavar="NAME=PATH",
                     help="an exact spectrum of another run to draw beside (a σ text file or a spectrum store); "
                          "repeatable")
+    ap.add_argument("--rows", default=None, metavar="START:STOP",
+                    help="only these rows (steps) of the store, e.g. 0:1300 for the first 1,300 steps")
     ap.add_argument("--fit-k", type=int, action="append", default=[], metavar="K",
                     help="also fit sigma_k over k = 1..K (a column of the table each; repeatable)")
     args = ap.parse_args(argv)
     if any(K < 2 for K in args.fit_k) or len(set(args.fit_k)) != len(args.fit_k):
         ap.error(f"--fit-k takes distinct ranks K >= 2, got {args.fit_k}")
+    rows = None
+    if args.rows is not None:
+        start, sep, stop = args.rows.partition(":")
+        if not sep or not stop.isdigit() or (start and not start.isdigit()):
+            ap.error(f"--rows takes START:STOP, got {args.rows!r}")
+        rows = slice(int(start or 0), int(stop))
     exact = {}
     for item in args.exact:
         name, sep, path = item.partition("=")
@@ -195,13 +204,14 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     src = GradientStore.open(args.store)
-    spectra = {ALL: spectrum_of(args.store, args.out / "spectrum_all.zarr", args.k)}
+    spectra = {ALL: spectrum_of(args.store, args.out / "spectrum_all.zarr", args.k, rows)}
     for i, (name, patterns) in enumerate(SELECTIONS.items()):
         sub = subset_store(args.store, patterns, args.out / f"subset{i}.zarr")
-        spectra[name] = spectrum_of(sub, args.out / f"spectrum_subset{i}.zarr", args.k)
+        spectra[name] = spectrum_of(sub, args.out / f"spectrum_subset{i}.zarr", args.k, rows)
     for res in [*spectra.values(), *exact.values()]:
         _fits(res, args.fit_k)
-    results = {"store": str(args.store), "r": src.n_rows, "M": src.p, "k": args.k, "config": src.config,
+    r = len(range(src.n_rows)[rows]) if rows is not None else src.n_rows
+    results = {"store": str(args.store), "r": r, "rows": args.rows, "M": src.p, "k": args.k, "config": src.config,
                "per_example": src.per_example, "spectra": spectra, "exact": exact}
     plot(results, args.out / "whole_model_spectrum.png")
     extra = "".join(f" σ_k fit (k = 1..{K}) |" for K in args.fit_k)

@@ -66,3 +66,10 @@ def test_the_analysis_puts_exact_spectra_beside_the_sketched_ones(tmp_path):
     assert abs(res["exact"]["made up (exact)"]["fit"]["c"] - 0.5) < 1e-9
     assert set(res["spectra"]) == {whole_model.ALL, *whole_model.SELECTIONS}
     assert (out / "whole_model_spectrum.png").stat().st_size > 0
+    # the first 6 of the 12 steps alone
+    assert whole_model.main([str(store), "--out", str(tmp_path / "half"), "--k", "3", "--rows", "0:6"]) == 0
+    half = json.loads((tmp_path / "half" / "results.json").read_text())
+    assert half["r"] == 6 and half["rows"] == "0:6"
+    from gradspec.store import SpectrumStore
+
+    assert SpectrumStore.open(tmp_path / "half" / "spectrum_all.zarr").U.shape[0] == 6
