@@ -163,9 +163,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("σ_k / σ_1")
     rows = "examples" if results.get("per_example", True) else "steps (mean clipped gradients)"
     ax.set_title(f"Gradient spectrum of MiniLM, r = {results['r']:,} {rows}\n"
-                 f"one sketched store, M = {results['M']:,}; bands: stated intervals (cut at 3× where open); "
+                 f"one sketched store, M = {results['M']:,}; bands: stated intervals (cut at 3× where open)\n"
                  "dashed: exact spectra of other runs",
-                 fontsize=9)
+                 fontsize=8)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
