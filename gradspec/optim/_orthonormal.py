@@ -15,7 +15,16 @@ import logging
 import torch
 from torch import Tensor
 
+from gradspec.linalg._result import V_UNIT_ATOL
+
 logger = logging.getLogger(__name__)
+
+#: max |VᵀV − I| a spectrum store's V may have and still be repaired, not refused as damaged.
+#: ``gradspec pca`` keeps a direction whose ‖v‖ is within ``V_UNIT_ATOL`` of 1, so its squared
+#: norm may be off by 2·V_UNIT_ATOL + V_UNIT_ATOL²; the products' rounding moves its inner
+#: products with the other directions by no more than that of the worst-resolved one. A
+#: repeated or overwritten column is off by O(1).
+SPECTRUM_V_ATOL = 2 * V_UNIT_ATOL + V_UNIT_ATOL**2
 
 #: Above this many entries (p·k) a basis is kept in float32 and orthonormalised in place.
 LARGE_BASIS = 20_000_000
@@ -95,7 +104,7 @@ def _not_orthonormal(err: float, atol: float) -> str:
             "is damaged (e.g. a repeated or overwritten column); rerun `gradspec pca`")
 
 
-def check_spectrum_basis(v: Tensor, atol: float = 1e-3) -> None:
+def check_spectrum_basis(v: Tensor, atol: float = SPECTRUM_V_ATOL) -> None:
     """Refuse a spectrum store's V that is not orthonormal to ``atol`` (what ``decay`` checks)."""
     err = _orthonormality_error(v)
     if not err <= atol:

@@ -23,7 +23,7 @@ from gradspec._enums import parse_choice
 from gradspec.optim._adadps import AdaDPS
 from gradspec.optim._adagrad import NoisyAdaGrad
 from gradspec.optim._dpadam import DPAdam
-from gradspec.optim._orthonormal import LARGE_BASIS
+from gradspec.optim._orthonormal import LARGE_BASIS, SPECTRUM_V_ATOL
 from gradspec.optim._pdp import PDPSGD
 from gradspec.optim._projectors import FixedProjector, Projector, RandomProjector
 from gradspec.optim._public import PublicProjector
@@ -365,11 +365,11 @@ def make_projector(
                     "columns are (no layout, and its source gradient store is not readable here), so "
                     "the run's parameters cannot be checked against it; pass check_layout=False "
                     "(CLI --no-layout-check) to compare p only")
-        # a spectrum's V is orthonormal up to float32 rounding: repair that, refuse damage
+        # a spectrum's V is orthonormal up to what pca keeps (SPECTRUM_V_ATOL): repair that, refuse damage
         return FixedProjector(basis, rank=rank, orthonormalize=spectrum is not None, layout=layout,
                               source=None if spectrum is None else os.fspath(spectrum),
                               copy=spectrum is None,  # a basis read here is ours to change
-                              repair_only=None if spectrum is None else 1e-3)
+                              repair_only=None if spectrum is None else SPECTRUM_V_ATOL)
     if kind == ProjectorKind.PUBLIC:
         return PublicProjector(rank, public_size=public_size, period=period, seed=seed)
     return RandomProjector(rank, seed=seed)

@@ -154,3 +154,37 @@ def test_a_spectrum_whose_v_repeats_a_column_is_refused_not_reorthonormalised(tm
                 mp.setattr(module, "LARGE_BASIS", 2)
         with pytest.raises(ValueError, match="not orthonormal .* damaged"):
             make_algorithm("subspace", projector="spectrum", spectrum=tmp_path / "s.zarr", rank=3)
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["float64-qr", "float32-in-place"])
+def test_a_direction_pca_keeps_is_repaired_not_called_damage(tmp_path, large):
+    """pca keeps a direction whose ‖v‖ is within V_UNIT_ATOL of 1 (steep spectra in float32
+    products: a tiny BERT's σ_3 = σ_1/313 came out at ‖v_3‖ = 1 − 6.8e-4); retrain called such
+    a store damaged, because it checked |VᵀV − I| ≤ 1e-3 on the squared norms. Now it repairs it."""
+    import zarr
+
+    import gradspec
+    import gradspec.optim._orthonormal as orthonormal
+    import gradspec.optim._projectors as projectors
+    import gradspec.optim._registry as registry
+    from gradspec.collect import collect
+    from gradspec.linalg._result import V_UNIT_ATOL
+
+    collect(config(steps=12, noise_multiplier=0.0), out=tmp_path / "grads", task=lowrank_task())
+    gradspec.pca(source=tmp_path / "grads" / "gradients.zarr", k=4, out=tmp_path / "s.zarr")
+    v = zarr.open_group(str(tmp_path / "s.zarr"), mode="r+")["V"]
+    short = v[:]
+    short[:, 2] *= 1 - 0.9 * V_UNIT_ATOL  # what pca keeps
+    v[:] = short
+    with pytest.MonkeyPatch.context() as mp:
+        if large:
+            for module in (projectors, registry, orthonormal):
+                mp.setattr(module, "LARGE_BASIS", 2)
+        algo = make_algorithm("subspace", projector="spectrum", spectrum=tmp_path / "s.zarr", rank=3)
+        basis = algo.projector._source.double()  # the repaired basis, before a run moves it
+        assert torch.allclose(basis.T @ basis, torch.eye(3, dtype=torch.float64), atol=1e-5)
+        # beyond what pca keeps, it is still damage
+        short[:, 2] *= 1 - 2 * V_UNIT_ATOL
+        v[:] = short
+        with pytest.raises(ValueError, match="not orthonormal .* damaged"):
+            make_algorithm("subspace", projector="spectrum", spectrum=tmp_path / "s.zarr", rank=3)
