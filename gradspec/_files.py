@@ -3,13 +3,17 @@
 A cache lives in a folder anyone with the user's rights can change: a FIFO at its name blocked
 a plain ``open`` forever, and a huge file was read whole before it was found wrong.
 :func:`read_regular` opens without blocking, checks the opened file (``fstat``: no race
-between the check and the read) and reads at most the bytes asked for.
+between the check and the read) and reads at most the bytes asked for; :func:`check_regular`
+does the same for a large file it hashes in pieces against a pinned size and SHA-256.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import stat
+from collections.abc import Callable, Iterator
 
 
 class NotRegularFile(ValueError):
@@ -24,6 +28,26 @@ class FileTooLarge(ValueError):
         self.size = size
 
 
+@contextlib.contextmanager
+def open_regular(path: str | os.PathLike) -> Iterator[tuple[int, os.stat_result]]:
+    """The descriptor and ``fstat`` of ``path``, opened without blocking and only if it is a
+    regular file (the check is of the opened file: no race between it and the reads).
+
+    Raises:
+        FileNotFoundError: nothing is at ``path``.
+        OSError: it cannot be opened.
+        NotRegularFile: it is not a regular file ("not a regular file").
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no wait for a writer
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFile("not a regular file")
+        yield fd, info
+    finally:
+        os.close(fd)
+
+
 def read_regular(path: str | os.PathLike, *, max_bytes: int) -> bytes:
     """The bytes of ``path``, read only if it is a regular file of at most ``max_bytes``.
 
@@ -35,11 +59,7 @@ def read_regular(path: str | os.PathLike, *, max_bytes: int) -> bytes:
         NotRegularFile: it is not a regular file ("not a regular file").
         FileTooLarge: it holds more than ``max_bytes`` ("N bytes, over the M ...").
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no wait for a writer
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise NotRegularFile("not a regular file")
+    with open_regular(path) as (fd, info):
         if info.st_size > max_bytes:
             raise FileTooLarge(f"{info.st_size:,} bytes, over the {max_bytes:,} expected", info.st_size)
         chunks, n = [], 0
@@ -52,5 +72,28 @@ def read_regular(path: str | os.PathLike, *, max_bytes: int) -> bytes:
         if n > max_bytes:
             raise FileTooLarge(f"over the {max_bytes:,} bytes expected", n)
         return b"".join(chunks)
-    finally:
-        os.close(fd)
+
+
+def check_regular(path: str | os.PathLike, *, size: int, sha256: str,
+                  skip: Callable[[os.stat_result], bool] | None = None) -> os.stat_result:
+    """Raise unless ``path`` is a regular file of ``size`` bytes whose SHA-256 is ``sha256``,
+    hashed in 1 MiB pieces (a large file is never held whole; for bytes to parse, hash what
+    :func:`read_regular` returns instead). ``skip(fstat)`` true skips the hash (a file already
+    checked and unchanged). Returns the opened file's ``fstat``.
+
+    Raises:
+        FileNotFoundError, OSError, NotRegularFile: as :func:`open_regular`.
+        ValueError: another size ("N bytes, not the M pinned") or hash ("SHA-256 …, not the pinned …").
+    """
+    with open_regular(path) as (fd, info):
+        if skip is not None and skip(info):
+            return info
+        if info.st_size != size:
+            raise ValueError(f"{info.st_size:,} bytes, not the {size:,} pinned")
+        digest, n = hashlib.sha256(), 0
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
+            n += len(chunk)
+        if n != size or digest.hexdigest() != sha256:
+            raise ValueError(f"SHA-256 {digest.hexdigest()[:12]}…, not the pinned {sha256[:12]}…")
+        return info

