@@ -61,6 +61,7 @@ from gradspec.linalg._verify import (
     probe_bounds,
     rounding,
 )
+from gradspec.store import V_UNIT_ATOL
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +88,6 @@ def null_floor(sigma1: float, r: int) -> float:
 
 #: Relative σ error of each block-product precision at σ_i: ~coef·(σ_1/σ_i)² (see ``_precision``).
 SIGMA_ERROR = {"float64": 0.0, "auto": 0.0, "float32": 1e-6, "tf32": 1e-3}
-#: |‖v_j‖ − 1| above which a stored direction is not kept (``gradspec.spectrum.project_rows``'s atol).
-V_UNIT_ATOL = 1e-3
 
 
 def rank_rtol(r: int, precision: str = "float64") -> float:

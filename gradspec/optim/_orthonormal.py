@@ -15,7 +15,7 @@ import logging
 import torch
 from torch import Tensor
 
-from gradspec.linalg._result import V_UNIT_ATOL
+from gradspec.store import V_UNIT_ATOL
 
 logger = logging.getLogger(__name__)
 

@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gradspec.store import V_UNIT_ATOL
+
 
 class RowSliceable(Protocol):
     """A (p × K) basis read by row slices: a numpy array, a memmap, a zarr array."""
@@ -138,7 +140,7 @@ def project_rows(
     keep_coords: bool = False,
     check_orthonormal: bool = True,
     exact_projector: bool = True,
-    atol: float = 1e-3,
+    atol: float = V_UNIT_ATOL,
     progress: bool = False,
 ) -> RowProjections:
     """One pass over the column blocks of H: norms and top-k residuals of every row.

@@ -19,7 +19,7 @@ from gradspec.store._source import (
     rows_text,
 )
 from gradspec.store._spectrum import SpectrumStore
-from gradspec.store._spectrum_schema import SpectrumStatus
+from gradspec.store._spectrum_schema import V_UNIT_ATOL, SpectrumStatus
 from gradspec.store._writer import BackgroundWriter, WriterError
 from gradspec.store._zarr import is_url
 
@@ -39,6 +39,7 @@ __all__ = [
     "SpectrumStatus",
     "SpectrumStore",
     "StoreDamagedError",
+    "V_UNIT_ATOL",
     "WriterError",
     "as_slice",
     "config_digest",

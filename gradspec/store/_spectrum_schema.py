@@ -36,6 +36,9 @@ RUNNING, COMPLETE, FAILED, INTERRUPTED, DAMAGED = (
     SpectrumStatus.RUNNING, SpectrumStatus.COMPLETE, SpectrumStatus.FAILED,
     SpectrumStatus.INTERRUPTED, SpectrumStatus.DAMAGED,
 )
+#: |‖v_j‖ − 1| above which ``gradspec pca`` does not store a direction, and which every reader of a
+#: spectrum's V allows (``gradspec.spectrum.project_rows``'s atol; retrain's repair, squared).
+V_UNIT_ATOL = 1e-3
 #: Statuses of a store that a run left unfinished (a resumable state is kept).
 UNFINISHED = (FAILED, INTERRUPTED)
 V_CHUNK_BYTES = 8 * 2**20

@@ -168,7 +168,7 @@ def test_a_direction_pca_keeps_is_repaired_not_called_damage(tmp_path, large):
     import gradspec.optim._projectors as projectors
     import gradspec.optim._registry as registry
     from gradspec.collect import collect
-    from gradspec.linalg._result import V_UNIT_ATOL
+    from gradspec.store import V_UNIT_ATOL
 
     collect(config(steps=12, noise_multiplier=0.0), out=tmp_path / "grads", task=lowrank_task())
     gradspec.pca(source=tmp_path / "grads" / "gradients.zarr", k=4, out=tmp_path / "s.zarr")
