@@ -137,9 +137,14 @@ def run_retrain(run: Path, out: Path, seeds: list[int], k: int, steps: int, lr: 
 
     cfg = _collect_config(run)
     lrs = {"whole": cfg["lr"] if lr is None else lr, "qv": qv_lr}
-    for group, (folder, _, _) in GROUPS.items():
-        scale, _ = _config(cfg, group, steps, lrs[group], noise_multiplier)
-        run_untrained(scale, out / folder, "head0", scale.task_options)
+    # one untrained model (the collection's data and head) for both groups: evaluated once
+    scale, _ = _config(cfg, "whole", steps, lrs["whole"], noise_multiplier)
+    untrained = run_untrained(scale, out / GROUPS["whole"][0], "head0", scale.task_options)
+    for folder, _, _ in list(GROUPS.values())[1:]:
+        path = out / folder / "untrained" / "head0.json"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(json_safe(untrained), indent=2))
     for seed in seeds:
         for group, arm in ARMS:
             if arms is not None and arm_name(group, arm) not in arms:
