@@ -245,14 +245,65 @@ def plot(results: dict[str, Any], k: int, budget: str, figures: Path) -> Path | 
     return path
 
 
-def report(run: Path, out: Path, seeds: list[int], k: int, steps: int) -> dict[str, Any]:
+#: How far an earlier run's spectrum may sit from this one's (relative, per σ) for its retraining
+#: runs to count as trained in the same subspaces: float32 products of the same bfloat16 rows.
+PRIOR_SIGMA_RTOL = 1e-5
+
+
+def merge_prior(retrain_runs: dict[str, dict[str, list[dict[str, Any]]]], prior_path: Path,
+                cfg: dict[str, Any], pca_now: dict[str, Any] | None, k: int, steps: int) -> dict[str, Any]:
+    """Add an earlier run's finished arms (``results.json`` of this analysis) to this run's, in place.
+
+    Scratch does not always survive between machines; the collection is seeded and deterministic,
+    so a re-collection gives the same rows, spectra and subspaces, and an arm retrained on one is
+    an arm of the other. That is checked, not assumed: the collection recipe must be equal, the
+    retraining budget and k equal, and every σ of both spectra within ``PRIOR_SIGMA_RTOL``;
+    otherwise the merge is refused in one line. Runs this directory holds win over the prior's
+    (same arm and seed); the returned record says which runs came from where.
+    """
+    prior = json.loads(prior_path.read_text())
+    why = []
+    if prior["collect"]["config"] != cfg:
+        diff = sorted(key for key in set(cfg) | set(prior["collect"]["config"])
+                      if cfg.get(key) != prior["collect"]["config"].get(key))
+        why.append(f"the collection's settings differ ({', '.join(diff)})")
+    if (prior.get("k"), prior.get("retrain_steps")) != (k, steps):
+        why.append(f"k/steps {prior.get('k')}/{prior.get('retrain_steps')}, not {k}/{steps}")
+    rel: dict[str, float] = {}
+    for group in GROUPS:
+        a = np.asarray(((pca_now or {}).get(group) or {}).get("sigma") or [], dtype=np.float64)
+        b = np.asarray(((prior.get("pca") or {}).get(group) or {}).get("sigma") or [], dtype=np.float64)
+        if a.size == 0 or a.shape != b.shape:
+            why.append(f"no {group} spectrum of {b.size} σ to compare ({a.size} here)")
+            continue
+        rel[group] = float(np.max(np.abs(a - b) / b))
+        if rel[group] > PRIOR_SIGMA_RTOL:
+            why.append(f"the {group} spectra differ (max relative σ difference {rel[group]:.1e} "
+                       f"> {PRIOR_SIGMA_RTOL:g}): not the same subspaces")
+    if why:
+        raise SystemExit(f"cannot merge {prior_path}: " + "; ".join(why))
+    added: dict[str, list[str]] = {}
+    for group, runs in retrain_runs.items():
+        for arm, rows in ((prior["retrain"].get(group) or {}).get("runs") or {}).items():
+            have = {r.get("seed") for r in runs.get(arm, [])}
+            new = [{**r, "source": str(prior_path)} for r in rows if r.get("seed") not in have]
+            if new:
+                runs.setdefault(arm, []).extend(new)
+                added.setdefault(group, []).extend(f"{arm} seed {r.get('seed')}" for r in new)
+    return {"path": str(prior_path), "collected_from": prior["collect"].get("run"),
+            "max_relative_sigma_difference": rel, "runs_added": added}
+
+
+def report(run: Path, out: Path, seeds: list[int], k: int, steps: int,
+           prior: Path | None = None) -> dict[str, Any]:
     from gradspec.store import GradientStore
 
     cfg = _collect_config(run)
     read = (lambda p: json.loads(p.read_text()) if p.is_file() else None)  # noqa: E731
+    all_runs = {group: _retrain_rows(out, folder) for group, (folder, _, _) in GROUPS.items()}
+    merged = None if prior is None else merge_prior(all_runs, prior, cfg, read(out / "pca.json"), k, steps)
     retrain: dict[str, Any] = {}
-    for group, (folder, _, _) in GROUPS.items():
-        runs = _retrain_rows(out, folder)
+    for group, runs in all_runs.items():
         informative = _informative_seeds(runs)
         retrain[group] = {"arms": summarize_retrain(runs), "paired": paired_differences(runs), "runs": runs,
                           "informative_seeds": None if informative is None else sorted(informative)}
@@ -260,7 +311,7 @@ def report(run: Path, out: Path, seeds: list[int], k: int, steps: int) -> dict[s
         "paper": PAPER, "seeds": seeds, "k": k, "retrain_steps": steps,
         "collect": {"run": str(run), "config": cfg, "rows": GradientStore.open(run / "gradients.zarr").n_rows,
                     **final_eval(run)},
-        "pca": read(out / "pca.json"), "retrain": retrain,
+        "pca": read(out / "pca.json"), "retrain": retrain, "prior": merged,
         "note": "top-k subspaces from the private data's own noise-free gradients: a diagnostic, not a DP "
                 "guarantee (dp_guarantee false), as the paper's Fig. 2b",
         "versions": versions(),
@@ -300,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default=None, help="arms to run (comma-separated: " +
                     ", ".join(arm_name(g, a) for g, a in ARMS) + "; default all)")
     ap.add_argument("--stages", default=",".join(STAGES), help="comma-separated: " + ", ".join(STAGES))
+    ap.add_argument("--prior", type=Path, default=None,
+                    help="results.json of an earlier run of this analysis on a re-collection of the same "
+                         "recipe: its finished arms join the report (refused unless the spectra agree)")
     args = ap.parse_args(argv)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     if bad := sorted(set(stages) - set(STAGES)):
@@ -318,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     if "retrain" in stages:
         run_retrain(args.run, out, seeds, args.k, args.steps, args.lr, args.qv_lr, arms, args.noise_multiplier)
     if "report" in stages:
-        report(args.run, out, seeds, args.k, args.steps)
+        report(args.run, out, seeds, args.k, args.steps, args.prior)
     logger.info("done in %.1f min", (time.perf_counter() - t0) / 60)
     return 0
 

@@ -86,3 +86,32 @@ def test_a_sketched_run_is_refused_in_one_line(tmp_path):
     run = _collect(tmp_path, sketch=600, sketch_blocks=4)
     with pytest.raises(SystemExit, match="not an exact per-step collection"):
         fig2b.main([str(run), "--out", str(tmp_path / "x"), "--stages", "pca"])
+
+
+def test_a_re_collection_merges_the_earlier_arms_only_when_its_spectra_agree(tmp_path):
+    # the same seeded recipe collected twice (scratch lost between machines): same rows, same subspaces
+    first, second = _collect(tmp_path / "a"), _collect(tmp_path / "b")
+    common = ["--k", "3", "--steps", "3", "--seeds", "0", "--noise-multiplier", "1.0"]
+    assert fig2b.main([str(first), "--out", str(tmp_path / "o1"), *common, "--arms", "dpsgd,topk"]) == 0
+    prior = tmp_path / "o1" / "results.json"
+    assert fig2b.main([str(second), "--out", str(tmp_path / "o2"), *common, "--arms", "complement",
+                       "--prior", str(prior)]) == 0
+    res = json.loads((tmp_path / "o2" / "results.json").read_text())
+    arms = res["retrain"]["whole"]["arms"]
+    assert {"dpsgd", "topk-k3", "complement-k3", "untrained"} <= set(arms)
+    assert res["prior"]["max_relative_sigma_difference"]["whole"] <= fig2b.PRIOR_SIGMA_RTOL
+    assert sorted(res["prior"]["runs_added"]["whole"]) == ["dpsgd seed 0", "topk-k3 seed 0"]
+    runs = res["retrain"]["whole"]["runs"]
+    assert runs["topk-k3"][0]["source"] == str(prior) and "source" not in runs["complement-k3"][0]
+    # the paired complement − top-k difference spans both runs' arms
+    assert res["retrain"]["whole"]["paired"]["topk-k3"]["complement-k3"]["seeds"] == [0]
+    # another subspace (a changed σ), another budget: refused in one line, nothing merged
+    bad = json.loads(prior.read_text())
+    bad["pca"]["whole"]["sigma"][1] *= 1.001
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(SystemExit, match="whole spectra differ"):
+        fig2b.main([str(second), "--out", str(tmp_path / "o2"), *common, "--stages", "report",
+                    "--prior", str(tmp_path / "bad.json")])
+    with pytest.raises(SystemExit, match="k/steps 3/3, not 3/4"):
+        fig2b.main([str(second), "--out", str(tmp_path / "o2"), *common[:2], "--steps", "4", "--stages",
+                    "report", "--prior", str(prior)])
