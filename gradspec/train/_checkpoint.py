@@ -10,7 +10,9 @@ run's own entries, and never touches a directory that is not a run directory.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import logging
 import os
 import pickle
 import re
@@ -22,19 +24,29 @@ from typing import Any
 
 import torch
 
+from gradspec._files import read_regular
 from gradspec.train._checkpoint_schema import check_state, unsafe_value
 from gradspec.train._config import TrainConfig, resume_conflicts
 
-#: 2: loadable with ``torch.load(weights_only=True)`` (tensors, containers and plain values
-#: only, checked at save and at load). Format 1 checkpoints were unpickled without
+logger = logging.getLogger(__name__)
+
+#: 3: format 2 plus ``digest``, the SHA-256 of every value it holds (:func:`state_digest`),
+#: checked at load: torch checks no checksum of a checkpoint's tensors, so a flipped bit
+#: loaded and was trained on. 2: loadable with ``torch.load(weights_only=True)`` (tensors,
+#: containers and plain values only, checked at save and at load); still resumed, with a
+#: warning that its bytes cannot be verified. Format 1 checkpoints were unpickled without
 #: restriction; they are refused, not converted (no released gradspec wrote them).
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3
+#: The oldest format a resume accepts (without a digest to check).
+_UNVERIFIED_FORMAT = 2
 
 STORE_NAME = "gradients.zarr"
 METRICS_NAME = "metrics.jsonl"
 CONFIG_NAME = "config.json"
 CHECKPOINT_NAME = "checkpoint.pt"
 RUN_NAME = "run.json"  # the run's config when it writes no store (training only)
+#: The most bytes a run.json may hold (settings and a caller's run_info: kilobytes).
+RUN_CONFIG_MAX_BYTES = 64 << 20
 
 #: What a run writes into its directory; ``overwrite`` removes exactly these.
 RUN_ENTRIES = (
@@ -48,6 +60,50 @@ def _fresh(tmp: Path) -> None:
     """Remove whatever sits at ``tmp`` first: a link planted there would be written through."""
     if tmp.is_symlink() or tmp.is_file():
         tmp.unlink()
+
+
+def state_digest(state: Any) -> str:
+    """SHA-256 of a checkpoint's values (hex): every tensor's dtype, shape and bytes, every plain
+    value's type and exact ``repr``, every container's kind, length and order (keys included).
+
+    It is of what ``torch.load`` returns, not of the file: the values a resume trains on are
+    the ones checked, whatever torch's container format does with them. A tensor is hashed as
+    its storage's bytes and its view of them (shape, strides, offset), in place: no copy, and
+    a view declaring a huge shape over a small storage is never materialised.
+    """
+    digest = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        kind = type(value)
+        if isinstance(value, torch.Tensor):
+            t = value.detach()
+            t = t.cpu() if t.device.type != "cpu" else t
+            # the storage as saved, and the view of it: a declared shape is never materialised
+            storage = t.untyped_storage()
+            digest.update(f"T{t.dtype}{tuple(t.shape)}{t.stride()}{t.storage_offset()}/{storage.nbytes()};".encode())
+            if storage.nbytes():
+                digest.update(torch.empty(0, dtype=torch.uint8).set_(storage).numpy())
+        elif isinstance(value, dict):
+            digest.update(f"D{len(value)};".encode())
+            for key, item in value.items():
+                feed(key)
+                feed(item)
+        elif isinstance(value, (list, tuple)):
+            digest.update(f"{'L' if isinstance(value, list) else 'U'}{len(value)};".encode())
+            for item in value:
+                feed(item)
+        else:  # str, int, float, bool, None (unsafe_value allows nothing else)
+            text = repr(value)
+            digest.update(f"{kind.__name__}{len(text)}:{text};".encode())
+
+    feed(state)
+    return digest.hexdigest()
+
+
+def _stamped(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with the current format and its digest (over everything but ``digest``)."""
+    body = {"format": CHECKPOINT_FORMAT, **{k: v for k, v in state.items() if k not in ("format", "digest")}}
+    return {**body, "digest": state_digest(body)}
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
@@ -67,7 +123,7 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
                         "store it as one of these in the state_dict that returns it")
     tmp = path.with_name(path.name + ".partial")
     _fresh(tmp)
-    torch.save({"format": CHECKPOINT_FORMAT, **state}, tmp)
+    torch.save(_stamped(state), tmp)
     os.replace(tmp, path)
 
 
@@ -110,11 +166,12 @@ def load_checkpoint(path: str | os.PathLike, required: tuple[str, ...] = ()) -> 
         raise ValueError(f"{str(path)!r} cannot be read ({type(exc).__name__}); it is damaged — "
                          "start the run anew with --overwrite") from None
     fmt = state.get("format") if isinstance(state, dict) else None
-    if fmt != CHECKPOINT_FORMAT or type(fmt) is not int:
-        if type(fmt) is int and 0 < fmt < CHECKPOINT_FORMAT:
+    if fmt not in (CHECKPOINT_FORMAT, _UNVERIFIED_FORMAT) or type(fmt) is not int:
+        if type(fmt) is int and 0 < fmt < _UNVERIFIED_FORMAT:
             raise ValueError(
                 f"{str(path)!r} is a checkpoint of format {fmt}, written by an older gradspec that pickled "
-                f"its objects; this gradspec resumes format {CHECKPOINT_FORMAT} only (no pickled objects): "
+                f"its objects; this gradspec resumes formats {_UNVERIFIED_FORMAT}–{CHECKPOINT_FORMAT} only (no pickled "
+                "objects): "
                 "start the run anew with --overwrite, or finish it with the gradspec that started it"
             )
         if type(fmt) is int and fmt > CHECKPOINT_FORMAT:
@@ -122,6 +179,14 @@ def load_checkpoint(path: str | os.PathLike, required: tuple[str, ...] = ()) -> 
                              "upgrade gradspec to resume it")
         raise ValueError(f"{str(path)!r} is not a gradspec checkpoint (format {CHECKPOINT_FORMAT}); "
                          "start the run anew with --overwrite")
+    if fmt == _UNVERIFIED_FORMAT:
+        logger.warning("%s is a checkpoint of format %d, written before checkpoints carried a digest: its "
+                       "values cannot be verified (a damaged file would be resumed from)", path, fmt)
+    else:
+        saved = state.pop("digest", None)
+        if not isinstance(saved, str) or saved != state_digest(state):
+            raise ValueError(f"{str(path)!r} is damaged: its values do not match the digest saved with them "
+                             "(a changed byte); resume from nothing else — start the run anew with --overwrite")
     missing = [k for k in required if k not in state]
     if missing:
         raise ValueError(f"checkpoint {str(path)!r} lacks {missing}; it is damaged — start the run anew")
@@ -362,8 +427,8 @@ def saved_run_config(out: Path) -> dict[str, Any]:
         source = out / RUN_NAME
         if not source.exists():
             return {}
-        try:
-            saved = json.loads(source.read_text())
+        try:  # without blocking (a FIFO there hung the resume forever), a regular file only
+            saved = json.loads(read_regular(source, max_bytes=RUN_CONFIG_MAX_BYTES))
         except RecursionError:
             saved = "deeply nested lists"
         except (OSError, ValueError) as exc:

@@ -25,6 +25,7 @@ from gradspec.train._checkpoint import (
     load_checkpoint,
     save_checkpoint,
     saved_run_config,
+    state_digest,
     write_text_atomic,
 )
 
@@ -55,11 +56,14 @@ def run(stopped_run, tmp_path) -> Path:
 
 
 def _edit(run: Path, change) -> Path:
-    """Rewrite the run's checkpoint after ``change(state)``, keeping its format."""
+    """Rewrite the run's checkpoint after ``change(state)``, keeping its format and stamping the
+    digest of the changed values (a hand-made checkpoint, not a damaged one: what the schema
+    check must refuse by itself)."""
     path = run / CHECKPOINT_NAME
     state = torch.load(path, weights_only=True)
+    state.pop("digest")
     change(state)
-    torch.save(state, path)
+    torch.save({**state, "digest": state_digest(state)}, path)
     return path
 
 
@@ -75,7 +79,7 @@ def _resume_fails(run: Path, *words: str) -> str:
 # ------------------------------------------------------------------ what the checkpoint holds
 def test_the_trainers_checkpoint_is_current_format_and_loads(run):
     state = load_checkpoint(run / CHECKPOINT_NAME, required=REQUIRED)
-    assert state["format"] == CHECKPOINT_FORMAT == 2 and state["step"] == 4
+    assert state["format"] == CHECKPOINT_FORMAT == 3 and state["step"] == 4
     assert state["sampler"]["perm"] is not None  # a shuffled run: its permutation is checked too
 
 
@@ -101,7 +105,7 @@ def test_an_old_format_checkpoint_is_refused_saying_what_to_do(run):
     _resume_fails(run, "format 1", "--overwrite")
 
 
-@pytest.mark.parametrize("fmt, words", [(3, ("newer gradspec", "upgrade")), ("2", ("not a gradspec checkpoint",)),
+@pytest.mark.parametrize("fmt, words", [(4, ("newer gradspec", "upgrade")), ("3", ("not a gradspec checkpoint",)),
                                         (True, ("not a gradspec checkpoint",)), (None, ("not a gradspec",))])
 def test_a_checkpoint_of_another_or_no_format_is_refused(run, fmt, words):
     path = _edit(run, lambda s: s.update(format=fmt))
@@ -109,6 +113,88 @@ def test_a_checkpoint_of_another_or_no_format_is_refused(run, fmt, words):
         load_checkpoint(path)
     _one_line(str(err.value))
     assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def _flip_in_file(path: Path, needle: bytes, at: int, bit: int) -> None:
+    raw = bytearray(path.read_bytes())
+    where = bytes(raw).find(needle)
+    assert where > 0 and bytes(raw).find(needle, where + 1) < 0, "the bytes to flip are not unique in the file"
+    raw[where + at] ^= bit
+    path.write_bytes(bytes(raw))
+
+
+def test_a_flipped_bit_in_a_weight_is_refused_not_resumed_from(run):
+    """torch checks no checksum of a checkpoint's tensors: one flipped bit of a weight loaded and
+    the resume trained on from it with exit code 0."""
+    path = run / CHECKPOINT_NAME
+    state = load_checkpoint(path, required=REQUIRED)
+    weight = next(iter(state["model"].values())).contiguous().numpy().tobytes()
+    _flip_in_file(path, weight, 2, 0x40)
+    assert not torch.equal(torch.load(path, weights_only=True)["model"][next(iter(state["model"]))],
+                           next(iter(state["model"].values())))  # the flip reached the values
+    with pytest.raises(ValueError) as err:
+        load_checkpoint(path, required=REQUIRED)
+    _one_line(str(err.value))
+    assert "damaged" in str(err.value) and "digest" in str(err.value) and "--overwrite" in str(err.value)
+    _resume_fails(run, "damaged", "digest")
+
+
+def test_a_flipped_bit_in_the_noise_multiplier_is_refused(run):
+    """One bit turned the pickled σ = 1.0 into 0.5: the resume trained at half the noise with exit 0."""
+    import pickletools
+    import struct
+    import zipfile
+
+    path = run / CHECKPOINT_NAME
+    sigma = load_checkpoint(path)["noise_multiplier"]
+    with zipfile.ZipFile(path) as z:
+        pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    floats = [arg for op, arg, _ in pickletools.genops(pkl) if op.name == "BINFLOAT"]
+    assert sigma in floats
+    packed = b"G" + struct.pack(">d", sigma)
+    raw = path.read_bytes()
+    at = raw.rfind(packed)  # the top-level entry is pickled last among equal floats
+    assert at > 0
+    changed = bytearray(raw)
+    changed[at + 2] ^= 0x10
+    path.write_bytes(bytes(changed))
+    # the exponent's last bit: σ/2 or 2σ, which the settings and accountant would have used
+    assert torch.load(path, weights_only=True)["noise_multiplier"] in (sigma / 2, 2 * sigma)
+    with pytest.raises(ValueError, match="digest"):
+        load_checkpoint(path)
+    _resume_fails(run, "damaged", "digest")
+
+
+def test_a_format_2_checkpoint_without_a_digest_still_resumes_with_a_warning(run, caplog):
+    path = run / CHECKPOINT_NAME
+    state = torch.load(path, weights_only=True)
+    state.pop("digest")
+    torch.save({**state, "format": 2}, path)
+    with caplog.at_level("WARNING", logger="gradspec.train._checkpoint"):
+        loaded = load_checkpoint(path, required=REQUIRED)
+    assert loaded["step"] == 4 and "cannot be verified" in caplog.text
+    res = runner.invoke(app, ["collect", "--out", str(run), "--resume", "--no-progress"])
+    assert res.exit_code == 0, res.output
+
+
+def test_the_digest_sees_every_value_and_its_kind():
+    base = {"a": torch.arange(4, dtype=torch.float32), "b": [1, 2.0, "x", None, True], "c": {1: (torch.ones(0),)}}
+    same = {"a": torch.arange(4, dtype=torch.float32), "b": [1, 2.0, "x", None, True], "c": {1: (torch.ones(0),)}}
+    assert state_digest(base) == state_digest(same)
+    variants = [
+        {**base, "a": torch.arange(4, dtype=torch.float64)},  # same values, another dtype
+        {**base, "a": torch.arange(4, dtype=torch.float32).reshape(2, 2)},  # another shape
+        {**base, "b": [1, 2, "x", None, True]},  # 2.0 -> 2
+        {**base, "b": [1, 2.0, "x", None, 1]},  # True -> 1
+        {**base, "b": (1, 2.0, "x", None, True)},  # list -> tuple
+        {**base, "c": {"1": (torch.ones(0),)}},  # int key -> str key
+        {"b": base["b"], "a": base["a"], "c": base["c"]},  # order
+    ]
+    flipped = torch.arange(4, dtype=torch.float32)
+    flipped.view(torch.int32)[2] ^= 1  # the last bit of one float
+    variants.append({**base, "a": flipped})
+    digests = {state_digest(v) for v in variants}
+    assert len(digests) == len(variants) and state_digest(base) not in digests
 
 
 def test_a_checkpoint_that_is_not_a_dict_or_not_torch_is_refused(tmp_path):
