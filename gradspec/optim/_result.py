@@ -4,14 +4,24 @@ the checked reading of it that a resumed sweep and a sweep's summary rely on."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULT_NAME", "RetrainResult", "read_result"]
+from gradspec._files import read_regular
+
+__all__ = ["RESULT_NAME", "RetrainResult", "read_result", "write_result"]
+
+logger = logging.getLogger(__name__)
 
 RESULT_NAME = "retrain.json"
+#: The most bytes a retrain.json may hold (it records settings and final metrics: a few kB).
+RESULT_MAX_BYTES = 16 << 20
+DIGEST_KEY = "digest"
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,24 @@ _RESULT_TYPES: dict[str, tuple[type, ...]] = {
 _RESULT_DEFAULTS = ("hooks", "settings", "accounting", "dp_guarantee", "dp_caveat")
 
 
+def _digest(saved: dict[str, Any]) -> str:
+    """SHA-256 of the parsed JSON (keys sorted, the digest left out): what a reader gets back."""
+    body = {k: v for k, v in saved.items() if k != DIGEST_KEY}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=True).encode()).hexdigest()
+
+
+def write_result(result: RetrainResult, path: Path) -> None:
+    """Write ``result`` as ``path`` (a ``retrain.json``) whole or not at all, with the digest of
+    its values, so a sweep that reuses it or a summary that lists it reads what was written."""
+    saved = json.loads(json.dumps(result.to_dict(), default=str))
+    text = json.dumps({**saved, DIGEST_KEY: _digest(saved)}, indent=2)
+    tmp = path.with_name(path.name + ".partial")
+    if tmp.is_symlink() or tmp.is_file():
+        tmp.unlink()  # a link planted there would be written through
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def read_result(run_dir: Path) -> RetrainResult:
     """The finished run in ``run_dir`` (its ``retrain.json``), checked before a sweep reuses it;
     ``out`` and ``metrics`` are the run's own files, whatever the file recorded (a moved or
@@ -92,11 +120,22 @@ def read_result(run_dir: Path) -> RetrainResult:
     damaged = (f"{str(path)!r} is not a readable retrain result (%s); rerun the sweep with --overwrite "
                "(it reruns this run), or delete that run's folder")
     try:
-        saved = json.loads(path.read_text())
+        raw = read_regular(path, max_bytes=RESULT_MAX_BYTES)  # a FIFO there blocked the sweep forever
+    except (OSError, ValueError) as exc:
+        raise ValueError(damaged % (str(exc).splitlines()[0][:80] or type(exc).__name__)) from None
+    try:
+        saved = json.loads(raw)
     except RecursionError:
         raise ValueError(damaged % "it nests too deeply") from None
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
         raise ValueError(damaged % f"not JSON: {str(exc).splitlines()[0][:80]}") from None
+    if isinstance(saved, dict):
+        digest = saved.pop(DIGEST_KEY, None)
+        if digest is None:
+            logger.warning("%s carries no digest (written before retrain results had one): its values "
+                           "cannot be verified", path)
+        elif digest != _digest(saved):
+            raise ValueError(damaged % "its values do not match the digest written with them: a changed byte")
     try:
         result = RetrainResult.from_dict(saved)
         settings = result.settings

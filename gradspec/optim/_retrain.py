@@ -44,7 +44,7 @@ from gradspec.optim._registry import (
     make_algorithm,
     outer_config,
 )
-from gradspec.optim._result import RESULT_NAME, RetrainResult, read_result
+from gradspec.optim._result import RESULT_NAME, RetrainResult, read_result, write_result
 from gradspec.optim._summary import write_summary
 from gradspec.tasks import Task
 from gradspec.train import BOOKKEEPING, StepHooks, TrainConfig
@@ -261,7 +261,7 @@ def retrain(
         accounting=_accounting(hooks, config) if math.isfinite(result.epsilon) else "non-private",
         dp_guarantee=dp_guarantee, dp_caveat=dp_caveat,
     )
-    (Path(out) / RESULT_NAME).write_text(json.dumps(res.to_dict(), indent=2, default=str))
+    write_result(res, Path(out) / RESULT_NAME)
     return res
 
 

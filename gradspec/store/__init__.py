@@ -21,7 +21,7 @@ from gradspec.store._source import (
 from gradspec.store._spectrum import SpectrumStore
 from gradspec.store._spectrum_schema import V_UNIT_ATOL, SpectrumStatus
 from gradspec.store._writer import BackgroundWriter, WriterError
-from gradspec.store._zarr import is_url
+from gradspec.store._zarr import is_url, update_attrs
 
 __all__ = [
     "BackgroundWriter",
@@ -55,6 +55,7 @@ __all__ = [
     "row_kind",
     "rows_digest",
     "rows_text",
+    "update_attrs",
 ]
 
 

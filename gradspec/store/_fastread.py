@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -142,8 +143,14 @@ class ChunkFileReader:
         try:
             # O_NOFOLLOW: a chunk linked out of the store (to any file the user can read) is
             # damage, never read through
-            with open(os.open(self._path(i, j), os.O_RDONLY | os.O_NOFOLLOW), "rb", buffering=0) as f:
-                got, intact = self._read_file(f, into)
+            # O_NONBLOCK: a FIFO in a chunk's place blocked the read forever; fstat of the opened
+            # file then refuses anything but a regular file (a FIFO, a directory, a device)
+            fd = os.open(self._path(i, j), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with open(fd, "rb", buffering=0) as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    got, intact = -1, False
+                else:
+                    got, intact = self._read_file(f, into)
         except FileNotFoundError:
             if self._on_damage is not None:
                 self._on_damage(i, j, "missing")
@@ -158,7 +165,9 @@ class ChunkFileReader:
                              "through a link; the store is damaged or not its own") from None
         size = self._chunk_bytes + self._trailer
         problem = None
-        if got != size:
+        if got < 0:
+            problem = "not a regular file"
+        elif got != size:
             problem = (f"truncated ({got} of {size} bytes)" if got < size
                        else f"longer than the {size} bytes of a chunk")
         elif not intact:

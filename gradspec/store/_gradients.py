@@ -172,8 +172,8 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             if arr.shape[0] < self._rows:
                 raise StoreDamagedError(
                     f"{self.path}: {self._rows} rows are committed but {name} holds only {arr.shape[0]}; "
-                    f"{damaged}, or keep the rows it holds with zarr.open_group({self.path!r}, "
-                    f"mode='r+').attrs['{ROWS_KEY}'] = {arr.shape[0]}"
+                    f"{damaged}, or keep the rows it holds with gradspec.store.update_attrs("
+                    f"zarr.open_group({self.path!r}, mode='r+'), {{'{ROWS_KEY}': {arr.shape[0]}}})"
                 )
         self._presence = {name: ChunkPresence(arr) for name, arr in self._arrays().items()}
         self._direct = ChunkFileReader.for_array(self._grads, on_damage=self._chunk_damaged)

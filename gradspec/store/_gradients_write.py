@@ -27,6 +27,7 @@ from gradspec.store._integrity import (
 from gradspec.store._zarr import (
     disk_numpy_dtype,
     to_disk_dtype,
+    update_attrs,
 )
 
 
@@ -181,7 +182,7 @@ class GradientWrites:
         if self._stats is not None:
             report = _precision.summarize(self._report_upto(n), self.p, self._dtype)
             update[DTYPE_REPORT_KEY] = report
-        self._group.attrs.update(update)
+        update_attrs(self._group, update)
         self._rows = n
         why = _precision.material(report) if report else None
         if why:
@@ -232,12 +233,12 @@ class GradientWrites:
                 first = lost[0]
                 raise damage_error(self.path, first["array"], first["chunk"],
                                    (first["rows"][0], first["rows"][1] + 1), self._rows, "missing", len(lost) - 1)
-        self._group.attrs.update({STATUS_KEY: status})
+        update_attrs(self._group, {STATUS_KEY: status})
         self._status = status
 
     def update_config(self, **items: Any) -> None:
         """Merge items into the stored run config (e.g. the final epsilon)."""
         self._check_writable()
         self._config.update(items)
-        self._group.attrs.update({"gradspec.config": self._config})
+        update_attrs(self._group, {"gradspec.config": self._config})
 

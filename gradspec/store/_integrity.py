@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from gradspec._files import FileTooLarge, NotRegularFile, read_regular
 from gradspec.store._checksum import PROBLEM as CORRUPT
 from gradspec.store._checksum import TRAILER, corrupt_chunks, has_checksum, raw_matches
 from gradspec.store._fastread import local_root
@@ -275,8 +276,14 @@ def verify_arrays(
         try:
             if sizes[name] is not None:
                 path = pres.path(c)
-                with open(path, "rb") as f:  # type: ignore[arg-type]
-                    raw = f.read()
+                try:  # without blocking (a FIFO in a chunk's place hung the check), a regular file only
+                    raw = read_regular(path, max_bytes=sizes[name])  # type: ignore[arg-type]
+                except FileTooLarge as exc:
+                    damaged.append({**entry, "problem": f"too long: {exc.size} bytes, expected {sizes[name]}"})
+                    continue
+                except NotRegularFile:
+                    damaged.append({**entry, "problem": "not a regular file"})
+                    continue
                 if len(raw) != sizes[name]:
                     what = "truncated" if len(raw) < sizes[name] else "too long"
                     damaged.append({**entry, "problem": f"{what}: {len(raw)} bytes, expected {sizes[name]}"})

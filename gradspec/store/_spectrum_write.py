@@ -32,7 +32,7 @@ from gradspec.store._spectrum_schema import (
     VECTOR_ARRAYS,
     _create_arrays,
 )
-from gradspec.store._zarr import create_group, is_url, open_checked
+from gradspec.store._zarr import create_group, is_url, open_checked, update_attrs
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class SpectrumWrites:
             return
         v_dtype = str(self._group["V"].dtype)
         _create_arrays(self._group, r=r, p=p, k=k, v_dtype=v_dtype)
-        self._group.attrs.update({"gradspec.k": int(k)})
+        update_attrs(self._group, {"gradspec.k": int(k)})
 
     def v_sink(self) -> RowBlockWriter:
         """A ``sink(offset, rows)`` writing streamed rows of V in whole chunks, behind the caller.
@@ -87,9 +87,7 @@ class SpectrumWrites:
             else:
                 small[key] = val
         small["arrays"] = [k for k, v in state.items() if isinstance(v, np.ndarray)]
-        self._group.attrs.update(
-            {"gradspec.state": _jsonable(small)}
-        )  # written last: state is valid
+        update_attrs(self._group, {"gradspec.state": _jsonable(small)})  # written last: state is valid
 
     @property
     def passes_done(self) -> int:
@@ -116,7 +114,7 @@ class SpectrumWrites:
         self._check_writable()
         if status not in UNFINISHED:
             raise ValueError(f"status must be one of {tuple(map(str, UNFINISHED))}, got {status!r}")
-        self._group.attrs.update({STATUS_KEY: status, "gradspec.error": str(error)[:500]})
+        update_attrs(self._group, {STATUS_KEY: status, "gradspec.error": str(error)[:500]})
 
     def discard(self) -> None:
         """Delete this unfinished store from disk (a complete store is never deleted)."""
@@ -185,10 +183,8 @@ class SpectrumWrites:
             self._checks.require(name, self._arr(name))  # V streamed whole, nothing lost: or not complete
         if "state" in g:
             del g["state"]
-        for key in ("gradspec.state", "gradspec.error"):
-            if key in g.attrs:
-                del g.attrs[key]
-        g.attrs.update(
+        update_attrs(
+            g,
             {
                 STATUS_KEY: COMPLETE,
                 "gradspec.k": k,
@@ -203,7 +199,8 @@ class SpectrumWrites:
                 "gradspec.timings": _jsonable(result.timings),
                 "gradspec.passes": int(result.passes),
                 "gradspec.finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            }
+            },
+            remove=("gradspec.state", "gradspec.error"),
         )
 
     @staticmethod

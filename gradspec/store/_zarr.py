@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import json
+import logging
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,13 @@ KIND_KEY = "gradspec.kind"
 KNOWN_KINDS = ("gradients", "spectrum")
 FORMAT_KEY = "gradspec.format"
 FORMAT = 1
+#: SHA-256 of every other attribute (:func:`attrs_digest`), rewritten with each change
+#: (:func:`update_attrs`) and checked at every open: chunks carry a CRC-32C, the attributes
+#: (row count, config, layout, σ's Frobenius norm...) carried nothing, so a flipped bit there
+#: was read as data. A store written before it has none and opens with a warning.
+DIGEST_KEY = "gradspec.attrs_sha256"
+
+logger = logging.getLogger(__name__)
 
 
 def is_url(path: str | os.PathLike) -> bool:
@@ -48,6 +59,10 @@ def open_checked(path: str | os.PathLike, kind: str | None, mode: str = "r") -> 
                 f"{str(path)!r} is not a gradspec store (no zarr.json); "
                 f"pass the directory that `gradspec {'pca' if kind == 'spectrum' else 'collect'}` wrote"
             )
+        odd = _irregular_metadata(p)
+        if odd is not None:
+            raise ValueError(f"{str(path)!r} is damaged: {odd!r} is not a regular file (zarr would wait on "
+                             "a FIFO there forever); restore the store from a copy")
     try:
         group = zarr.open_group(store=str(path), mode="r" if mode == "r" else "r+")
     except (FileNotFoundError, zarr.errors.GroupNotFoundError) as exc:
@@ -82,7 +97,58 @@ def open_checked(path: str | os.PathLike, kind: str | None, mode: str = "r") -> 
             f"{str(path)!r} has {FORMAT_KEY} = {fmt}, a format this gradspec does not know (it reads up "
             f"to {FORMAT}): its zarr.json is damaged, or a later gradspec wrote it"
         )
+    digest = attrs.get(DIGEST_KEY)
+    if digest is None:
+        _warn_unverified(str(path))
+    elif digest != attrs_digest(attrs):
+        raise ValueError(f"{str(path)!r} is damaged: its attributes (zarr.json) do not match the digest "
+                         f"written with them ({DIGEST_KEY}): a changed byte; restore the store from a copy")
     return group
+
+
+def _irregular_metadata(root: Path) -> str | None:
+    """The first ``zarr.json`` under ``root`` that is not a regular file (a FIFO, a directory, a
+    device), else None. zarr opens an array's metadata with a plain blocking ``open``; its chunk
+    folders (``c``) are not entered, so this costs one ``stat`` per array."""
+    stack = [str(root)]
+    while stack:
+        here = stack.pop()
+        try:
+            entries = list(os.scandir(here))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name == "zarr.json":
+                try:
+                    mode = os.stat(entry.path).st_mode
+                except OSError:
+                    continue  # a dangling link: zarr reports it
+                if not stat.S_ISREG(mode):
+                    return os.path.relpath(entry.path, root)
+            elif entry.name != "c" and entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+    return None
+
+
+def attrs_digest(attrs: dict[str, Any]) -> str:
+    """SHA-256 (hex) of ``attrs`` without :data:`DIGEST_KEY`, as canonical JSON (keys sorted)."""
+    body = {k: v for k, v in attrs.items() if k != DIGEST_KEY}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=True).encode()).hexdigest()
+
+
+def update_attrs(group: zarr.Group, changes: dict[str, Any], remove: tuple[str, ...] = ()) -> None:
+    """Merge ``changes`` into the group's attributes (and drop ``remove``) with a new digest, in
+    one write of its zarr.json (zarr replaces the file whole). Values must be JSON's own types
+    (numpy scalars are refused here, not rounded differently by two encoders)."""
+    new = {k: v for k, v in {**group.attrs.asdict(), **changes}.items() if k not in remove}
+    new = json.loads(json.dumps(new, allow_nan=True))  # what a reader parses back: tuples are lists
+    group.attrs.put({**new, DIGEST_KEY: attrs_digest(new)})
+
+
+@functools.cache
+def _warn_unverified(path: str) -> None:
+    logger.warning("%s was written before gradspec stored a digest of its attributes: they cannot be "
+                   "verified (its chunks still are)", path)
 
 
 def create_group(path: str | os.PathLike, kind: str, attrs: dict[str, Any], overwrite: bool) -> zarr.Group:
@@ -95,7 +161,7 @@ def create_group(path: str | os.PathLike, kind: str, attrs: dict[str, Any], over
                 "or --resume to continue a run"
             )
     group = zarr.open_group(store=str(path), mode="w" if overwrite else "w-")
-    group.attrs.update({KIND_KEY: kind, FORMAT_KEY: FORMAT, **attrs})
+    update_attrs(group, {KIND_KEY: kind, FORMAT_KEY: FORMAT, **attrs})
     return group
 
 

@@ -18,7 +18,7 @@ import zarr
 from typer.testing import CliRunner
 
 from cli.main import app
-from gradspec.store import META_FIELDS, GradientStore, ParamLayout, SpectrumStore
+from gradspec.store import META_FIELDS, GradientStore, ParamLayout, SpectrumStore, update_attrs
 
 runner = CliRunner()
 
@@ -330,8 +330,8 @@ def test_a_plain_rerun_keeps_the_state_of_a_killed_run(interrupted):
     out = tmp / "s.zarr"
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()  # a pid that is no process now
-    attrs = zarr.open_group(str(out), mode="r+").attrs
-    attrs.update({"gradspec.status": "running", "gradspec.owner": {"host": socket.gethostname(), "pid": child.pid}})
+    update_attrs(zarr.open_group(str(out), mode="r+"),
+                 {"gradspec.status": "running", "gradspec.owner": {"host": socket.gethostname(), "pid": child.pid}})
     assert "--resume` continues it" in SpectrumStore.open(out).summary()["writer"]
     one_line_error(invoke(*args), "holds the saved state of an unfinished orthogonal run, 2 iteration(s) done")
     assert SpectrumStore.open(out).summary()["iterations_done"] == 2
@@ -409,7 +409,7 @@ def test_a_killed_run_is_replaced_but_a_live_one_is_not(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
     g = zarr.open_group(str(tmp_path / "s.zarr"), mode="r+")
-    g.attrs["gradspec.owner"] = {**g.attrs["gradspec.owner"], "pid": int(dead.stdout)}
+    update_attrs(g, {"gradspec.owner": {**g.attrs["gradspec.owner"], "pid": int(dead.stdout)}})
     ok("pca", tmp_path / "g.zarr", "--k", 5, "--out", tmp_path / "s.zarr", "--no-progress")
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import gradspec
-from gradspec.store import DirectoryBusyError, RunLock, SpectrumStore
+from gradspec.store import DirectoryBusyError, RunLock, SpectrumStore, update_attrs
 
 
 def test_a_second_pca_on_the_same_out_is_refused_while_the_first_writes(tmp_path):
@@ -73,6 +73,6 @@ def test_info_says_when_a_running_stores_writer_is_gone(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     pid = child.pid  # a process that has exited: no such process now
-    zarr.open_group(str(out), mode="r+").attrs["gradspec.owner"] = {"host": socket.gethostname(), "pid": pid}
+    update_attrs(zarr.open_group(str(out), mode="r+"), {"gradspec.owner": {"host": socket.gethostname(), "pid": pid}})
     res = CliRunner().invoke(app, ["info", str(out)])
     assert f"writer   gone: the pca that wrote it (pid {pid}" in res.output and "--resume" in res.output

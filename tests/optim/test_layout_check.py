@@ -14,6 +14,7 @@ import torch
 from gradspec.collect import CollectConfig, collect
 from gradspec.optim import FixedProjector, make_algorithm, retrain
 from gradspec.optim._registry import spectrum_layout
+from gradspec.store import update_attrs
 
 from ._cases import fake_run, orthonormal
 
@@ -88,11 +89,11 @@ def test_a_store_without_a_recorded_layout_uses_its_source_gradient_store(tmp_pa
     shutil.copytree(query_spectrum, old)
     store = SpectrumStore.open(old, mode="r+")
     source = {k: v for k, v in store.source.items() if k != "layout"}
-    store._group.attrs.update({"gradspec.source": source})
+    update_attrs(store._group, {"gradspec.source": source})
     assert spectrum_layout(old) == spectrum_layout(query_spectrum)
     # the source store gone: nothing tells which parameters the columns are
     source["path"] = source["abspath"] = str(tmp_path / "gone.zarr")
-    store._group.attrs.update({"gradspec.source": source})
+    update_attrs(store._group, {"gradspec.source": source})
     assert spectrum_layout(old) is None
     with pytest.raises(ValueError, match=r"does not record which parameters.*--no-layout-check"):
         make_algorithm("subspace", spectrum=old, rank=2)

@@ -9,6 +9,7 @@ import typer
 from typer.testing import CliRunner
 
 from gradspec.optim import retrain, sweep
+from gradspec.optim._result import _digest as result_digest
 
 from ._cases import config, lowrank_task
 
@@ -60,6 +61,7 @@ def test_a_run_finished_under_the_old_sigma_name_is_reused(tmp_path):
     (tmp_path / "dp-sgd-seed0-nm1").rename(old)  # as an old sweep left it
     saved = json.loads((old / "retrain.json").read_text())
     saved.update(out=str(old), metrics=str(old / "metrics.jsonl"))
+    saved["digest"] = result_digest(saved)
     (old / "retrain.json").write_text(json.dumps(saved))
     again = sweep(config=config(steps=2), algorithms=["dp-sgd"], seeds=[0], noise_multipliers=[1.0],
                   out=tmp_path, task_factory=lambda s: pytest.fail("the finished run was rerun"))

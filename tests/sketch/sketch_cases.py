@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gradspec.store import GradientStore, ParamLayout
+from gradspec.store import GradientStore, ParamLayout, update_attrs
 
 SKETCH_KEY = "gradspec.sketch"  # gradspec.store's SKETCH_KEY (the collector's schema)
 
@@ -99,7 +99,7 @@ def write_sketched(path, y: np.ndarray, attr: dict | None, *, cols_per_chunk: in
         store = GradientStore.create(path, sketch=attr, **kw) if attr is not None else GradientStore.create(path, **kw)
     except TypeError:  # a store layer without the sketch argument: set the attribute itself
         store = GradientStore.create(path, **kw)
-        store._group.attrs.update({SKETCH_KEY: attr})
+        update_attrs(store._group, {SKETCH_KEY: attr})
     n_norms = len(attr["params"]) if attr is not None else 1
     meta = {f: np.zeros(r) for f in store.meta_fields}
     meta["example_index"] = np.arange(r)

@@ -19,6 +19,7 @@ from gradspec.store import (
     GradientStore,
     ParamLayout,
     StoreDamagedError,
+    update_attrs,
 )
 
 LAYOUT = ParamLayout.from_shapes([("w", (4, 3)), ("b", (4,)), ("v", (5,))])  # p = 21, 3 parameters
@@ -110,9 +111,7 @@ def test_writing_norms_no_clipping_gives_is_refused_and_writes_nothing(tmp_path,
 def _old(path) -> None:
     """Make ``path`` what a per-example store written before issue 22 is: no attribute, no arrays."""
     group = zarr.open_group(str(path), mode="r+")
-    attrs = group.attrs.asdict()
-    attrs.pop("gradspec.example_norms")
-    group.attrs.put(attrs)
+    update_attrs(group, {}, remove=("gradspec.example_norms",))
     for name in ("meta/pre_clip_norm", "meta/clip_factor", "param_norms"):
         shutil.rmtree(path / name)
 

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gradspec.store import GradientStore, RunLock, SpectrumStore, StoreDamagedError, open_store
+from gradspec.store._zarr import DIGEST_KEY, attrs_digest
 
 LOWRANK = ["--task", "lowrank", "-t", "n=200", "-t", "d=40", "-t", "r=3", "--batch-size", "20",
            "--lr", "0.05", "--optimizer", "sgd", "--eval-every", "5", "--no-progress"]
@@ -51,7 +52,12 @@ def _edit(path: Path, change) -> None:
 
 
 def _attrs(store: Path, **values) -> None:
-    _edit(store / "zarr.json", lambda d: d["attributes"].update(values))
+    """Attributes that lie, written as gradspec writes them (their digest stamped anew): what the
+    checks of each attribute must refuse by themselves."""
+    def change(doc):
+        doc["attributes"].update(values)
+        doc["attributes"][DIGEST_KEY] = attrs_digest(doc["attributes"])
+    _edit(store / "zarr.json", change)
 
 
 def _refused(fn, store: Path, *words: str) -> str:

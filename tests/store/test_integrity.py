@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 import zarr
 
-from gradspec.store import META_FIELDS, GradientStore, ParamLayout, StoreDamagedError, open_store
+from gradspec.store import (
+    META_FIELDS,
+    GradientStore,
+    ParamLayout,
+    StoreDamagedError,
+    open_store,
+    update_attrs,
+)
 from gradspec.store._integrity import ChunkPresence
 
 # (compressor, dtype): the fast chunk-file path, zarr's path (compressed), a 16-bit store
@@ -84,7 +91,7 @@ def test_all_zero_chunks_are_stored_and_read_back(tmp_path):
 def test_a_store_written_before_full_chunks_reads_absent_chunks_as_zeros_with_a_warning(tmp_path, caplog):
     store, data = build(tmp_path / "g")
     g = zarr.open_group(str(tmp_path / "g"), mode="r+")
-    del g.attrs["gradspec.all_chunks"]  # as written by an older gradspec
+    update_attrs(g, {}, remove=("gradspec.all_chunks",))  # as written by an older gradspec
     os.remove(chunk_file(store, "grads", (0, 0)))
     os.remove(chunk_file(store, "meta/epoch", (0,)))
     old = GradientStore.open(tmp_path / "g")
@@ -186,16 +193,16 @@ def test_rows_whose_chunks_were_not_written_are_not_committed(tmp_path):
 @pytest.mark.parametrize(
     "edit,match",
     [
-        (lambda g: g.attrs.update({"gradspec.rows": 40}), "40 rows are committed but grads holds only"),
-        (lambda g: g.attrs.update({"gradspec.rows": -1}), "not an integer >= 0"),
-        (lambda g: g.attrs.update({"gradspec.rows": 2.5}), "not an integer >= 0"),
-        (lambda g: g.attrs.update({"gradspec.layout": [{"name": "a", "shape": [7], "offset": 0, "numel": 7}]}),
+        (lambda g: update_attrs(g, {"gradspec.rows": 40}), "40 rows are committed but grads holds only"),
+        (lambda g: update_attrs(g, {"gradspec.rows": -1}), "not an integer >= 0"),
+        (lambda g: update_attrs(g, {"gradspec.rows": 2.5}), "not an integer >= 0"),
+        (lambda g: update_attrs(g, {"gradspec.layout": [{"name": "a", "shape": [7], "offset": 0, "numel": 7}]}),
          r"shape \(20, 60\) but its parameter layout has p = 7"),
-        (lambda g: g.attrs.update({"gradspec.layout": []}), "no valid parameter layout"),
-        (lambda g: g.attrs.update({"gradspec.dtype": "float16"}), "stored as float32 but the store says float16"),
-        (lambda g: g.attrs.update({"gradspec.dtype": "int8"}), "not one of float32"),
+        (lambda g: update_attrs(g, {"gradspec.layout": []}), "no valid parameter layout"),
+        (lambda g: update_attrs(g, {"gradspec.dtype": "float16"}), "stored as float32 but the store says float16"),
+        (lambda g: update_attrs(g, {"gradspec.dtype": "int8"}), "not one of float32"),
         (lambda g: g["meta"].__delitem__("loss"), "no array 'meta/loss'"),
-        (lambda g: g.attrs.update({"gradspec.format": "1x"}), "not a format number"),
+        (lambda g: update_attrs(g, {"gradspec.format": "1x"}), "not a format number"),
     ],
     ids=["rows>capacity", "negative-rows", "float-rows", "layout-p", "empty-layout", "dtype", "bad-dtype",
          "no-meta", "format"],

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gradspec.linalg import pca
-from gradspec.store import GradientStore, ParamLayout, StoreDamagedError
+from gradspec.store import GradientStore, ParamLayout, StoreDamagedError, update_attrs
 from gradspec.store._spectrum import SpectrumStore
 
 
@@ -246,7 +246,7 @@ def test_a_store_that_predates_all_chunks_warns(tmp_path, caplog):
     path = tmp_path / "s"
     complete_store(path)
     g = zarr.open_group(str(path), mode="r+")
-    del g.attrs["gradspec.all_chunks"]
+    update_attrs(g, {}, remove=("gradspec.all_chunks",))
     os.remove(chunk_path(path, "V", "0/0"))
     spec = SpectrumStore.open(path)
     with caplog.at_level(logging.WARNING, logger="gradspec"):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import zarr
 
-from gradspec.store import DirectoryBusyError, SpectrumStore
+from gradspec.store import DirectoryBusyError, SpectrumStore, update_attrs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,8 +30,8 @@ def _running_store(path: Path, owner_pid: int) -> None:
     import socket
 
     SpectrumStore.create(path, r=10, p=30, k=2, method="orthogonal")
-    zarr.open_group(str(path), mode="r+").attrs["gradspec.owner"] = {
-        "host": socket.gethostname(), "pid": owner_pid}
+    update_attrs(zarr.open_group(str(path), mode="r+"),
+                 {"gradspec.owner": {"host": socket.gethostname(), "pid": owner_pid}})
 
 
 def test_the_lock_beside_the_store_admits_one_writer(tmp_path):

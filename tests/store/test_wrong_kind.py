@@ -10,7 +10,14 @@ from typer.testing import CliRunner
 
 import gradspec
 from cli.main import app
-from gradspec.store import META_FIELDS, GradientStore, ParamLayout, SpectrumStore, open_store
+from gradspec.store import (
+    META_FIELDS,
+    GradientStore,
+    ParamLayout,
+    SpectrumStore,
+    open_store,
+    update_attrs,
+)
 
 
 @pytest.fixture
@@ -30,7 +37,7 @@ def stores(tmp_path):
 ], ids=["gradients-says-spectrum", "spectrum-says-gradients"])
 def test_a_relabelled_store_is_one_line_naming_the_claim(stores, which, claim, opener, says):
     path = stores[which]
-    zarr.open_group(str(path), mode="r+").attrs["gradspec.kind"] = claim
+    update_attrs(zarr.open_group(str(path), mode="r+"), {"gradspec.kind": claim})
     for call in (lambda: open_store(path), lambda: opener(path)):
         with pytest.raises(ValueError, match=says):
             call()

@@ -11,6 +11,7 @@ import torch
 
 from gradspec.privacy import clip_factors
 from gradspec.sketch import FACTORED_VERSION, make_plan, sketch_rows
+from gradspec.store import update_attrs
 from gradspec.train import GhostClipping, select_parameters
 
 from .test_ghost_layers import _case
@@ -168,6 +169,6 @@ def test_resume_refuses_a_store_written_with_another_plan(tmp_path):
     assert store.n_rows == 8 and store.p == store.sketch["M"] <= 120
     assert store.row_norms().shape == (8,) and store.param_norms().shape == (8, 7)
     group = zarr.open_group(str(res.store), mode="r+")
-    group.attrs["gradspec.sketch"] = {**group.attrs["gradspec.sketch"], "seed": 99}
+    update_attrs(group, {"gradspec.sketch": {**group.attrs["gradspec.sketch"], "seed": 99}})
     with pytest.raises(ValueError, match="--sketch-seed 99 .* but this resume would write .*--sketch-seed 0"):
         collect(None, out=tmp_path / "run", task=tiny_task(), resume=True)
