@@ -146,6 +146,9 @@ def load_checkpoint(path: str | os.PathLike, required: tuple[str, ...] = ()) -> 
             One line that says what to do.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{str(path)!r} is not a regular file (a folder, a FIFO or a device), not a "
+                         "checkpoint: the run folder is damaged — start the run anew with --overwrite")
     if not path.is_file():
         raise FileNotFoundError(
             f"no checkpoint at {str(path)!r}: the run stopped before its first checkpoint and "

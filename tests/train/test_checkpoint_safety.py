@@ -8,6 +8,7 @@ The pickle payload itself (a ``__reduce__`` that would create a marker file) is 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -361,3 +362,13 @@ def test_the_run_config_of_a_run_a_resume_reads_is_type_checked(tmp_path):
         assert words in str(err.value) and "run.json" in str(err.value), str(err.value)
     (out / "run.json").write_text('{"steps": 8, "resumes": []}')
     assert saved_run_config(out) == {"steps": 8, "resumes": []}
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_checkpoint_that_is_not_a_regular_file_says_so(run, kind):
+    path = run / CHECKPOINT_NAME
+    path.unlink()
+    path.mkdir() if kind == "folder" else os.mkfifo(path)
+    with pytest.raises(ValueError, match="not a regular file") as err:
+        load_checkpoint(path, required=REQUIRED)
+    _one_line(str(err.value))
