@@ -62,6 +62,11 @@ def account_command(
     if q is not None:
         if batch_size is not None:
             fail("give either --q or --batch-size with --n, not both")
+        if sampling_ == Sampling.SHUFFLE and 0 < q <= 1 and abs(1 / q - round(1 / q)) > 1e-9 * (1 / q):
+            # B/n (what collect prints as q) is not the shuffled accountant's rate 1/(n // B): taking
+            # round(1/q) batches an epoch under-reported epsilon (12% on n = 200, B = 30)
+            fail(f"with --sampling shuffle, --q {q:g} is not 1 / (batches per epoch): a shuffled run is "
+                 "accounted per epoch of n // B batches; give --batch-size and --n instead")
     elif batch_size is not None and n is not None:
         if not 0 < batch_size <= n:
             fail(f"--batch-size must be in 1..n={n}, got {batch_size}")

@@ -124,6 +124,14 @@ def retrain_command(
         "--precond-noise-multiplier": precond_noise_multiplier, "--diagonal": diagonal, "--rule": rule,
         "--side-information": side_information, "--rank": rank, "--ranks": ranks,
     })
+    if projector is not None and projector != "public":  # a spectrum or random: no public subspace
+        from gradspec.optim import Algorithm
+
+        used = {"--period": period, "--public-size": None if Algorithm.ADADPS.value in names else public_size}
+        for option, value in used.items():
+            if value is not None:
+                raise ValueError(f"{option} describes the public projector (recomputed from public examples), "
+                                 f"not --projector {projector}: it would be ignored")
 
     config = opt.training_config(
         task=task, task_option=task_option, params=params, steps=steps, epochs=epochs,

@@ -232,7 +232,7 @@ class StoreSource:
             "row_kind": self._store.row_kind.to_dict() if hasattr(self._store, "row_kind") else None,
             "run": {
                 key: config.get(key)
-                for key in ("n_train", "final_epsilon", "delta", "steps")
+                for key in ("n_train", "final_epsilon", "delta", "steps", "task", "task_options")
                 if config.get(key) is not None
             },
         }

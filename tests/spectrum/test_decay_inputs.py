@@ -1,0 +1,51 @@
+"""What decay is given that would have made a plausible wrong answer with exit code 0 (an audit):
+a spectrum of sketched rows, measured as if the sketch were the gradients (Theorem 3.3's verdict
+flipped against the same run collected unsketched), and another task's store passed as held-out
+rows (the layout was the only check)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from cli.main import app
+
+runner = CliRunner()
+BOW = ["--task", "bow", "-t", "n=400", "-t", "n_eval=100", "-t", "n_public=20", "-t", "vocab=30", "-t", "n_stop=3",
+       "-t", "doc_len=10", "--batch-size", "20", "--lr", "0.1", "--optimizer", "sgd", "--eval-every", "0",
+       "--checkpoint-every", "10", "--no-progress", "--steps", "30", "--noise-multiplier", "1"]
+
+
+def _ok(*args):
+    res = runner.invoke(app, [str(a) for a in args])
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def test_decay_of_a_sketched_spectrum_measures_sigma_only_and_says_why(tmp_path):
+    _ok("collect", "--out", tmp_path / "sk", *BOW, "--sketch", 40, "--sketch-blocks", 2)
+    _ok("pca", tmp_path / "sk" / "gradients.zarr", "--k", 6, "--rows", "0:20", "--out", tmp_path / "s.zarr",
+        "--no-progress")
+    _ok("decay", tmp_path / "s.zarr", "--out", tmp_path / "d", "--no-plots", "--no-progress")
+    report = json.loads((tmp_path / "d" / "report.json").read_text())
+    assert not report.get("rows") and any("sketched rows" in n and "σ only" in n for n in report["notes"]), report
+    res = runner.invoke(app, ["decay", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "d2"), "--heldout-rows",
+                              "20:30", "--no-plots", "--no-progress"])
+    assert res.exit_code != 0 and "sketches" in res.output, res.output
+
+
+def test_held_out_rows_of_another_task_carry_a_note(tmp_path):
+    common = ["--batch-size", "20", "--lr", "0.05", "--optimizer", "sgd", "--eval-every", "0", "--no-progress",
+              "--noise-multiplier", "1", "--steps", "20"]
+    _ok("collect", "--out", tmp_path / "a", "--task", "lowrank", "-t", "n=200", "-t", "d=40", "-t", "r=3", *common)
+    _ok("collect", "--out", tmp_path / "b", "--task", "ballglm", "-t", "n=200", "-t", "d=40", *common)
+    _ok("pca", tmp_path / "a" / "gradients.zarr", "--k", 3, "--out", tmp_path / "s.zarr", "--no-progress")
+    _ok("decay", tmp_path / "s.zarr", "--gradients", tmp_path / "b" / "gradients.zarr", "--out", tmp_path / "d",
+        "--no-plots", "--no-progress")
+    notes = json.loads((tmp_path / "d" / "report.json").read_text())["notes"]
+    assert any("task 'ballglm'" in n and "task 'lowrank'" in n for n in notes), notes
+    # the same task's other run: no such note
+    _ok("decay", tmp_path / "s.zarr", "--gradients", tmp_path / "a" / "gradients.zarr", "--out", tmp_path / "d2",
+        "--no-plots", "--no-progress")
+    assert not any("task '" in n for n in json.loads((tmp_path / "d2" / "report.json").read_text())["notes"])
