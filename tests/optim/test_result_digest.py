@@ -10,13 +10,14 @@ import logging
 import os
 import re
 import shutil
-import threading
 
 import pytest
 
 from gradspec.optim import read_result, sweep
 from gradspec.train import TrainConfig
 from gradspec.train._checkpoint import saved_run_config
+
+from .._waits import returns_within
 
 CFG = TrainConfig(task="lowrank", task_options=dict(n=120, n_eval=60, d=16, r=3), steps=3, batch_size=24,
                   noise_multiplier=1.0, optimizer="sgd", lr=0.3, eval_every=0, log_every=4, checkpoint_every=4,
@@ -37,20 +38,6 @@ def swept(finished, tmp_path):
     return out, next(p for p in out.iterdir() if p.is_dir())
 
 
-def _returns_within(call, seconds=30.0):
-    box: list = []
-
-    def run():
-        try:
-            box.append(("ok", call()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box.append(("raised", exc))
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    assert not worker.is_alive(), "blocked on a name that is not a regular file"
-    return box[0]
 
 
 def test_a_flipped_bit_in_a_finished_runs_epsilon_is_refused_not_reused(swept):
@@ -85,7 +72,7 @@ def test_a_fifo_at_another_runs_result_is_left_out_of_the_summary_not_waited_on(
     (out / "other").mkdir()
     os.mkfifo(out / "other" / "retrain.json")  # no writer: a blocking open waits forever
     with caplog.at_level(logging.WARNING, logger="gradspec.optim._summary"):
-        kind, _ = _returns_within(lambda: sweep(config=CFG, algorithms=["dp-sgd"], out=out, train_metrics=False))
+        kind, _ = returns_within(lambda: sweep(config=CFG, algorithms=["dp-sgd"], out=out, train_metrics=False))
     assert kind == "ok" and "not a regular file" in caplog.text
     assert len(json.loads((out / "summary.json").read_text())) == 1
 
@@ -94,5 +81,5 @@ def test_a_fifo_in_place_of_run_json_is_refused_not_waited_on(swept):
     _, run = swept
     (run / "run.json").unlink()
     os.mkfifo(run / "run.json")
-    kind, err = _returns_within(lambda: saved_run_config(run))
+    kind, err = returns_within(lambda: saved_run_config(run))
     assert kind == "raised" and isinstance(err, ValueError) and "not a regular file" in str(err), err

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -27,6 +26,8 @@ from gradspec.store import (
 from gradspec.store._integrity import ChunkPresence
 from gradspec.store._zarr import DIGEST_KEY
 
+from .._waits import returns_within
+
 
 def _store(path, n=16, p=40):
     lay = ParamLayout.from_shapes([("a", (p // 2,)), ("b", (p - p // 2,))])
@@ -44,22 +45,6 @@ def _flip(path, needle: bytes, at: int, bit: int) -> None:
     path.write_bytes(bytes(raw))
 
 
-def _returns_within(call, seconds=30.0):
-    """``call()``'s exception (or None), failing the test if it is still blocked after ``seconds``."""
-    box: list[BaseException | None] = []
-
-    def run():
-        try:
-            call()
-            box.append(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    assert not worker.is_alive(), "blocked on a name that is not a regular file"
-    return box[0]
 
 
 def test_a_flipped_bit_in_the_committed_row_count_is_refused(tmp_path):
@@ -119,10 +104,10 @@ def _fifo_chunk(tmp_path):
 def test_a_fifo_in_a_chunks_place_is_damage_not_a_hang(tmp_path):
     store = _fifo_chunk(tmp_path)
     assert store._direct is not None  # the fast chunk-file path
-    err = _returns_within(store.read)
+    _, err = returns_within(store.read)
     assert isinstance(err, (OSError, StoreDamagedError)) and "not a regular file" in str(err), err
     reports = []
-    assert _returns_within(lambda: reports.append(GradientStore.open(tmp_path / "g").verify())) is None
+    assert returns_within(lambda: reports.append(GradientStore.open(tmp_path / "g").verify()))[0] == "ok"
     assert not reports[0]["ok"] and [d["chunk"] for d in reports[0]["damaged"]] == ["c/1/1"], reports[0]
 
 
@@ -131,7 +116,7 @@ def test_a_fifo_in_an_arrays_metadata_is_refused_not_waited_on(tmp_path, where):
     _store(tmp_path / "g")
     os.remove(tmp_path / "g" / where)
     os.mkfifo(tmp_path / "g" / where)
-    err = _returns_within(lambda: GradientStore.open(tmp_path / "g"))
+    _, err = returns_within(lambda: GradientStore.open(tmp_path / "g"))
     assert isinstance(err, ValueError) and where in str(err) and "not a regular file" in str(err), err
-    res = _returns_within(lambda: CliRunner().invoke(app, ["info", str(tmp_path / "g")]))
-    assert res is None
+    kind, res = returns_within(lambda: CliRunner().invoke(app, ["info", str(tmp_path / "g")]))
+    assert kind == "ok" and res.exit_code != 0 and "not a regular file" in res.output, res.output
