@@ -216,7 +216,9 @@ def plot(results: dict[str, Any], k: int, budget: str, figures: Path) -> Path | 
     from gradspec.plot import save_figure
 
     bars = []
-    for group, (_, _, label) in GROUPS.items():
+    short = {"whole": "whole model", "qv": "q/v weights"}  # tick labels that fit side by side
+    for group in GROUPS:
+        label = short[group]
         arms = results["retrain"][group]["arms"]
         for key, name in (("dpsgd", "full DP-SGD"), (f"topk-k{k}", f"top-{k}"),
                           (f"complement-k{k}", f"complement-{k}"), (f"random-k{k}", f"random-{k}")):
