@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from gradspec.spectrum._inputs import kinds_differ, sketched_rows, store_relation, tasks_differ
 from gradspec.spectrum._measure import MEMORY, measure_rows, tile_rows, why_no_replayed_rows
 from gradspec.spectrum._report import REPORT_FORMAT, DecayAnalysis, DecayConfig, analyze_spectrum
 
@@ -150,99 +151,6 @@ def _heldout_index(rows: Any, n: int) -> np.ndarray:
                         counted_in="G_k and the explained variance")
 
 
-def _kinds_differ(src: dict[str, Any], store: Any) -> str | None:
-    """How the kind of the spectrum's source rows differs from ``store``'s (None: same, or unknown)."""
-    from gradspec.store import RowKind, kind_mismatch
-
-    if not src.get("row_kind"):
-        return None
-    return kind_mismatch(RowKind(**src["row_kind"]), store.row_kind, names=("the spectrum's", "--gradients'"))
-
-
-def _sketched_rows(store: Any, heldout_rows: Any, notes: list[str]) -> None:
-    """A store of sketched rows gives no G_k: its rows are M-dimensional sketches, and how much of
-    a sketch lies outside the sketch's top-k subspace is not how much of the gradient lies outside
-    the gradients' (a run measured both: k^-0.54 against k^-0.40, Theorem 3.3's verdict flipped).
-    σ only, said in the notes; held-out rows are refused. Returns None (no store to read)."""
-    plan = store.sketch
-    if heldout_rows is not None:
-        raise ValueError(
-            f"--heldout-rows of {store.path!r}: its rows are sketches (M = {plan.get('M')} columns of "
-            f"p = {plan.get('p')} parameters), and G_k of a sketch is not G_k of the gradients; pass "
-            "an unsketched store of the same parameters with --gradients, or `gradspec replay` the run"
-        )
-    note = (f"{store.path!r} holds sketched rows (M = {plan.get('M')} of p = {plan.get('p')} parameters): "
-            "G_k, the explained variance on rows and the bounds are not measured (they would be of the "
-            "sketch, not of the gradients); σ only. For G_k: `gradspec replay`, or an unsketched "
-            "collection with --gradients")
-    logger.warning("%s", note)
-    notes.append(note)
-    return None
-
-
-def _tasks_differ(src: dict[str, Any], store: Any) -> str | None:
-    """A note when ``store``'s rows come from another task (or task options) than the spectrum's
-    own: the layout alone let another model's data pass as held-out rows."""
-    run = src.get("run") or {}
-    if "task" not in run:  # spectra written before the task was recorded: the source store's config
-        path = src.get("abspath") or src.get("path")
-        try:
-            from gradspec.store import GradientStore
-
-            run = GradientStore.open(path).config if path and Path(path).exists() else {}
-        except (OSError, ValueError):
-            run = {}
-    theirs = store.config or {}
-    mine = (run.get("task"), run.get("task_options") or {})
-    other = (theirs.get("task"), theirs.get("task_options") or {})
-    if mine[0] is None or other[0] is None or mine == other:
-        return None
-    return (f"{store.path!r} holds rows of task {other[0]!r} {other[1]}, the spectrum's rows are of task "
-            f"{mine[0]!r} {mine[1]}: its G_k are another data set's gradients in this subspace, not "
-            "held-out rows of the spectrum's")
-
-
-def _relation(spec: Any, store: Any) -> str:
-    """``"source"`` (the spectrum's own store, or a copy of the same run) or ``"other"``.
-
-    Raises when the store is at the source's path but no longer holds its rows.
-    """
-    from gradspec.store import config_digest, resolved_path, rows_digest, rows_text
-
-    src = spec.source
-    here = resolved_path(store.path)
-    there = src.get("abspath") or (resolved_path(src["path"]) if src.get("path") else None)
-    rows = spec.source_rows
-    digest = src.get("rows_digest")
-    same_path = there is not None and here == there
-    same_run = (
-        not same_path
-        and src.get("config_digest") is not None
-        and config_digest(store.config) == src["config_digest"]
-    )
-    if not (same_path or same_run):
-        return "other"
-    if rows is not None and rows.size and int(rows.max()) >= store.n_rows:
-        if same_run:
-            return "other"
-        raise ValueError(
-            f"the gradient store {store.path!r} has {store.n_rows} committed rows, but the spectrum "
-            f"was computed from its rows {rows_text(rows)}: it was truncated or rewritten since "
-            "`gradspec pca`; rerun pca"
-        )
-    if rows is not None and digest is not None and rows_digest(store, rows) != digest:
-        if same_run:
-            return "other"
-        raise ValueError(
-            f"the rows {rows_text(rows)} of {store.path!r} are not the rows the spectrum was "
-            "computed from (their metadata differs): the store was rewritten since `gradspec pca`; "
-            "rerun pca, or pass the original store with --gradients"
-        )
-    if same_run and (rows is None or digest is None):
-        return "other"
-    return "source"
-
-
 def decay_analysis(
     *,
     spectrum: Any,
@@ -356,16 +264,16 @@ def decay_analysis(
             _replayed_rows(spec, kw, sources, notes, ks=cfg.ranks(k), k=k, read_rows=read_rows,
                            alone=store is None)
         if store is not None and not replayed and getattr(store, "sketch", None) is not None:
-            store = _sketched_rows(store, heldout_rows, notes)
+            store = sketched_rows(store, heldout_rows, notes)
         if store is not None:
             cols = _read_columns(spec, store)
-            relation = _relation(spec, store)
+            relation = store_relation(spec, store)
             if relation == "other":
-                differ = _kinds_differ(src, store)
+                differ = kinds_differ(src, store)
                 if differ:
                     logger.warning("the spectrum's rows and %r's rows are not the same kind: %s", store.path, differ)
                     notes.append(f"the spectrum's rows and {store.path!r}'s rows are not the same kind: {differ}")
-                other_task = _tasks_differ(src, store)
+                other_task = tasks_differ(src, store)
                 if other_task:
                     logger.warning("%s", other_task)
                     notes.append(other_task)
@@ -467,7 +375,7 @@ def _replayed_rows(spec: Any, kw: dict[str, Any], sources: dict[str, Any], notes
     path = src.get("abspath") or src.get("path")
     store = GradientStore.open(path) if path is not None and Path(path).exists() else None
     try:
-        same = store is not None and _relation(spec, store) == "source"
+        same = store is not None and store_relation(spec, store) == "source"
     except ValueError:  # rewritten since: its metadata is not the rows'
         same = False
     if same:
