@@ -5,15 +5,20 @@ a plain ``open`` forever, and a huge file was read whole before it was found wro
 :func:`read_regular` opens without blocking, checks the opened file (``fstat``: no race
 between the check and the read) and reads at most the bytes asked for; :func:`check_regular`
 does the same for a large file it hashes in pieces against a pinned size and SHA-256.
+The writing side: :func:`write_text_atomic` (never a torn file, never through a planted link)
+and :func:`json_sha256`, the digest a JSON record carries so that its reader can check it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import stat
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 
 class NotRegularFile(ValueError):
@@ -97,3 +102,24 @@ def check_regular(path: str | os.PathLike, *, size: int, sha256: str,
         if n != size or digest.hexdigest() != sha256:
             raise ValueError(f"SHA-256 {digest.hexdigest()[:12]}…, not the pinned {sha256[:12]}…")
         return info
+
+
+def json_sha256(value: Any) -> str:
+    """SHA-256 (hex) of ``value`` as canonical JSON (keys sorted): the digest of a record gradspec
+    writes as JSON, computed alike when it is written and when it is read back."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, allow_nan=True).encode()).hexdigest()
+
+
+def unlink_planted(tmp: Path) -> None:
+    """Remove whatever sits at the temporary name ``tmp`` first: a link planted there would be
+    written through."""
+    if tmp.is_symlink() or tmp.is_file():
+        tmp.unlink()
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` through a temporary file (never a torn file)."""
+    tmp = path.with_name(path.name + ".partial")
+    unlink_planted(tmp)
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -4,15 +4,13 @@ the checked reading of it that a resumed sweep and a sweep's summary rely on."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gradspec._files import read_regular
+from gradspec._files import json_sha256, read_regular, write_text_atomic
 
 __all__ = ["RESULT_NAME", "RetrainResult", "read_result", "write_result"]
 
@@ -96,20 +94,14 @@ _RESULT_DEFAULTS = ("hooks", "settings", "accounting", "dp_guarantee", "dp_cavea
 
 def _digest(saved: dict[str, Any]) -> str:
     """SHA-256 of the parsed JSON (keys sorted, the digest left out): what a reader gets back."""
-    body = {k: v for k, v in saved.items() if k != DIGEST_KEY}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=True).encode()).hexdigest()
+    return json_sha256({k: v for k, v in saved.items() if k != DIGEST_KEY})
 
 
 def write_result(result: RetrainResult, path: Path) -> None:
     """Write ``result`` as ``path`` (a ``retrain.json``) whole or not at all, with the digest of
     its values, so a sweep that reuses it or a summary that lists it reads what was written."""
     saved = json.loads(json.dumps(result.to_dict(), default=str))
-    text = json.dumps({**saved, DIGEST_KEY: _digest(saved)}, indent=2)
-    tmp = path.with_name(path.name + ".partial")
-    if tmp.is_symlink() or tmp.is_file():
-        tmp.unlink()  # a link planted there would be written through
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps({**saved, DIGEST_KEY: _digest(saved)}, indent=2))
 
 
 def read_result(run_dir: Path) -> RetrainResult:

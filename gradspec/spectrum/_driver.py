@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from gradspec.spectrum._inputs import kinds_differ, sketched_rows, store_relation, tasks_differ
+from gradspec.spectrum._inputs import kinds_differ, note_sketched_rows, store_relation, tasks_differ
 from gradspec.spectrum._measure import MEMORY, measure_rows, tile_rows, why_no_replayed_rows
 from gradspec.spectrum._report import REPORT_FORMAT, DecayAnalysis, DecayConfig, analyze_spectrum
 
@@ -264,7 +264,8 @@ def decay_analysis(
             _replayed_rows(spec, kw, sources, notes, ks=cfg.ranks(k), k=k, read_rows=read_rows,
                            alone=store is None)
         if store is not None and not replayed and getattr(store, "sketch", None) is not None:
-            store = sketched_rows(store, heldout_rows, notes)
+            note_sketched_rows(store, heldout_rows, notes)
+            store = None  # σ only
         if store is not None:
             cols = _read_columns(spec, store)
             relation = store_relation(spec, store)

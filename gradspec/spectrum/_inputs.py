@@ -20,11 +20,11 @@ def kinds_differ(src: dict[str, Any], store: Any) -> str | None:
     return kind_mismatch(RowKind(**src["row_kind"]), store.row_kind, names=("the spectrum's", "--gradients'"))
 
 
-def sketched_rows(store: Any, heldout_rows: Any, notes: list[str]) -> None:
+def note_sketched_rows(store: Any, heldout_rows: Any, notes: list[str]) -> None:
     """A store of sketched rows gives no G_k: its rows are M-dimensional sketches, and how much of
     a sketch lies outside the sketch's top-k subspace is not how much of the gradient lies outside
     the gradients' (a run measured both: k^-0.54 against k^-0.40, Theorem 3.3's verdict flipped).
-    σ only, said in the notes; held-out rows are refused. Returns None (no store to read)."""
+    σ only, said in the notes (the caller then reads no store); held-out rows are refused."""
     plan = store.sketch
     if heldout_rows is not None:
         raise ValueError(
@@ -38,7 +38,6 @@ def sketched_rows(store: Any, heldout_rows: Any, notes: list[str]) -> None:
             "collection with --gradients")
     logger.warning("%s", note)
     notes.append(note)
-    return None
 
 
 def tasks_differ(src: dict[str, Any], store: Any) -> str | None:

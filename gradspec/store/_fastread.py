@@ -147,10 +147,8 @@ class ChunkFileReader:
             # file then refuses anything but a regular file (a FIFO, a directory, a device)
             fd = os.open(self._path(i, j), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             with open(fd, "rb", buffering=0) as f:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    got, intact = -1, False
-                else:
-                    got, intact = self._read_file(f, into)
+                regular = stat.S_ISREG(os.fstat(fd).st_mode)
+                got, intact = self._read_file(f, into) if regular else (0, True)
         except FileNotFoundError:
             if self._on_damage is not None:
                 self._on_damage(i, j, "missing")
@@ -165,7 +163,7 @@ class ChunkFileReader:
                              "through a link; the store is damaged or not its own") from None
         size = self._chunk_bytes + self._trailer
         problem = None
-        if got < 0:
+        if not regular:
             problem = "not a regular file"
         elif got != size:
             problem = (f"truncated ({got} of {size} bytes)" if got < size

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -22,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import zarr
+
+from gradspec._files import json_sha256
 
 KIND_KEY = "gradspec.kind"
 #: The kinds of store gradspec writes (``gradspec.kind``); any other value is damage.
@@ -132,8 +133,7 @@ def _irregular_metadata(root: Path) -> str | None:
 
 def attrs_digest(attrs: dict[str, Any]) -> str:
     """SHA-256 (hex) of ``attrs`` without :data:`DIGEST_KEY`, as canonical JSON (keys sorted)."""
-    body = {k: v for k, v in attrs.items() if k != DIGEST_KEY}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=True).encode()).hexdigest()
+    return json_sha256({k: v for k, v in attrs.items() if k != DIGEST_KEY})
 
 
 def update_attrs(group: zarr.Group, changes: dict[str, Any], remove: tuple[str, ...] = ()) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from gradspec._files import read_regular
+from gradspec._files import read_regular, unlink_planted
 from gradspec.train._checkpoint_schema import check_state, unsafe_value
 from gradspec.train._config import TrainConfig, resume_conflicts
 
@@ -54,12 +54,6 @@ RUN_ENTRIES = (
     CHECKPOINT_NAME + ".partial", RUN_NAME, RUN_NAME + ".partial",
     "retrain.json",  # gradspec.optim.retrain's result: stale once the run is replaced
 )
-
-
-def _fresh(tmp: Path) -> None:
-    """Remove whatever sits at ``tmp`` first: a link planted there would be written through."""
-    if tmp.is_symlink() or tmp.is_file():
-        tmp.unlink()
 
 
 def state_digest(state: Any) -> str:
@@ -122,7 +116,7 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
                         "int, float, bool and None (so that it loads without unpickling objects); "
                         "store it as one of these in the state_dict that returns it")
     tmp = path.with_name(path.name + ".partial")
-    _fresh(tmp)
+    unlink_planted(tmp)
     torch.save(_stamped(state), tmp)
     os.replace(tmp, path)
 
@@ -211,14 +205,6 @@ def layout_difference(saved: list[dict], now: list[dict]) -> str:
         if x != y:
             return f"parameter {i}: saved {x[0]} {x[1]}, now {y[0]} {y[1]}"
     return f"saved {len(a)} parameters, now {len(b)}"
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` through a temporary file (never a torn file)."""
-    tmp = path.with_name(path.name + ".partial")
-    _fresh(tmp)
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------ run directories

@@ -42,6 +42,7 @@ import torch
 
 from gradspec._device import resolve_device
 from gradspec._enums import CollectMode
+from gradspec._files import write_text_atomic
 from gradspec._json import as_saved
 from gradspec.tasks import Task
 from gradspec.train._checkpoint import (
@@ -54,7 +55,6 @@ from gradspec.train._checkpoint import (
     clear_run,
     read_run_config,
     save_checkpoint,
-    write_text_atomic,
 )
 from gradspec.train._config import TrainConfig, bind_task
 from gradspec.train._distributed import Ranks, process_group

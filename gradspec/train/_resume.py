@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from gradspec._files import write_text_atomic
 from gradspec.tasks import Task
 from gradspec.train._checkpoint import (
     CHECKPOINT_NAME,
@@ -22,7 +23,6 @@ from gradspec.train._checkpoint import (
     open_resumable,
     read_run_config,
     saved_run_config,
-    write_text_atomic,
 )
 from gradspec.train._config import (
     TrainConfig,

@@ -18,6 +18,7 @@ import torch
 from typer.testing import CliRunner
 
 from cli.main import app
+from gradspec._files import write_text_atomic
 from gradspec.collect import collect, is_run_dir, read_run_config
 from gradspec.store import LOCK_NAME
 from gradspec.train._checkpoint import (
@@ -27,7 +28,6 @@ from gradspec.train._checkpoint import (
     save_checkpoint,
     saved_run_config,
     state_digest,
-    write_text_atomic,
 )
 
 from ..optim._cases import config, lowrank_task
