@@ -31,7 +31,16 @@ from typing import Any
 
 import numpy as np
 
-from gradspec.spectrum._inputs import kinds_differ, note_sketched_rows, store_relation, tasks_differ
+from gradspec.spectrum._inputs import (
+    kinds_differ,
+    note_sketched_rows,
+    shared_rows,
+    store_relation,
+    tasks_differ,
+)
+from gradspec.spectrum._inputs import (
+    without_shared as _without_shared,
+)
 from gradspec.spectrum._measure import MEMORY, measure_rows, tile_rows, why_no_replayed_rows
 from gradspec.spectrum._report import REPORT_FORMAT, DecayAnalysis, DecayConfig, analyze_spectrum
 
@@ -313,7 +322,12 @@ def decay_analysis(
                         "are the spectrum's own"
                     )
             else:
-                row_sets["heldout"] = _heldout_index(heldout_rows, n)
+                held = _heldout_index(heldout_rows, n)
+                shared = shared_rows(spec, store)
+                if shared.size:
+                    held = _without_shared(held, shared, store.path, explicit=heldout_rows is not None,
+                                           notes=notes)
+                row_sets["heldout"] = held
                 if bool(getattr(store, "per_example", False)) != bool(src.get("per_example", False)):
                     kinds = ("step-average", "per-example")
                     notes.append(

@@ -8,6 +8,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 logger = logging.getLogger("gradspec.spectrum._driver")  # the decay's log, as before the split
 
 
@@ -101,3 +103,66 @@ def store_relation(spec: Any, store: Any) -> str:
     if same_run and (rows is None or digest is None):
         return "other"
     return "source"
+
+
+def _row_keys(meta: dict[str, np.ndarray]) -> list[bytes]:
+    """One key a row: its metadata (step, loss, norms, ...) as bytes, fields in name order."""
+    cols = [np.ascontiguousarray(meta[name]).reshape(len(meta[name]), -1).view(np.uint8) for name in sorted(meta)]
+    return [row.tobytes() for row in np.concatenate(cols, axis=1)] if cols else []
+
+
+def shared_rows(spec: Any, store: Any) -> np.ndarray:
+    """The rows of ``store`` (not the spectrum's source: ``store_relation`` said "other") that are
+    rows the spectrum was computed from, as sorted indices (empty when none is found).
+
+    Another run of the same seed (a longer one, say) holds its first rows bit for bit: counted as
+    held out, they would read as the spectrum's in-sample G_k. Found by the rows' metadata (step,
+    loss, norms: float64, so two different rows share them only by accident): first the
+    spectrum's recorded digest at the same indices; where the source store is still there, row
+    by row, wherever the rows lie in ``store``.
+    """
+    from gradspec.store import GradientStore, rows_digest
+
+    own, digest, src = spec.source_rows, spec.source.get("rows_digest"), spec.source
+    if own is None or not own.size:
+        return np.zeros(0, dtype=np.int64)
+    n = int(store.n_rows)
+    if digest is not None and int(own.max()) < n and rows_digest(store, own) == digest:
+        return np.sort(np.asarray(own, dtype=np.int64))
+    path = src.get("abspath") or src.get("path")
+    none = np.zeros(0, dtype=np.int64)
+    try:
+        source = GradientStore.open(path) if path and Path(path).exists() else None
+        if source is None or not n or int(own.max()) >= source.n_rows or (
+                digest is not None and rows_digest(source, own) != digest):
+            return none
+        mine, theirs = source.row_meta(own), store.row_meta(slice(0, n))
+    except (OSError, ValueError, KeyError):
+        return none
+    if set(mine) != set(theirs):  # rows of another kind: no row can be the same
+        return none
+    keys = set(_row_keys(mine))
+    return np.asarray([i for i, key in enumerate(_row_keys(theirs)) if key in keys], dtype=np.int64)
+
+
+def without_shared(held: np.ndarray, shared: np.ndarray, path: str, *, explicit: bool,
+                   notes: list[str]) -> np.ndarray:
+    """The held-out rows ``held`` of the store at ``path`` without ``shared`` (its rows that are
+    the spectrum's own, from ``shared_rows``): refused when the user chose them by
+    ``--heldout-rows``, left out with a note when they were every row of the store."""
+    from gradspec.store import rows_text
+
+    both = np.intersect1d(held, shared)
+    if not both.size:
+        return held
+    what = (f"{both.size} of the rows of {path!r} ({rows_text(both)}) are rows the spectrum was computed "
+            "from (the same step, loss and norms: e.g. a longer run of the same seed)")
+    if explicit:
+        raise ValueError(f"--heldout-rows: {what}; held-out rows must lie outside them")
+    rest = np.setdiff1d(held, both)
+    if not rest.size:
+        raise ValueError(f"{what}, and it has no other rows: none of its rows is held out")
+    note = f"{what}: they are left out of the held-out rows, {rest.size} rows remain"
+    logger.warning("%s", note)
+    notes.append(note)
+    return rest

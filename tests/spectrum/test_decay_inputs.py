@@ -49,3 +49,53 @@ def test_held_out_rows_of_another_task_carry_a_note(tmp_path):
     _ok("decay", tmp_path / "s.zarr", "--gradients", tmp_path / "a" / "gradients.zarr", "--out", tmp_path / "d2",
         "--no-plots", "--no-progress")
     assert not any("task '" in n for n in json.loads((tmp_path / "d2" / "report.json").read_text())["notes"])
+
+
+def test_a_longer_run_of_the_same_seed_holds_out_only_its_new_rows(tmp_path):
+    """Its first rows are the spectrum's own, bit for bit: counted as held out, they read as in-sample G_k."""
+    common = ["--task", "lowrank", "-t", "n=200", "-t", "d=40", "-t", "r=3", "--batch-size", "20", "--lr", "0.05",
+              "--optimizer", "sgd", "--eval-every", "0", "--no-progress", "--noise-multiplier", "1", "--seed", "3"]
+    _ok("collect", "--out", tmp_path / "a", *common, "--steps", "20")
+    _ok("collect", "--out", tmp_path / "b", *common, "--steps", "32")
+    _ok("pca", tmp_path / "a" / "gradients.zarr", "--k", 3, "--out", tmp_path / "s.zarr", "--no-progress")
+    longer = tmp_path / "b" / "gradients.zarr"
+    _ok("decay", tmp_path / "s.zarr", "--gradients", longer, "--out", tmp_path / "d", "--no-plots", "--no-progress")
+    report = json.loads((tmp_path / "d" / "report.json").read_text())
+    assert report["sources"]["heldout"]["n_rows"] == 12, report["sources"]
+    assert any("20 of the rows" in n and "left out of the held-out rows" in n for n in report["notes"]), report["notes"]
+    # the same, by the digest alone, when the source store is gone
+    import shutil
+
+    shutil.rmtree(tmp_path / "a")
+    _ok("decay", tmp_path / "s.zarr", "--gradients", longer, "--out", tmp_path / "d2", "--no-plots", "--no-progress")
+    again = json.loads((tmp_path / "d2" / "report.json").read_text())
+    assert again["sources"]["heldout"]["n_rows"] == 12
+    assert again["rows"]["heldout"] == report["rows"]["heldout"]
+    res = runner.invoke(app, ["decay", str(tmp_path / "s.zarr"), "--gradients", str(longer), "--heldout-rows", "10:32",
+                              "--out", str(tmp_path / "d3"), "--no-plots", "--no-progress"])
+    assert res.exit_code != 0 and "rows the spectrum was computed from" in res.output, res.output
+
+
+def test_the_spectrum_rows_elsewhere_in_another_store_are_found_row_by_row(tmp_path):
+    """The spectrum's rows at other indices of a store of another config (here 3 new rows, then the
+    source's 20): found by their metadata while the source store is there, and left out."""
+    import numpy as np
+
+    from gradspec.store import GradientStore
+
+    _ok("collect", "--out", tmp_path / "a", "--task", "lowrank", "-t", "n=200", "-t", "d=40", "-t", "r=3",
+        "--batch-size", "20", "--lr", "0.05", "--optimizer", "sgd", "--eval-every", "0", "--no-progress",
+        "--noise-multiplier", "1", "--steps", "20")
+    src = GradientStore.open(tmp_path / "a" / "gradients.zarr")
+    rows, meta = src.read(), src.row_meta()
+    fresh = np.random.default_rng(0).standard_normal((3, src.p)).astype(np.float32)
+    new_meta = {name: np.concatenate([values[:3] + 1000, values]) for name, values in meta.items()}
+    other = GradientStore.create(tmp_path / "c.zarr", layout=src.layout, config={**src.config, "note": "moved"},
+                                 dtype=src.dtype, per_example=src.per_example)
+    other.append(np.concatenate([fresh, rows]), new_meta)
+    _ok("pca", tmp_path / "a" / "gradients.zarr", "--k", 3, "--out", tmp_path / "s.zarr", "--no-progress")
+    _ok("decay", tmp_path / "s.zarr", "--gradients", tmp_path / "c.zarr", "--out", tmp_path / "d", "--no-plots",
+        "--no-progress")
+    report = json.loads((tmp_path / "d" / "report.json").read_text())
+    assert report["sources"]["heldout"]["n_rows"] == 3, report["sources"]
+    assert any("20 of the rows" in n and "3:23" in n for n in report["notes"]), report["notes"]
