@@ -323,7 +323,7 @@ def decay_analysis(
                     )
             else:
                 held = _heldout_index(heldout_rows, n)
-                shared = shared_rows(spec, store)
+                shared = shared_rows(spec, store, cols)
                 if shared.size:
                     held = _without_shared(held, shared, store.path, explicit=heldout_rows is not None,
                                            notes=notes)

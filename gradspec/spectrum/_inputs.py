@@ -111,38 +111,76 @@ def _row_keys(meta: dict[str, np.ndarray]) -> list[bytes]:
     return [row.tobytes() for row in np.concatenate(cols, axis=1)] if cols else []
 
 
-def shared_rows(spec: Any, store: Any) -> np.ndarray:
+#: Candidate rows whose content is compared (spread over them): a match of metadata alone is
+#: not enough where a library-written store recorded little (no loss, no norms: NaN).
+CONFIRM = 16
+
+
+def _read_at(store: Any, rows: np.ndarray, cols: list[tuple[int, int]]) -> np.ndarray:
+    return np.concatenate([store.read(rows=rows, cols=slice(a, b)) for a, b in cols], axis=1)
+
+
+def _same_content(spec: Any, store: Any, cols: list[tuple[int, int]], pairs: np.ndarray,
+                  source: Any | None) -> bool:
+    """Whether every sampled pair (row of ``store``, position in the spectrum's rows) holds the
+    same gradient: equal values where the source store is there, else the same ‖h‖² as pca's
+    recorded one (to its float32-product rounding); True where neither can be checked."""
+    pick = pairs[np.unique(np.linspace(0, len(pairs) - 1, min(CONFIRM, len(pairs))).astype(np.int64))]
+    mine = _read_at(store, pick[:, 0], cols)
+    if source is not None:
+        src_cols = [(int(a), int(b)) for a, b in spec.source.get("col_ranges") or [(0, source.p)]]
+        return bool(np.array_equal(mine, _read_at(source, spec.source_rows[pick[:, 1]], src_cols)))
+    norms = spec.row_sq_norms
+    if norms is None:
+        return True
+    got = np.einsum("ij,ij->i", mine.astype(np.float64), mine.astype(np.float64))
+    return bool(np.allclose(got, norms[pick[:, 1]], rtol=1e-4, atol=0.0))
+
+
+def shared_rows(spec: Any, store: Any, cols: list[tuple[int, int]]) -> np.ndarray:
     """The rows of ``store`` (not the spectrum's source: ``store_relation`` said "other") that are
-    rows the spectrum was computed from, as sorted indices (empty when none is found).
+    rows the spectrum was computed from, as sorted indices (empty when none is found). ``cols``:
+    the columns of ``store`` that hold the spectrum's parameters.
 
     Another run of the same seed (a longer one, say) holds its first rows bit for bit: counted as
-    held out, they would read as the spectrum's in-sample G_k. Found by the rows' metadata (step,
-    loss, norms: float64, so two different rows share them only by accident): first the
-    spectrum's recorded digest at the same indices; where the source store is still there, row
-    by row, wherever the rows lie in ``store``.
+    held out, they would read as the spectrum's in-sample G_k. Candidates are found by the rows'
+    metadata (step, loss, norms): the spectrum's recorded digest at the same indices, or, where
+    the source store is still there, row by row wherever they lie in ``store``. Then their
+    content is compared on up to :data:`CONFIRM` of them (``_same_content``), so that two runs
+    whose rows recorded the same little (a library store without losses) are not taken for one.
     """
     from gradspec.store import GradientStore, rows_digest
 
     own, digest, src = spec.source_rows, spec.source.get("rows_digest"), spec.source
-    if own is None or not own.size:
-        return np.zeros(0, dtype=np.int64)
-    n = int(store.n_rows)
-    if digest is not None and int(own.max()) < n and rows_digest(store, own) == digest:
-        return np.sort(np.asarray(own, dtype=np.int64))
-    path = src.get("abspath") or src.get("path")
     none = np.zeros(0, dtype=np.int64)
+    n = int(store.n_rows)
+    if own is None or not own.size or not n:
+        return none
+    path = src.get("abspath") or src.get("path")
     try:
         source = GradientStore.open(path) if path and Path(path).exists() else None
-        if source is None or not n or int(own.max()) >= source.n_rows or (
-                digest is not None and rows_digest(source, own) != digest):
+        if source is not None and (int(own.max()) >= source.n_rows or (
+                digest is not None and rows_digest(source, own) != digest)):
+            source = None  # rewritten since pca: not the spectrum's rows
+    except (OSError, ValueError, KeyError):  # gone, or not a store any more
+        source = None
+    try:
+        if digest is not None and int(own.max()) < n and rows_digest(store, own) == digest:
+            pairs = np.stack([own, np.arange(own.size)], axis=1)
+        elif source is not None:
+            mine, theirs = source.row_meta(own), store.row_meta(slice(0, n))
+            if set(mine) != set(theirs):  # rows of another kind: no row can be the same
+                return none
+            where = {key: j for j, key in enumerate(_row_keys(mine))}
+            pairs = np.asarray([(i, where[key]) for i, key in enumerate(_row_keys(theirs)) if key in where],
+                               dtype=np.int64).reshape(-1, 2)
+        else:
             return none
-        mine, theirs = source.row_meta(own), store.row_meta(slice(0, n))
+        if not len(pairs) or not _same_content(spec, store, cols, pairs, source):
+            return none
     except (OSError, ValueError, KeyError):
         return none
-    if set(mine) != set(theirs):  # rows of another kind: no row can be the same
-        return none
-    keys = set(_row_keys(mine))
-    return np.asarray([i for i, key in enumerate(_row_keys(theirs)) if key in keys], dtype=np.int64)
+    return np.sort(pairs[:, 0])
 
 
 def without_shared(held: np.ndarray, shared: np.ndarray, path: str, *, explicit: bool,

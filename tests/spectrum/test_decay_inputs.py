@@ -99,3 +99,29 @@ def test_the_spectrum_rows_elsewhere_in_another_store_are_found_row_by_row(tmp_p
     report = json.loads((tmp_path / "d" / "report.json").read_text())
     assert report["sources"]["heldout"]["n_rows"] == 3, report["sources"]
     assert any("20 of the rows" in n and "3:23" in n for n in report["notes"]), report["notes"]
+
+
+def test_rows_with_the_spectrum_rows_metadata_but_other_gradients_stay_held_out(tmp_path):
+    """Metadata alone does not make a row the spectrum's: the content is compared (bytes while the
+    source store is there, pca's recorded row norms once it is gone)."""
+    import shutil
+
+    import numpy as np
+
+    from gradspec.store import GradientStore
+
+    _ok("collect", "--out", tmp_path / "a", "--task", "lowrank", "-t", "n=200", "-t", "d=40", "-t", "r=3",
+        "--batch-size", "20", "--lr", "0.05", "--optimizer", "sgd", "--eval-every", "0", "--no-progress",
+        "--noise-multiplier", "1", "--steps", "20")
+    src = GradientStore.open(tmp_path / "a" / "gradients.zarr")
+    other = GradientStore.create(tmp_path / "c.zarr", layout=src.layout, config={**src.config, "note": "other"},
+                                 dtype=src.dtype, per_example=src.per_example)
+    other.append(np.random.default_rng(1).standard_normal((20, src.p)).astype(np.float32), src.row_meta())
+    _ok("pca", tmp_path / "a" / "gradients.zarr", "--k", 3, "--out", tmp_path / "s.zarr", "--no-progress")
+    for name in ("d", "d2"):
+        _ok("decay", tmp_path / "s.zarr", "--gradients", tmp_path / "c.zarr", "--out", tmp_path / name,
+            "--no-plots", "--no-progress")
+        report = json.loads((tmp_path / name / "report.json").read_text())
+        assert report["sources"]["heldout"]["n_rows"] == 20, report["sources"]
+        assert not any("left out of the held-out rows" in n for n in report["notes"]), report["notes"]
+        shutil.rmtree(tmp_path / "a", ignore_errors=True)  # the second time: pca's row norms are compared
