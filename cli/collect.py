@@ -61,6 +61,7 @@ def collect_command(
     (rank 0 writes the one store).
     """
     from gradspec.collect import collect, merge_resume, read_run_config
+    from gradspec.privacy import rate_text
 
     noise_multiplier = opt.deprecated_alias(noise_multiplier, sigma, option="--noise-multiplier", alias="--sigma")
     if per_example:
@@ -94,7 +95,7 @@ def collect_command(
         return
     eps = "inf (non-private)" if result.epsilon == float("inf") else f"{result.epsilon:.3f}"
     typer.echo(f"store    {result.store}  ({result.rows} rows)")
-    typer.echo(f"steps    {result.steps}   q = {result.sample_rate:.4g}   noise multiplier = {result.noise_multiplier:.4g}")
+    typer.echo(f"steps    {result.steps}   {rate_text(result.sample_rate, result.accounted_sample_rate)}   noise multiplier = {result.noise_multiplier:.4g}")
     typer.echo(f"privacy  epsilon = {eps} at delta = {result.delta:.3g}")
     if result.final_metrics:
         typer.echo("eval     " + "  ".join(f"{k} = {v:.4f}" for k, v in result.final_metrics.items()))

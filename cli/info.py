@@ -87,9 +87,11 @@ def info_command(
         cfg = summary["config"]
         c = cfg.get("collect", {})
         if c:
+            from gradspec.privacy import accounted_sample_rate, rate_text
+
             typer.echo(
                 f"run      task {cfg.get('task')}  mode {c.get('mode')}  steps {cfg.get('steps')}  "
-                f"q {cfg.get('sample_rate', 0):.4g}  noise multiplier {cfg.get('noise_multiplier', 0):.4g}  C {cfg.get('max_grad_norm')}  "
+                f"{rate_text(cfg.get('sample_rate', 0), accounted_sample_rate(cfg))}  noise multiplier {cfg.get('noise_multiplier', 0):.4g}  C {cfg.get('max_grad_norm')}  "
                 f"lr {c.get('lr')} ({c.get('optimizer')})  seed {c.get('seed')}"
                 + (f"  on {cfg['world_size']} processes" if int(cfg.get("world_size") or 1) > 1 else "")
             )

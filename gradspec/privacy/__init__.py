@@ -20,8 +20,10 @@ from gradspec.privacy._clip import (
 )
 from gradspec.privacy._compose import RDP_ORDERS
 from gradspec.privacy._epochs import (
+    accounted_sample_rate,
     batches_per_epoch,
     epochs_for_steps,
+    rate_text,
     steps_for_epochs,
     steps_per_epoch,
 )
@@ -41,6 +43,8 @@ __all__ = [
     "batches_per_epoch",
     "steps_for_epochs",
     "epochs_for_steps",
+    "accounted_sample_rate",
+    "rate_text",
     "RDP_ORDERS",
     # clipping and noise
     "ClipResult",

@@ -12,6 +12,8 @@ The one place that says how long an epoch is:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from gradspec._enums import Sampling, parse_choice
 from gradspec.privacy._validate import check_sample_rate
@@ -62,3 +64,32 @@ def epochs_for_steps(steps: int, sample_rate: float, *, sampling: Sampling | str
     if parse_choice(Sampling, sampling, "sampling") == Sampling.POISSON:
         return steps * check_sample_rate(sample_rate)
     return steps / steps_per_epoch(sample_rate)
+
+
+def accounted_sample_rate(run: Mapping[str, Any]) -> float | None:
+    """The sample rate the accountant counted for a run config (a store's ``config``, run.json).
+
+    Poisson sampling: q = B / n, the recorded ``sample_rate``. Shuffled batches: 1 / (n // B),
+    one Gaussian mechanism a batch of each epoch; the recorded ``sample_rate`` is then B / n,
+    which `gradspec account --q` refuses. From ``accounted_sample_rate`` where the run recorded
+    it, else from ``n_train`` and the batch size; None where the config does not say.
+    """
+    if isinstance(run.get("accounted_sample_rate"), int | float):
+        return float(run["accounted_sample_rate"])
+    collect = run.get("collect") or {}
+    q = run.get("sample_rate")
+    if str(collect.get("sampling", Sampling.POISSON.value)) != Sampling.SHUFFLE.value:
+        return float(q) if isinstance(q, int | float) else None
+    n, b = run.get("n_train"), collect.get("batch_size")
+    if isinstance(n, int) and isinstance(b, int) and 0 < b <= n:
+        return 1.0 / batches_per_epoch(n, b)
+    return None
+
+
+def rate_text(sample_rate: float, accounted: float | None) -> str:
+    """``q = ...`` as a run prints it: the accounted rate, with B / n beside it where they differ
+    (shuffled batches), so that the printed q is the one `gradspec account --q` takes."""
+    if accounted is None or not math.isfinite(accounted) or math.isclose(accounted, sample_rate, rel_tol=1e-12):
+        return f"q = {sample_rate:.4g}"
+    return (f"q = {accounted:.4g} (shuffled: 1 / {round(1 / accounted)} batches an epoch; "
+            f"B / n = {sample_rate:.4g})")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gradspec.privacy import accounted_sample_rate
 from gradspec.report._read import COMPLETE, RunContents
 
 __all__ = ["Num", "num", "sections"]
@@ -135,6 +136,10 @@ def _privacy(c: RunContents) -> list[dict[str, Any]]:
     col = cfg.get("collect") or {}
     target = col.get("target_epsilon")
     eps, eps_note = _epsilon(c)
+    # the rate the accountant counted: 1 / (n // B) for shuffled batches, where the recorded q is B / n
+    q = accounted_sample_rate(cfg) if accounted_sample_rate(cfg) is not None else cfg.get("sample_rate")
+    shuffled = (f"shuffled: 1 / (n // B), the accountant's rate (B / n = {cfg['sample_rate']:.4g})"
+                if isinstance(cfg.get("sample_rate"), int | float) and q != cfg["sample_rate"] else "")
     rows = [
         _row("ε (spent)", num("privacy.epsilon", eps, ".3f"),
              "; ".join(filter(None, [eps_note, f"target ε = {target:g}" if isinstance(target, int | float) else ""]))),
@@ -142,8 +147,9 @@ def _privacy(c: RunContents) -> list[dict[str, Any]]:
              "" if col.get("delta") is not None else "default n^−1.1"),
         _row("noise multiplier", num("privacy.noise_multiplier", cfg.get("noise_multiplier", col.get("noise_multiplier")), ".4g"),
              "calibrated for the target ε" if target is not None else ""),
-        _row("sample rate q", num("privacy.q", cfg.get("sample_rate"), ".4g"),
-             f"n = {cfg['n_train']:,} training examples" if isinstance(cfg.get("n_train"), int) else ""),
+        _row("sample rate q", num("privacy.q", q, ".4g"),
+             "; ".join(filter(None, [f"n = {cfg['n_train']:,} training examples" if isinstance(cfg.get("n_train"), int)
+                                     else "", shuffled]))),
         _row("steps", num("privacy.steps", cfg.get("steps", col.get("steps")), ",d")),
         _row("accountant", str(col.get("accounting") or cfg.get("accounting") or "—"), str(cfg.get("sampling_note") or "")),
         _row("clipping norm C", num("privacy.clip", cfg.get("max_grad_norm", col.get("max_grad_norm")), ".4g"),

@@ -338,6 +338,6 @@ def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: b
     return TrainResult(
         out=out, store=out / STORE_NAME if store is not None else None, metrics=metrics_path,
         rows=store.n_rows if store is not None else 0, steps=run.step,
-        noise_multiplier=run.sigma, sample_rate=run.q, delta=run.delta, epsilon=eps,
+        noise_multiplier=run.sigma, sample_rate=run.q, accounted_sample_rate=run.acct_q, delta=run.delta, epsilon=eps,
         final_metrics=dict(run.last_eval), rank=ranks.rank, world_size=ranks.world_size,
     )

@@ -35,6 +35,9 @@ class TrainResult:
     final_metrics: dict[str, float]
     rank: int = 0
     world_size: int = 1
+    #: the rate the accountant counted: ``sample_rate`` (B / n) under Poisson sampling,
+    #: 1 / (n // B) for shuffled batches (one Gaussian mechanism a batch of an epoch); NaN: unknown
+    accounted_sample_rate: float = float("nan")
 
 
 #: The name of :class:`TrainResult` while the trainer lived in ``gradspec.collect``.

@@ -210,6 +210,7 @@ class _Run:
             "n_train": self.n,
             "steps": self.steps,
             "sample_rate": self.q,
+            "accounted_sample_rate": self.acct_q,
             "noise_multiplier": self.sigma,
             "max_grad_norm": c.max_grad_norm,
             "per_example_engine": self.engine,

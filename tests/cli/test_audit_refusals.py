@@ -35,3 +35,24 @@ def test_public_projector_options_with_a_random_projector_are_refused(tmp_path):
         res = runner.invoke(app, base + extra)
         assert res.exit_code != 0 and "it would be ignored" in res.output and extra[0] in res.output, res.output
     assert not (tmp_path / "r").exists()
+
+
+def test_a_shuffled_run_prints_the_q_its_accountant_counted(tmp_path):
+    """collect and info printed q = B/n (0.15), which `account --q` refuses; they print 1/(n // B)
+    beside it, and that q given to `account` gives the run's epsilon."""
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["collect", "--out", str(out), "--task", "lowrank", "-t", "n=200", "-t", "d=20",
+                              "-t", "r=2", "--batch-size", "30", "--steps", "12", "--sampling", "shuffle",
+                              "--noise-multiplier", "1", "--lr", "0.05", "--optimizer", "sgd", "--eval-every", "0",
+                              "--no-progress", "--delta", "1e-5"])
+    assert res.exit_code == 0, res.output
+    printed = re.search(r"q = ([0-9.]+) \(shuffled: 1 / 6 batches an epoch; B / n = 0.15\)", res.output)
+    assert printed and float(printed.group(1)) == round(1 / 6, 4), res.output
+    info = runner.invoke(app, ["info", str(out / "gradients.zarr")])
+    assert info.exit_code == 0 and "q = 0.1667 (shuffled: 1 / 6 batches an epoch; B / n = 0.15)" in info.output, info.output
+    eps = re.search(r"epsilon = ([0-9.]+)", res.output).group(1)
+    acct = runner.invoke(app, ["account", "--noise-multiplier", "1", "--q", str(1 / 6), "--steps", "12",
+                               "--sampling", "shuffle", "--delta", "1e-5"])
+    assert acct.exit_code == 0, acct.output
+    counted = float(re.search(r"epsilon\s+([0-9.]+)", acct.output).group(1))
+    assert f"{counted:.3f}" == eps, (res.output, acct.output)
