@@ -36,6 +36,9 @@ and casts, so it cannot honestly beat the kernel alone): the pass marks the entr
 stale, and the next choice re-measures — once; a re-measurement contradicted again
 is kept (the panel measured may simply be slower than the passes' own shape).
 
+The choice is the fastest kernel that leaves the GIL to the pass's read-ahead thread
+(``_gil``: scipy's f2py BLAS holds it, and starved the reads of a pass it led alone).
+
 Rates are counted symmetric: a Gram update of an r×w panel is r²w flops
 whichever kernel computes it (one triangle is all the answer holds).
 """
@@ -55,6 +58,7 @@ import numpy as np
 import torch
 
 from gradspec._files import read_regular
+from gradspec.linalg._gil import choose, gil_share
 from gradspec.linalg._kernels import GRAM_KERNELS, default_kernel, gram_kernel
 
 logger = logging.getLogger(__name__)
@@ -62,9 +66,9 @@ logger = logging.getLogger(__name__)
 CACHE_ENV = "GRADSPEC_CACHE_DIR"
 CACHE_FILE = "gram_kernels.json"
 CACHE_VERSION = 1
-#: Columns of the panel the candidates are timed on (a pass's panels are 4,096-8,192 wide
-#: wherever the Gram is worth measuring; at 768 columns the ranking differed).
-MEASURE_COLS = 4096
+#: Columns of the panel the candidates are timed on: a pass over at most 2,048 rows cuts its
+#: blocks into 8,192-column panels (at 768 and at 4,096 columns the ranking differed).
+MEASURE_COLS = 8192
 #: The range of the panel's rows: the pass's r rounded to a power of two, within it.
 MEASURE_ROWS = (256, 2048)
 #: Rows measured when no pass says how many (``gradspec info --machine``).
@@ -78,6 +82,9 @@ MEASURE_WORK = 32
 #: Wall-time budget of one dtype's measurement (seconds); a kernel's timed runs after its
 #: warm-up only within it.
 MEASURE_BUDGET_S = 2.5
+#: Bytes of the wide block whose column slices the candidates are timed on (3 to 8 panels of
+#: it, each update a fresh one: more than a last-level cache holds, as in a pass).
+PANELS_BYTES = 256 * 2**20
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 #: The largest cache file read (bytes); an entry is about 1 KB.
 MAX_CACHE_BYTES = 1 << 20
@@ -166,11 +173,14 @@ def _measure_with_conditions(panel: tuple[int, int]) -> tuple[dict[str, dict[str
     """:func:`measure` on ``panel``, and how it was measured (the entry's ``conditions``)."""
     load = load_average()
     cpu0, wall0 = _clocks()
-    rates = measure(panel)
+    shares: dict[str, dict[str, float]] = {}
+    rates = measure(panel, shares=shares)
     cpu1, wall1 = _clocks()
     conditions = {"load_1m": load, "cores": _cores(), "torch_threads": torch.get_num_threads(),
                   "cpu_s": cpu1 - cpu0, "wall_s": wall1 - wall0}
     conditions["under_load"] = under_load(conditions)
+    if shares:
+        conditions["gil_share"] = shares
     return rates, conditions
 
 
@@ -217,7 +227,8 @@ def machine_key() -> dict[str, Any]:
 
 
 def measure(
-    panel: tuple[int, int] | None = None, budget_s: float = MEASURE_BUDGET_S, seed: int = 0
+    panel: tuple[int, int] | None = None, budget_s: float = MEASURE_BUDGET_S, seed: int = 0,
+    shares: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """GFLOP/s (symmetric-counted, r²w per update) of every CPU kernel, per panel dtype, on a
     random panel of shape ``panel`` (default: :func:`measure_panel`).
@@ -227,31 +238,41 @@ def measure(
     ones while the dtype's ``budget_s`` lasts (the third only if the best of two is within 2×
     of the fastest so far: the first after a switch of BLAS library can meet the other
     library's threads still spinning); where no timed run fits the budget, the warm-up's
-    time stands."""
+    time stands. ``shares``, when given, receives each kernel's share of the GIL left to
+    other threads during its warm-up (``_gil.gil_share``), per dtype."""
     r, w = panel if panel is not None else measure_panel()
     cpu = torch.device("cpu")
-    # A column slice of a block twice as wide, as the pass hands its kernel (a panel of a
-    # column block read whole): a kernel that copies a strided panel pays for it here too.
-    base = np.random.default_rng(seed).standard_normal((r, 2 * w))
     flops = float(r) * r * w
     t_start = time.perf_counter()
     rates: dict[str, dict[str, float]] = {}
+    rng = np.random.default_rng(seed)
     for dname, dtype in DTYPES.items():
-        p = torch.from_numpy(base).to(dtype)[:, :w]
+        # Column slices of one wide block, a fresh one each update, as a pass hands them: a kernel
+        # that copies a strided panel pays for it, and no panel is still in the cache.
+        item = torch.empty((), dtype=dtype).element_size()
+        count = int(np.clip(PANELS_BYTES // (r * w * item), 3, 8))
+        base = torch.from_numpy(rng.random((r, count * w), dtype=np.float32)).to(dtype)
+        panels = [base[:, i * w : (i + 1) * w] for i in range(count)]
+        turn = 0
         rates[dname] = {}
         leader = np.inf  # the best time of this dtype so far
         t_dtype = time.perf_counter()
         for name, cls in GRAM_KERNELS.items():
             kern = cls(r, cpu)
             t0 = time.perf_counter()
-            kern.update(p)  # warm-up
+            warm_panel = panels[turn % count]
+            share = gil_share(lambda k=kern, q=warm_panel: k.update(q))  # the warm-up
+            turn += 1
             warm = time.perf_counter() - t0
+            if shares is not None:
+                shares.setdefault(dname, {})[name] = round(share, 3)
             best = np.inf
             for i in range(3):
                 if (i >= 2 and best > 2 * leader) or time.perf_counter() - t_dtype > budget_s:
                     break  # clearly not the fastest after two timed runs, or out of time
                 t0 = time.perf_counter()
-                kern.update(p)
+                kern.update(panels[turn % count])
+                turn += 1
                 best = min(best, time.perf_counter() - t0)
             if not np.isfinite(best):
                 best = warm
@@ -361,7 +382,8 @@ def machine_kernels(
         rates, conditions = _measure_with_conditions(panel)
         old = entry
         entry = {
-            "choice": {d: max(r, key=r.get) for d, r in rates.items()},
+            # the fastest that leaves the read-ahead thread the GIL (``_gil``)
+            "choice": {d: choose(r, (conditions.get("gil_share") or {}).get(d)) for d, r in rates.items()},
             "rates": rates,
             "panel": list(panel),
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

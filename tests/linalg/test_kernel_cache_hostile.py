@@ -165,7 +165,7 @@ def test_a_measurement_records_how_it_was_taken(tmp_path, machine):
     assert entry["conditions"] == {**LOADED, "under_load": True} == info["conditions"]
     assert info["how"] == "under load 3.40 on 2 cores, 0.9 CPU s per s"
     name, why = kc.choose_gram_kernel("auto", dtype=torch.float32, device=CPU, flops=1e13, cache=tmp_path)
-    assert why.startswith("fastest for float32 panels here, 30 GFLOP/s on 1024x4096, measured under load (")
+    assert why.startswith("fastest for float32 panels here, 30 GFLOP/s on 1024x8192, measured under load (")
 
 
 @pytest.mark.parametrize("recorded", ["loaded", "unrecorded"])
