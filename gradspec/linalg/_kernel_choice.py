@@ -493,5 +493,7 @@ def choose_gram_kernel(
     cond = info.get("conditions")
     loaded = ", measured under load" if isinstance(cond, dict) and under_load(cond) else ""
     shape = "x".join(str(n) for n in info["panel"])
-    return name, (f"fastest for {dname} panels here, {rate:.0f} GFLOP/s on {shape}{loaded} "
+    lead = max(info["rates"][dname], key=info["rates"][dname].get)
+    held = f"; {lead} ran faster but holds the GIL the reads need" if lead != name else ""
+    return name, (f"fastest for {dname} panels here, {rate:.0f} GFLOP/s on {shape}{loaded}{held} "
                   f"({info['source']}: {info['cache']})")

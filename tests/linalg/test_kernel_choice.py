@@ -256,6 +256,8 @@ def test_a_kernel_that_holds_the_gil_is_not_chosen_over_one_that_leaves_it(tmp_p
     assert info["conditions"]["gil_share"]["float32"]["scipy-syrk"] == 0.1
     kc._memo.clear()
     assert machine_kernels(cache=tmp_path)["choice"]["float32"] == "numpy-syrk"  # as cached
+    name, why = kc.choose_gram_kernel("auto", dtype=torch.float32, device=CPU, flops=1e13, cache=tmp_path)
+    assert name == "numpy-syrk" and "scipy-syrk ran faster but holds the GIL the reads need" in why
     # every kernel holding it: the fastest of all; no share recorded: it counts as leaving it
     assert choose({"a": 1.0, "b": 2.0}, {"a": 0.0, "b": GIL_MIN / 2}) == "b"
     assert choose({"a": 1.0, "b": 2.0}, {"a": 1.0}) == "b"
