@@ -100,12 +100,32 @@ def subset_store(store_path: Path, patterns: tuple[str, ...], out: Path, batch: 
     return out
 
 
+#: The fewest σ a power-law fit is made of (``fit_spectrum``'s own minimum).
+MIN_FIT = 3
+
+
 def _fit(sigma: np.ndarray, k: int) -> dict[str, Any]:
+    """The power-law fit of σ_1..σ_k; NaN where pca kept fewer than :data:`MIN_FIT` directions
+    (it keeps only those it resolved: a 6-row store of tiny steps can give 2 of 3)."""
     from gradspec.spectrum import fit_spectrum
 
-    fit = fit_spectrum(sigma, k_range=(1, min(k, sigma.size)))
-    return {"c": float(fit.c), "a": float(fit.a), "r2": float(fit.r2), "ci": [float(x) for x in fit.ci],
-            "k": int(min(k, sigma.size))}
+    n = int(min(k, sigma.size))
+    if int(np.sum(sigma[:n] > 0)) < MIN_FIT:
+        return {"c": float("nan"), "a": float("nan"), "r2": float("nan"), "ci": [float("nan")] * 2, "k": n}
+    fit = fit_spectrum(sigma, k_range=(1, n))
+    return {"c": float(fit.c), "a": float(fit.a), "r2": float(fit.r2), "ci": [float(x) for x in fit.ci], "k": n}
+
+
+def short_fit(f: dict[str, Any]) -> str:
+    """``k^-c`` for a legend, or ``no fit``."""
+    return f"k^-{f['c']:.2f}" if np.isfinite(f["c"]) else "no fit"
+
+
+def fit_text(f: dict[str, Any], r2: bool = False) -> str:
+    """``k^-c (CI lo–hi[, R² r])``, or why there is no fit."""
+    if not np.isfinite(f["c"]):
+        return f"no fit ({f['k']} σ)"
+    return (f"k^-{f['c']:.3f} (CI {f['ci'][0]:.3f}–{f['ci'][1]:.3f}" + (f", R² {f['r2']:.3f}" if r2 else "") + ")")
 
 
 def _fits(res: dict[str, Any], extra: list[int]) -> None:
@@ -154,11 +174,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
         i = np.arange(1, s.size + 1)
         lo = res["lower"][: s.size] / res["sigma"][0]
         up = np.minimum(res["upper"][: s.size] / res["sigma"][0], 3 * s)  # open above: cut at 3x
-        ax.loglog(i, s, color=color, label=f"{name} (p = {res['p']:,}): k^-{res['fit']['c']:.2f}")
+        ax.loglog(i, s, color=color, label=f"{name} (p = {res['p']:,}): {short_fit(res['fit'])}")
         ax.fill_between(i, lo, up, color=color, alpha=0.2, lw=0)
     for (name, res), color in zip(results.get("exact", {}).items(), ("C3", "C4", "C5", "C6"), strict=False):
         s = res["sigma"] / res["sigma"][0]
-        ax.loglog(np.arange(1, s.size + 1), s, color=color, ls="--", label=f"{name}: k^-{res['fit']['c']:.2f}")
+        ax.loglog(np.arange(1, s.size + 1), s, color=color, ls="--", label=f"{name}: {short_fit(res['fit'])}")
     ax.set_xlabel("k")
     ax.set_ylabel("σ_k / σ_1")
     rows = "examples" if results.get("per_example", True) else "steps (mean clipped gradients)"
@@ -220,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def fits(res: dict[str, Any]) -> str:
         # a spectrum shorter than K is fitted over all of it, and says so
-        return "".join(f" k^-{f['c']:.3f} (CI {f['ci'][0]:.3f}–{f['ci'][1]:.3f})"
-                       + (f", k = 1..{f['k']}" if f["k"] != int(K) else "") + " |" for K, f in res["fits"].items())
+        return "".join(f" {fit_text(f)}" + (f", k = 1..{f['k']}" if f["k"] != int(K) else "") + " |"
+                       for K, f in res["fits"].items())
 
     for name, res in spectra.items():
         def iv(i: int, res=res) -> str:
@@ -230,13 +250,12 @@ def main(argv: list[str] | None = None) -> int:
             up = "∞" if not np.isfinite(res["upper"][i]) else f"{res['upper'][i]:.3g}"
             return f"{res['sigma'][i]:.3g} [{res['lower'][i]:.3g}, {up}]"
         f = res["fit"]
-        lines.append(f"| {name} | {res['p']:,} | {res['M']:,} | k^-{f['c']:.3f} (CI {f['ci'][0]:.3f}–{f['ci'][1]:.3f}, "
-                     f"R² {f['r2']:.3f}) |{fits(res)} {iv(0)} | {iv(9)} | {iv(99)} |")
+        lines.append(f"| {name} | {res['p']:,} | {res['M']:,} | {fit_text(f, r2=True)} |{fits(res)} {iv(0)} | "
+                     f"{iv(9)} | {iv(99)} |")
     for name, res in exact.items():
         f = res["fit"]
         plain = [f"{res['sigma'][i]:.3g}" if i < res["sigma"].size else "—" for i in (0, 9, 99)]
-        lines.append(f"| {name} | — | exact | k^-{f['c']:.3f} (CI {f['ci'][0]:.3f}–{f['ci'][1]:.3f}, R² {f['r2']:.3f}) "
-                     f"|{fits(res)} {' | '.join(plain)} |")
+        lines.append(f"| {name} | — | exact | {fit_text(f, r2=True)} |{fits(res)} {' | '.join(plain)} |")
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     (args.out / "results.json").write_text(json.dumps(json_safe(results), indent=2))
     print("\n".join(lines))

@@ -73,3 +73,12 @@ def test_the_analysis_puts_exact_spectra_beside_the_sketched_ones(tmp_path):
     from gradspec.store import SpectrumStore
 
     assert SpectrumStore.open(tmp_path / "half" / "spectrum_all.zarr").U.shape[0] == 6
+
+
+def test_a_spectrum_of_fewer_than_three_directions_is_not_fitted():
+    """pca keeps only the directions it resolved (a 6-row store gave 2 of k = 3, and the analysis
+    raised); the table says so instead of fitting."""
+    two = whole_model._fit(np.array([2.0, 1.0]), 3)
+    assert two["k"] == 2 and not np.isfinite(two["c"]) and whole_model.fit_text(two) == "no fit (2 σ)"
+    three = whole_model._fit(np.array([1.0, 2**-0.5, 3**-0.5]), 3)
+    assert abs(three["c"] - 0.5) < 1e-9 and whole_model.fit_text(three).startswith("k^-0.500 (CI")
