@@ -53,12 +53,19 @@ def _ticks(run: Callable[[], object]) -> tuple[float, float]:
     return ticks / max(seconds, 1e-9), seconds
 
 
-def gil_share(run: Callable[[], object]) -> float:
-    """The share of the GIL ``run()`` left to another thread: that thread's iteration rate while
-    ``run`` ran over its rate while the caller slept (1: all of it; 0: none), clipped to [0, 1]."""
-    idle, _ = _ticks(lambda: time.sleep(IDLE_S))
-    busy, _ = _ticks(run)
-    return float(min(1.0, max(0.0, busy / idle))) if idle > 0 else 1.0
+def idle_rate() -> float:
+    """Iterations a second of the yielding thread while the caller sleeps (``gil_share``'s 1)."""
+    return _ticks(lambda: time.sleep(IDLE_S))[0]
+
+
+def gil_share(run: Callable[[], object], idle: float | None = None) -> tuple[float, float]:
+    """-> (the share of the GIL ``run()`` left to another thread, the seconds ``run`` took).
+
+    The share is that thread's iteration rate while ``run`` ran over ``idle`` (its rate while the
+    caller slept: ``idle_rate()``, measured here when None), clipped to [0, 1]: 1 all of it, 0 none."""
+    idle = idle_rate() if idle is None else idle
+    busy, seconds = _ticks(run)
+    return (float(min(1.0, max(0.0, busy / idle))) if idle > 0 else 1.0), seconds
 
 
 def choose(rates: dict[str, float], shares: dict[str, float] | None) -> str:

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from gradspec._files import read_regular
-from gradspec.linalg._gil import choose, gil_share
+from gradspec.linalg._gil import choose, gil_share, idle_rate
 from gradspec.linalg._kernels import GRAM_KERNELS, default_kernel, gram_kernel
 
 logger = logging.getLogger(__name__)
@@ -246,6 +246,7 @@ def measure(
     t_start = time.perf_counter()
     rates: dict[str, dict[str, float]] = {}
     rng = np.random.default_rng(seed)
+    idle = idle_rate()
     for dname, dtype in DTYPES.items():
         # Column slices of one wide block, a fresh one each update, as a pass hands them: a kernel
         # that copies a strided panel pays for it, and no panel is still in the cache.
@@ -259,11 +260,10 @@ def measure(
         t_dtype = time.perf_counter()
         for name, cls in GRAM_KERNELS.items():
             kern = cls(r, cpu)
-            t0 = time.perf_counter()
             warm_panel = panels[turn % count]
-            share = gil_share(lambda k=kern, q=warm_panel: k.update(q))  # the warm-up
             turn += 1
-            warm = time.perf_counter() - t0
+            # the warm-up, and the share of the GIL it leaves other threads
+            share, warm = gil_share(lambda k=kern, q=warm_panel: k.update(q), idle)
             if shares is not None:
                 shares.setdefault(dname, {})[name] = round(share, 3)
             best = np.inf

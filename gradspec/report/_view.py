@@ -137,7 +137,8 @@ def _privacy(c: RunContents) -> list[dict[str, Any]]:
     target = col.get("target_epsilon")
     eps, eps_note = _epsilon(c)
     # the rate the accountant counted: 1 / (n // B) for shuffled batches, where the recorded q is B / n
-    q = accounted_sample_rate(cfg) if accounted_sample_rate(cfg) is not None else cfg.get("sample_rate")
+    q = accounted_sample_rate(cfg)
+    q = cfg.get("sample_rate") if q is None else q
     shuffled = (f"shuffled: 1 / (n // B), the accountant's rate (B / n = {cfg['sample_rate']:.4g})"
                 if isinstance(cfg.get("sample_rate"), int | float) and q != cfg["sample_rate"] else "")
     rows = [

@@ -37,9 +37,7 @@ from gradspec.spectrum._inputs import (
     shared_rows,
     store_relation,
     tasks_differ,
-)
-from gradspec.spectrum._inputs import (
-    without_shared as _without_shared,
+    without_shared,
 )
 from gradspec.spectrum._measure import MEMORY, measure_rows, tile_rows, why_no_replayed_rows
 from gradspec.spectrum._report import REPORT_FORMAT, DecayAnalysis, DecayConfig, analyze_spectrum
@@ -325,7 +323,7 @@ def decay_analysis(
                 held = _heldout_index(heldout_rows, n)
                 shared = shared_rows(spec, store, cols)
                 if shared.size:
-                    held = _without_shared(held, shared, store.path, explicit=heldout_rows is not None,
+                    held = without_shared(held, shared, store.path, explicit=heldout_rows is not None,
                                            notes=notes)
                 row_sets["heldout"] = held
                 if bool(getattr(store, "per_example", False)) != bool(src.get("per_example", False)):
