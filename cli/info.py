@@ -115,6 +115,7 @@ def info_command(
         _norm_shares(cfg.get("norm_shares"))
         _precision(summary.get("dtype_report"))
         _checksums(summary.get("checksums"))
+        _row_checksums(summary.get("row_checksums"))
         _missing(summary)
     else:
         _spectrum(summary)
@@ -177,6 +178,16 @@ def _checksums(c: dict | None) -> None:
     names = ", ".join(c["unchecked"][:3]) + (f" and {len(c['unchecked']) - 3} more" if len(c["unchecked"]) > 3 else "")
     typer.echo(f"checksum {c['codec']} on {len(c['checksummed'])} of {c['arrays']} arrays; none on {names} "
                f"(written before gradspec checksummed chunks): there {cannot}")
+
+
+def _row_checksums(bound: bool | None) -> None:
+    """Whether each gradient chunk is bound to the store's own rows (``_rowsums``)."""
+    if bound:
+        typer.echo("rowsums  each row's crc32c per column chunk: a chunk copied from another store, or moved "
+                   "within this one, is found by reading it")
+    elif bound is not None:
+        typer.echo("rowsums  none: written before gradspec recorded its rows' checksums; a chunk copied in "
+                   "from another store of the same chunking cannot be told from its own")
 
 
 def _missing(summary: dict) -> None:

@@ -46,6 +46,7 @@ import numpy as np
 
 from gradspec.store._checksum import PROBLEM as CORRUPT
 from gradspec.store._checksum import TRAILER, has_checksum, trailer_matches
+from gradspec.store._rowsums import FOREIGN
 
 
 def local_root(array: Any) -> str | None:
@@ -63,12 +64,16 @@ def local_root(array: Any) -> str | None:
 
 #: ``on_damage(i, j, problem)``: raise, or return to read a missing chunk as fill.
 OnDamage = Callable[[int, int, str], None]
+#: ``bound(i, j, chunk, checksum)``: whether chunk (i, j), read whole and intact into ``chunk``
+#: and ending in ``checksum``, holds the rows its store recorded (``_rowsums``).
+Bound = Callable[[int, int, np.ndarray, int], bool]
 
 
 class ChunkFileReader:
     """Direct reads of row-slice × column-range selections of one local, uncompressed 2-D array."""
 
-    def __init__(self, root: str, array: Any, on_damage: OnDamage | None = None) -> None:
+    def __init__(self, root: str, array: Any, on_damage: OnDamage | None = None,
+                 bound: Bound | None = None) -> None:
         self._a = array
         self._root = root
         self._rc, self._cc = (int(c) for c in array.chunks)
@@ -79,14 +84,18 @@ class ChunkFileReader:
         self._crc = has_checksum(array)
         self._trailer = TRAILER if self._crc else 0  # bytes after the chunk in its file
         self._on_damage = on_damage
+        self._bound = bound if self._crc else None
 
     @classmethod
-    def for_array(cls, array: Any, on_damage: OnDamage | None = None) -> ChunkFileReader | None:
+    def for_array(cls, array: Any, on_damage: OnDamage | None = None,
+                  bound: Bound | None = None) -> ChunkFileReader | None:
         """A reader when ``array`` qualifies for direct reads, else None (use zarr).
 
         ``on_damage(i, j, problem)`` hears of a missing (``problem == "missing"``) or
         wrong-sized chunk file; it raises, or returns to read a missing one as fill.
         Without it a missing chunk reads as fill and a wrong-sized one raises ``OSError``.
+        ``bound`` (:data:`Bound`) checks each intact chunk of a checksummed array against
+        its store's recorded rows; one that fails is damage too (``_rowsums.FOREIGN``).
         """
         try:
             from zarr.codecs import BytesCodec
@@ -106,15 +115,16 @@ class ChunkFileReader:
                 return None
             if getattr(meta.chunk_grid, "chunk_shape", None) is None:
                 return None
-            return cls(root, array, on_damage)
+            return cls(root, array, on_damage, bound)
         except Exception:  # any zarr internals we do not recognise: the general path
             return None
 
     def _path(self, i: int, j: int) -> str:
         return os.path.join(self._root, *self._a.metadata.encode_chunk_key((i, j)).split("/"))
 
-    def _read_file(self, f: Any, into: np.ndarray) -> tuple[int, bool]:
-        """Read an open chunk file into ``into``: (bytes read, the checksum holds).
+    def _read_file(self, f: Any, into: np.ndarray) -> tuple[int, bool, bytes]:
+        """Read an open chunk file into ``into``: (bytes read, the checksum holds, the bytes after
+        the chunk: its checksum).
 
         ``into`` may hold a partial chunk when the file is damaged; the caller raises then."""
         flat = into.reshape(-1).view(np.uint8)
@@ -126,7 +136,7 @@ class ChunkFileReader:
                 break
             got += n
         if got < self._chunk_bytes:
-            return got, True
+            return got, True, b""
         tail = f.read(self._trailer + 1)  # its checksum, and one byte more: a longer file is damage
         while 0 < len(tail) < self._trailer + 1:  # a short read (rare): read on to the end
             more = f.read(self._trailer + 1 - len(tail))
@@ -135,8 +145,8 @@ class ChunkFileReader:
             tail += more
         got += len(tail)
         if not self._crc or got != self._chunk_bytes + self._trailer:
-            return got, True
-        return got, trailer_matches(flat, tail)
+            return got, True, tail
+        return got, trailer_matches(flat, tail), tail
 
     def _read_chunk(self, i: int, j: int, into: np.ndarray) -> None:
         """Fill ``into`` (a C-contiguous chunk-shaped buffer) with chunk (i, j), its checksum checked."""
@@ -148,7 +158,7 @@ class ChunkFileReader:
             fd = os.open(self._path(i, j), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             with open(fd, "rb", buffering=0) as f:
                 regular = stat.S_ISREG(os.fstat(fd).st_mode)
-                got, intact = self._read_file(f, into) if regular else (0, True)
+                got, intact, tail = self._read_file(f, into) if regular else (0, True, b"")
         except FileNotFoundError:
             if self._on_damage is not None:
                 self._on_damage(i, j, "missing")
@@ -170,6 +180,8 @@ class ChunkFileReader:
                        else f"longer than the {size} bytes of a chunk")
         elif not intact:
             problem = CORRUPT
+        elif self._bound is not None and not self._bound(i, j, into, int.from_bytes(tail, "little")):
+            problem = FOREIGN
         if problem is not None:
             if self._on_damage is not None:
                 self._on_damage(i, j, problem)

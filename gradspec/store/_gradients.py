@@ -10,6 +10,8 @@ Layout of a store directory::
                            stores: example_index, and each example's pre_clip_norm, clip_factor)
     STORE/param_norms/     (per-example stores) each example's pre-clip norm per parameter
     STORE/dtype_stats/     (16-bit stores) per row: what the conversion from float32 lost
+    STORE/row_crc32c/      per row: the CRC-32C of its bytes in each column chunk, which binds
+                           every chunk to this store's rows (``_rowsums``)
 
 Chunking. The default chunk is 32 rows x (8 MiB / (32 x itemsize)) columns,
 i.e. 32 x 65,536 in float32 and 32 x 131,072 in 16-bit. Appending is done a
@@ -67,6 +69,7 @@ from gradspec.store._gradients_schema import (
 from gradspec.store._gradients_write import GradientWrites
 from gradspec.store._integrity import ALL_CHUNKS_KEY, ChunkPresence, StoreDamagedError
 from gradspec.store._rowkind import RowKind, row_kind
+from gradspec.store._rowsums import ROW_SUMS_ARRAY, ROW_SUMS_KEY, RowSums
 from gradspec.store._zarr import (
     create_group,
     disk_numpy_dtype,
@@ -167,6 +170,15 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
         self._meta = {name: array(f"meta/{name}") for name in self._meta_fields}
         self._load_norms(attrs, array, damaged)
         self._stats = array(STATS_ARRAY) if STATS_ARRAY in group else None
+        self._row_sums_array = array(ROW_SUMS_ARRAY) if attrs.get(ROW_SUMS_KEY) is True else None
+        self._row_sums = None
+        if self._row_sums_array is not None:
+            nseg = -(-self._layout.p // int(self._grads.chunks[1]))
+            if len(self._row_sums_array.shape) != 2 or self._row_sums_array.shape[1] != nseg:
+                raise ValueError(f"{self.path!r}: {ROW_SUMS_ARRAY} has shape {tuple(self._row_sums_array.shape)}, "
+                                 f"not one column per column chunk of grads ({nseg}): {damaged}")
+            self._row_sums = RowSums(lambda a, b: self._read_array(ROW_SUMS_ARRAY, slice(a, b)),
+                                     self._grads.chunks, self._layout.p, np.dtype(self._grads.dtype).itemsize)
         self._small_held: list[tuple[int, dict[str, np.ndarray]]] = []  # rows' meta until commit (_gradients_write)
         for name, arr in self._arrays().items():
             if arr.shape[0] < self._rows:
@@ -176,7 +188,8 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
                     f"zarr.open_group({self.path!r}, mode='r+'), {{'{ROWS_KEY}': {arr.shape[0]}}})"
                 )
         self._presence = {name: ChunkPresence(arr) for name, arr in self._arrays().items()}
-        self._direct = ChunkFileReader.for_array(self._grads, on_damage=self._chunk_damaged)
+        self._direct = ChunkFileReader.for_array(self._grads, on_damage=self._chunk_damaged,
+                                                 bound=None if self._row_sums is None else self._chunk_bound)
         self._report: tuple[int, np.ndarray, float] | None = None  # dtype report of rows [0, report rows)
 
     def _arrays(self) -> dict[str, zarr.Array]:
@@ -186,6 +199,8 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             out[PARAM_NORMS_ARRAY] = self._param_norms
         if self._stats is not None:
             out[STATS_ARRAY] = self._stats
+        if self._row_sums_array is not None:
+            out[ROW_SUMS_ARRAY] = self._row_sums_array
         return out
 
     # ------------------------------------------------------------------ create / open
@@ -241,6 +256,7 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             ROWS_KEY: 0,
             STATUS_KEY: "writing",
             ALL_CHUNKS_KEY: True,
+            ROW_SUMS_KEY: True,
             **({EXAMPLE_NORMS_KEY: True} if per_example else {}),
             **({SKETCH_KEY: sketch} if sketch is not None else {}),
         }
@@ -268,6 +284,9 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
                 dtype="float64", fill_value=0, compressors=_checksum.checksum_codecs(),
                 attributes={"columns": list(_precision.STATS_COLUMNS)},
             )
+        nseg = -(-layout.p // cols_per_chunk)
+        group.create_array(ROW_SUMS_ARRAY, shape=(0, nseg), chunks=(max(1, min(4096, 2**21 // nseg)), nseg),
+                           dtype="uint32", fill_value=0, compressors=_checksum.checksum_codecs())
         return cls(group, str(path), "r+")
 
     @classmethod
@@ -414,6 +433,7 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             "all_chunks_written": self._strict,
             "dtype_report": None,
             "checksums": _checksum.checksum_summary(self._arrays()),
+            "row_checksums": self._row_sums is not None,
             "example_norms": None,
             "sketch": None if self._sketch is None else {
                 k: self._sketch.get(k) for k in ("kind", "version", "M", "requested_M", "p", "seed", "width_note")} | {

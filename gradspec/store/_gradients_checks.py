@@ -27,6 +27,7 @@ from gradspec.store._integrity import (
     unreadable,
     verify_arrays,
 )
+from gradspec.store._rowsums import FOREIGN
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,27 @@ class GradientChecks:
             return
         raise damage_error(self.path, "grads", self._presence["grads"].key((i, j)),
                            chunk_span(i, self.chunks[0], self._rows), self._rows, problem)
+
+    def _chunk_bound(self, i: int, j: int, chunk: np.ndarray, checksum: int | None) -> bool:
+        """Whether grads chunk (i, j), read whole (``chunk``, as stored; ``checksum``: the CRC its
+        file ends with, None when read through zarr) holds the rows this store recorded."""
+        if checksum is not None:
+            return self._row_sums.check_chunk(self._rows, i, j, chunk, checksum)
+        rc, cc = self.chunks
+        a, b = chunk_span(i, rc, self._rows)
+        return self._row_sums.check_block(self._rows, np.arange(a, b), j * cc, min((j + 1) * cc, self.p),
+                                          chunk[: b - a]) is None
+
+    def _check_bound(self, idx: slice | np.ndarray, c0: int, c1: int, block: np.ndarray) -> None:
+        """Raise for a chunk of a zarr read (rows ``idx`` × [c0, c1), as stored) whose rows are not
+        the ones this store recorded (``_rowsums``; nothing to check in a store written before)."""
+        if self._row_sums is None:
+            return
+        rows = np.arange(idx.start, idx.stop, idx.step or 1) if isinstance(idx, slice) else np.asarray(idx)
+        bad = self._row_sums.check_block(self._rows, rows, c0, c1, block)
+        if bad is not None:
+            raise damage_error(self.path, "grads", self._presence["grads"].key(bad),
+                               chunk_span(bad[0], self.chunks[0], self._rows), self._rows, FOREIGN)
 
     def _unreadable(self, name: str, idx: slice | np.ndarray, exc: BaseException,
                     cols: tuple[int, int] | None = None) -> StoreDamagedError:
@@ -126,8 +148,9 @@ class GradientChecks:
             or a clip factor outside (0, 1]; ``ok`` is False when a chunk is missing,
             truncated, the wrong size or undecodable, or a value is NaN, infinite or out of range.
         """
+        bound = {} if self._row_sums is None else {"grads": lambda c, block, crc: self._chunk_bound(*c, block, crc)}
         report = verify_arrays(self._arrays(), self._rows, strict=self._strict,
                                dtypes={"grads": self._dtype}, nan_ok={f"meta/{f}" for f in NAN_MEANS_UNKNOWN},
-                               progress=progress)
+                               progress=progress, bound=bound)
         self._verify_norm_ranges(report)
         return {"path": self.path, **report}

@@ -99,6 +99,7 @@ class GradientReads:
         want = _count(idx)
         if raw.shape[0] != want:
             raise StoreDamagedError(f"{self.path}: grads holds fewer rows than the {self._rows} committed")
+        self._check_bound(idx, c0, c1, raw)
         return widen(raw)
 
     def read(self, rows: RowSelection = None, cols: slice | None = None) -> np.ndarray:
@@ -241,7 +242,8 @@ class GradientReads:
         idx = self._row_index(rows)
         self._forget_listings()
         self._require(idx, [(0, self.p)] if col_ranges is None else [(int(a), int(b)) for a, b in col_ranges])
-        source = CheckedArray(self._grads, self.path, self._rows, self._strict)
+        sums = None if self._row_sums is None else self._row_sums.recorded(self._rows, slice(0, self._rows))
+        source = CheckedArray(self._grads, self.path, self._rows, self._strict, sums)
         arr = da.from_array(source, chunks=self._grads.chunks, name=f"gradspec-grads-{uuid.uuid4().hex}",
                             asarray=False, fancy=False)
         arr = arr[idx]

@@ -24,6 +24,7 @@ from gradspec.store._integrity import (
     committed_chunks,
     damage_error,
 )
+from gradspec.store._rowsums import ROW_SUMS_ARRAY, segment_crcs
 from gradspec.store._zarr import (
     disk_numpy_dtype,
     to_disk_dtype,
@@ -111,9 +112,11 @@ class GradientWrites:
             small[PARAM_NORMS_ARRAY] = param_norms
         if stats is not None:
             small[STATS_ARRAY] = stats
+        if self._row_sums_array is not None:
+            small[ROW_SUMS_ARRAY] = segment_crcs(disk, int(self._grads.chunks[1]))
         self._hold_small(start, small)
 
-    # The per-row arrays beside grads (meta/*, param_norms, dtype stats) have chunks of
+    # The per-row arrays beside grads (meta/*, param_norms, dtype stats, row checksums) have chunks of
     # thousands of rows: written with every row chunk, each is a read-modify-write of a
     # partly filled chunk (~1.8 ms of zarr per array, ten or more arrays, whatever p is).
     # Their rows are held here until the commit that makes them visible (or until
@@ -142,14 +145,11 @@ class GradientWrites:
         self._small_held = []
         start = held[0][0]
         end = start + sum(next(iter(v.values())).shape[0] for _, v in held)
+        arrays = self._arrays()
         for name in held[0][1]:
             joined = np.concatenate([v[name] for _, v in held])
-            if name == PARAM_NORMS_ARRAY:
-                self._param_norms[start:end] = joined
-            elif name == STATS_ARRAY:
-                self._stats[start:end] = joined
-            else:
-                self._meta[name][start:end] = joined
+            key = name if name in (PARAM_NORMS_ARRAY, STATS_ARRAY, ROW_SUMS_ARRAY) else f"meta/{name}"
+            arrays[key][start:end] = joined
 
     def _report_upto(self, n: int) -> tuple[int, np.ndarray, float]:
         """The accumulated dtype stats of rows [0, n), reading only rows not yet summed."""
@@ -183,6 +183,8 @@ class GradientWrites:
             report = _precision.summarize(self._report_upto(n), self.p, self._dtype)
             update[DTYPE_REPORT_KEY] = report
         update_attrs(self._group, update)
+        if self._row_sums is not None and n < self._rows:
+            self._row_sums.drop(n)  # rows written again in their place are other rows
         self._rows = n
         why = _precision.material(report) if report else None
         if why:

@@ -23,7 +23,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from gradspec._files import FileTooLarge, NotRegularFile, read_regular
 from gradspec.store._checksum import PROBLEM as CORRUPT
 from gradspec.store._checksum import TRAILER, corrupt_chunks, has_checksum, raw_matches
 from gradspec.store._fastread import local_root
+from gradspec.store._rowsums import FOREIGN, first_mismatch
 
 logger = logging.getLogger(__name__)
 
@@ -224,6 +225,7 @@ def verify_arrays(
     dtypes: dict[str, str] | None = None,
     nan_ok: Collection[str] = (),
     progress: bool = False,
+    bound: dict[str, Callable[[tuple[int, ...], np.ndarray, int | None], bool]] | None = None,
 ) -> dict[str, Any]:
     """Read every chunk of every committed row of ``arrays`` ({name: zarr array}).
 
@@ -236,6 +238,10 @@ def verify_arrays(
         dtypes: logical dtype per array where it differs from the stored one (bfloat16).
         nan_ok: arrays where NaN is a recorded value ("unknown"), not damage; ±inf still is.
         progress: show a progress bar on stderr.
+        bound: per array, ``bound(coords, chunk, checksum)``: whether an intact chunk (read whole
+            from its file with the ``checksum`` it ends with, or decoded by zarr: None and its
+            rows below ``n_rows``) holds the rows its store recorded (``_rowsums``); a chunk that
+            does not is damaged, problem ``_rowsums.FOREIGN``.
 
     Returns:
         ``{"ok", "chunks", "bytes", "damaged": [{array, chunk, rows, problem}],
@@ -260,6 +266,7 @@ def verify_arrays(
     for name, arr, c in jobs:
         if bar is not None:
             bar.update(1)
+        check = (bound or {}).get(name, lambda c, block, crc: True)
         rc = int(arr.chunks[0])
         a, b = chunk_span(c[0], rc, n_rows)
         pres = presence[name]
@@ -294,15 +301,20 @@ def verify_arrays(
                 nbytes += len(raw)
                 shape = tuple(int(s) for s in arr.chunks)
                 block = np.frombuffer(raw, dtype=np.dtype(arr.dtype), count=math.prod(shape)).reshape(shape)
+                binds = check(c, block, int.from_bytes(raw[-TRAILER:], "little") if has_checksum(arr) else None)
                 block = block[: b - a]
             else:
                 block = np.asarray(arr[(slice(a, b), *region[1:])])
                 nbytes += block.nbytes
+                binds = check(c, block, None)
         except Exception as exc:  # noqa: BLE001 - any decoding failure is damage to report
             problem = CORRUPT if corrupt_chunks(arr, [c]) else f"unreadable ({type(exc).__name__}: {exc})"
             damaged.append({**entry, "problem": problem})
             continue
         checked += has_checksum(arr)
+        if not binds:
+            damaged.append({**entry, "problem": FOREIGN})
+            continue
         bad = _nonfinite(np.ascontiguousarray(block), dtypes.get(name), name in nan_ok)
         if bad.any():
             rec = non_finite.setdefault(name, {"count": 0, "rows": []})
@@ -330,8 +342,10 @@ class CheckedArray:
     as fill. Plain attributes only, so a distributed scheduler can ship it.
     """
 
-    def __init__(self, array: Any, path: str, n_rows: int, strict: bool) -> None:
+    def __init__(self, array: Any, path: str, n_rows: int, strict: bool,
+                 row_sums: np.ndarray | None = None) -> None:
         self.array, self.path, self.n_rows, self.strict = array, path, int(n_rows), strict
+        self.row_sums = row_sums  # the committed rows' recorded segment CRCs (``_rowsums``), if any
         self.shape = tuple(int(s) for s in array.shape)
         self.dtype = np.dtype(array.dtype)
         self.ndim = len(self.shape)
@@ -348,7 +362,7 @@ class CheckedArray:
                 raise damage_error(self.path, "grads", pres.key(missing[0]), chunk_span(i, rc, self.n_rows),
                                    self.n_rows, "missing", len(missing) - 1)
         try:
-            return np.asarray(self.array[sel])
+            block = np.asarray(self.array[sel])
         except (RuntimeError, ValueError, OSError) as exc:
             bad = corrupt_chunks(self.array, chunk_region(self.array, rows[0], rows[1], cols[:2]))
             if bad:
@@ -357,6 +371,14 @@ class CheckedArray:
                                    len(bad) - 1) from exc
             raise unreadable(self.path, f"rows {rows[0]}..{rows[1] - 1}, columns {cols[0]}..{cols[1] - 1}",
                              exc) from exc
+        stop = min(rows[1], self.n_rows)
+        if self.row_sums is not None and stop > rows[0] and rows[2] == 1 and cols[2] == 1:
+            bad = first_mismatch(self.row_sums, np.arange(rows[0], stop), cols[0], cols[1],
+                                 block[: stop - rows[0]], (rc, cc), self.shape[1])
+            if bad is not None:
+                raise damage_error(self.path, "grads", ChunkPresence(self.array).key(bad),
+                                   chunk_span(bad[0], rc, self.n_rows), self.n_rows, FOREIGN)
+        return block
 
 
 class ArrayChecker:

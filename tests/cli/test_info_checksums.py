@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gradspec.store import GradientStore
+from tests.store.test_checksums import drop_row_sums
 
 runner = CliRunner()
 
@@ -99,10 +100,32 @@ def test_a_store_written_before_checksums_says_a_flip_cannot_be_found(tmp_path, 
     monkeypatch.undo()
     assert res.exit_code == 0, res.output
     store = tmp_path / "run" / "gradients.zarr"
+    drop_row_sums(store)  # it predates them too
     assert GradientStore.open(store).summary()["checksums"]["checksummed"] == []
     res = invoke("info", store, "--verify", "--no-progress")
     assert res.exit_code == 0, res.output
     assert "checksum none: written before gradspec checksummed its chunks; a changed byte" in res.output
     assert "no checksums (a changed byte cannot be detected): ok" in res.output
+    assert "rowsums  none: written before gradspec recorded its rows' checksums" in res.output
     flip(store / "grads" / "c" / "1" / "0")  # what the line warns of: nothing can tell
     assert invoke("info", store, "--verify", "--no-progress").exit_code == 0
+
+
+def test_a_chunk_copied_from_another_run_is_found_and_pca_refuses(copy, tmp_path):
+    """Before row checksums the copied chunk's own CRC held: info --verify said ok and pca used
+    another run's gradients with exit 0."""
+    zstd = '"zstd"' in (copy / "gradients.zarr" / "grads" / "zarr.json").read_text()
+    res = invoke("collect", "--out", tmp_path / "other", "--compressor", "zstd" if zstd else "none", *LOWRANK,
+                 "--seed", 1)
+    assert res.exit_code == 0, res.output
+    res = invoke("info", copy / "gradients.zarr")
+    assert "rowsums  each row's crc32c per column chunk" in res.output
+    for chunk in ("0/0", "1/0"):  # a whole row chunk, and the last one (rows 32..39 of its 32)
+        shutil.copy(tmp_path / "other" / "gradients.zarr" / "grads" / "c" / chunk,
+                    copy / "gradients.zarr" / "grads" / "c" / chunk)
+    res = invoke("info", copy / "gradients.zarr", "--verify", "--no-progress")
+    assert res.exit_code == 1 and "2 damaged chunk(s)" in res.output, res.output
+    assert "grads/c/1/0  rows 32..39  not this store's" in res.output
+    res = invoke("pca", copy / "gradients.zarr", "-k", 2, "--out", copy / "again.zarr", "--no-progress")
+    assert res.exit_code == 2
+    assert "chunk grads/c/0/0, holding committed rows 0..31 of 40, is not this store's" in one_error_line(res)

@@ -151,11 +151,40 @@ def legacy(monkeypatch):
     monkeypatch.setattr(checksum, "checksum_codecs", lambda compressors=None: list(compressors or []) or None)
 
 
+def rewrite_row(path, i, row):
+    """Store ``row`` (in the stored dtype) as row ``i`` of a gradient store with plain zarr, and its
+    row checksums as a writer that stored it would have: a changed row that every reader reads
+    (without the checksums, its rewritten chunk is "not this store's")."""
+    import zarr
+
+    from gradspec.store._rowsums import ROW_SUMS_ARRAY, segment_crcs
+
+    group = zarr.open_group(str(path), mode="r+")
+    group["grads"][i] = row
+    group[ROW_SUMS_ARRAY][i] = segment_crcs(np.asarray(row)[None], group["grads"].chunks[1])[0]
+
+
+def drop_row_sums(path):
+    """Make a gradient store as gradspec wrote them before row checksums (``_rowsums``): no
+    ``row_crc32c`` array, and no attribute saying it has one."""
+    import shutil
+
+    import zarr
+
+    from gradspec.store._rowsums import ROW_SUMS_ARRAY, ROW_SUMS_KEY
+    from gradspec.store._zarr import update_attrs
+
+    update_attrs(zarr.open_group(str(path), mode="r+"), {}, remove=(ROW_SUMS_KEY,))
+    shutil.rmtree(Path(path) / ROW_SUMS_ARRAY)
+
+
 @pytest.mark.parametrize("compressor", [None, "zstd"])
 def test_a_store_written_before_checksums_opens_reads_and_says_so(tmp_path, monkeypatch, compressor):
     with monkeypatch.context() as m:
         legacy(m)
-        store, data = build(tmp_path / "g", compressor=compressor)
+        _, data = build(tmp_path / "g", compressor=compressor)
+    drop_row_sums(tmp_path / "g")  # it predates them too
+    store = GradientStore.open(tmp_path / "g")
     codecs = json.loads((tmp_path / "g" / "grads" / "zarr.json").read_text())["codecs"]
     assert [c["name"] for c in codecs] == ["bytes"] + ([compressor] if compressor else [])
     assert (store._direct is not None) == (compressor is None)
@@ -206,7 +235,9 @@ def test_a_flipped_byte_in_a_spectrum_chunk_is_an_error(tmp_path, name, key):
 def test_checksum_summary_names_arrays_without_one(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         legacy(m)
-        store, _ = build(tmp_path / "g")
+        build(tmp_path / "g")
+    drop_row_sums(tmp_path / "g")
+    store = GradientStore.open(tmp_path / "g")
     assert ChunkFileReader.for_array(store._grads) is not None
     summ = checksum_summary(store._arrays())
     assert summ["codec"] == "crc32c" and summ["checksummed"] == [] and summ["arrays"] == 1 + len(META_FIELDS)

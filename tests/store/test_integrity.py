@@ -145,16 +145,17 @@ def test_verify_counts_non_finite_values(tmp_path):
     assert rep["non_finite"]["grads"] == {"count": 2, "rows": [2, 6]}
     assert rep["non_finite"]["meta/loss"] == {"count": 1, "rows": [4]}
     assert "meta/norm_mean" not in rep["non_finite"]
-    assert rep["chunks"] == 3 * 3 + len(META_FIELDS) + 1  # grads, metadata, dtype stats
+    assert rep["chunks"] == 3 * 3 + len(META_FIELDS) + 1 + 1  # grads, metadata, dtype stats, row checksums
 
 
 def test_verify_of_a_healthy_store_reads_every_byte(tmp_path):
     store, _ = build(tmp_path / "g", n=10)
     rep = store.verify()
-    assert rep["ok"] and rep["chunks"] == 3 * 4 + len(META_FIELDS)
+    assert rep["ok"] and rep["chunks"] == 3 * 4 + len(META_FIELDS) + 1  # grads, metadata, row checksums
     grads = 3 * 4 * (4 * 16 * 4)  # 3 x 4 chunks of 4 x 16 float32
     crc = 4 * rep["chunks"]  # each chunk file ends with its crc32c, read and checked
-    assert rep["bytes"] == grads + sum(4096 * np.dtype(dt).itemsize for dt in META_FIELDS.values()) + crc
+    row_sums = 4096 * 4 * 4  # a 4,096-row chunk of one uint32 per column chunk
+    assert rep["bytes"] == grads + sum(4096 * np.dtype(dt).itemsize for dt in META_FIELDS.values()) + row_sums + crc
     assert rep["checksummed_chunks"] == rep["chunks"]
 
 
