@@ -45,7 +45,7 @@ def account_command(
     """Privacy of DP-SGD: epsilon for a --noise-multiplier, or the noise multiplier for a target --epsilon."""
     from gradspec import Accounting, Sampling, parse_choice
     from gradspec.privacy import (
-        batches_per_epoch,
+        accountant_rate,
         calibrate_noise_multiplier,
         compute_epsilon,
         default_delta,
@@ -70,9 +70,7 @@ def account_command(
     elif batch_size is not None and n is not None:
         if not 0 < batch_size <= n:
             fail(f"--batch-size must be in 1..n={n}, got {batch_size}")
-        # as the trainer does: shuffled batches are n // B per epoch (the remainder dropped),
-        # one Gaussian mechanism each epoch, so the accountant's rate is 1 / (n // B)
-        q = batch_size / n if sampling_ == Sampling.POISSON else 1.0 / batches_per_epoch(n, batch_size)
+        q = accountant_rate(n, batch_size, sampling_)  # as the trainer counts it
     else:
         fail("give the sample rate: --q, or --batch-size and --n")
     if not 0 < q <= 1:

@@ -20,6 +20,7 @@ from gradspec.privacy._clip import (
 )
 from gradspec.privacy._compose import RDP_ORDERS
 from gradspec.privacy._epochs import (
+    accountant_rate,
     accounted_sample_rate,
     batches_per_epoch,
     epochs_for_steps,
@@ -44,6 +45,7 @@ __all__ = [
     "steps_for_epochs",
     "epochs_for_steps",
     "accounted_sample_rate",
+    "accountant_rate",
     "rate_text",
     "RDP_ORDERS",
     # clipping and noise

@@ -33,6 +33,15 @@ def batches_per_epoch(n: int, batch_size: int) -> int:
     return int(n) // int(batch_size)
 
 
+def accountant_rate(n: int, batch_size: int, sampling: Sampling | str) -> float:
+    """The sample rate the accountant counts for batches of B out of n, the one place that says it:
+    q = B / n under Poisson sampling; 1 / (n // B) for shuffled batches (one Gaussian mechanism
+    a batch of each epoch of n // B batches, the remainder dropped), which B / n is not."""
+    if parse_choice(Sampling, sampling, "sampling") == Sampling.POISSON:
+        return int(batch_size) / int(n)
+    return 1.0 / batches_per_epoch(n, batch_size)
+
+
 def steps_per_epoch(sample_rate: float, *, sampling: Sampling | str = Sampling.SHUFFLE) -> float:
     """Steps per epoch at sample rate q.
 
@@ -82,7 +91,7 @@ def accounted_sample_rate(run: Mapping[str, Any]) -> float | None:
         return float(q) if isinstance(q, int | float) else None
     n, b = run.get("n_train"), collect.get("batch_size")
     if isinstance(n, int) and isinstance(b, int) and 0 < b <= n:
-        return 1.0 / batches_per_epoch(n, b)
+        return accountant_rate(n, b, Sampling.SHUFFLE)
     return None
 
 

@@ -51,6 +51,7 @@ class _Run:
         the sketch plan its store holds (a resume or a replay keeps it; no warm-up batch runs)."""
         from gradspec.privacy import (
             PrivacyAccountant,
+            accountant_rate,
             calibrate_noise_multiplier,
             default_delta,
             steps_for_epochs,
@@ -96,7 +97,7 @@ class _Run:
         self.steps = config.steps if config.steps is not None else steps_for_epochs(config.epochs, per_epoch)
         self.q = self.sampler.q
         # Under shuffling the accountant counts epochs of n // B steps; calibrate and plan on the same.
-        self.acct_q = self.q if config.sampling == Sampling.POISSON else 1.0 / self.sampler.steps_per_epoch
+        self.acct_q = accountant_rate(n, config.batch_size, config.sampling)
         self.delta = config.delta if config.delta is not None else default_delta(n)
         if config.private and self.delta >= 1.0 / n:
             raise ValueError(

@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import pytest
 
-from gradspec.privacy import batches_per_epoch, steps_for_epochs, steps_per_epoch
+from gradspec.privacy import accountant_rate, batches_per_epoch, steps_for_epochs, steps_per_epoch
 from gradspec.train import TrainConfig, train
 from tests.collect._tiny import tiny_task
 
@@ -48,3 +48,6 @@ def test_the_trainer_runs_the_steps_the_privacy_helpers_count(tmp_path, n, batch
                       checkpoint_every=1000, delta=1e-5 / n)
     res = train(cfg, out=tmp_path / "run", task=tiny_task(n=n))
     assert res.steps == _exact(n, batch, epochs, sampling)
+    # the rate it accounted: B / n under Poisson, 1 / (n // B) shuffled (one rule, privacy's)
+    want = Fraction(batch, n) if sampling == "poisson" else Fraction(1, n // batch)
+    assert res.accounted_sample_rate == accountant_rate(n, batch, sampling) == pytest.approx(float(want), rel=1e-15)
