@@ -281,6 +281,11 @@ def _spectrum(summary: dict) -> None:
     if timings:
         typer.echo("timings  " + "  ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
     _checksums(summary.get("checksums"))
+    if summary.get("chunk_manifest") is not None:
+        typer.echo("manifest each chunk's crc32c recorded when pca finished: a chunk copied from another store, "
+                   "or moved within this one, is found by reading it" if summary["chunk_manifest"] else
+                   "manifest none: written before gradspec recorded its chunks' checksums; a chunk copied in "
+                   "from another spectrum of the same shape cannot be told from its own")
     _spectrum_damage(summary)
 
 

@@ -31,6 +31,13 @@ PROBLEM = ("corrupt: its bytes do not match their crc32c checksum (they changed 
            "gradspec wrote them)")
 
 
+#: The problem of a chunk whose own checksum holds but that is not what its store recorded for it
+#: (the store's rows' checksums, ``_rowsums``, or a finished store's chunk manifest, ``_manifest``).
+FOREIGN = ("not this store's: its own checksum holds, but it is not what this store recorded for it "
+           "(a chunk file copied in from another store, moved within this one, or rewritten outside "
+           "gradspec)")
+
+
 def checksum_codecs(compressors: list[Any] | None = None) -> list[Any]:
     """The bytes-to-bytes codecs of a new array: ``compressors`` (if any), then crc32c last."""
     from zarr.codecs import Crc32cCodec

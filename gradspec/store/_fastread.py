@@ -44,9 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from gradspec.store._checksum import FOREIGN, TRAILER, has_checksum, trailer_matches
 from gradspec.store._checksum import PROBLEM as CORRUPT
-from gradspec.store._checksum import TRAILER, has_checksum, trailer_matches
-from gradspec.store._rowsums import FOREIGN
 
 
 def local_root(array: Any) -> str | None:
@@ -95,7 +94,7 @@ class ChunkFileReader:
         wrong-sized chunk file; it raises, or returns to read a missing one as fill.
         Without it a missing chunk reads as fill and a wrong-sized one raises ``OSError``.
         ``bound`` (:data:`Bound`) checks each intact chunk of a checksummed array against
-        its store's recorded rows; one that fails is damage too (``_rowsums.FOREIGN``).
+        its store's recorded rows; one that fails is damage too (``_checksum.FOREIGN``).
         """
         try:
             from zarr.codecs import BytesCodec

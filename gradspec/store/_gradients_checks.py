@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from gradspec.store._checksum import FOREIGN, corrupt_chunks
 from gradspec.store._checksum import PROBLEM as CORRUPT
-from gradspec.store._checksum import corrupt_chunks
 from gradspec.store._gradients_schema import NAN_MEANS_UNKNOWN
 from gradspec.store._integrity import (
     StoreDamagedError,
@@ -27,7 +27,6 @@ from gradspec.store._integrity import (
     unreadable,
     verify_arrays,
 )
-from gradspec.store._rowsums import FOREIGN
 
 logger = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from gradspec.store._checked_view import CheckedArray
 from gradspec.store._gradients_schema import (
     ColRanges,
     RowSelection,
 )
 from gradspec.store._integrity import (
-    CheckedArray,
     StoreDamagedError,
     row_chunks,
 )

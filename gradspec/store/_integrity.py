@@ -29,10 +29,9 @@ from typing import Any
 import numpy as np
 
 from gradspec._files import FileTooLarge, NotRegularFile, read_regular
+from gradspec.store._checksum import FOREIGN, TRAILER, corrupt_chunks, has_checksum, raw_matches
 from gradspec.store._checksum import PROBLEM as CORRUPT
-from gradspec.store._checksum import TRAILER, corrupt_chunks, has_checksum, raw_matches
 from gradspec.store._fastread import local_root
-from gradspec.store._rowsums import FOREIGN, first_mismatch
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +240,7 @@ def verify_arrays(
         bound: per array, ``bound(coords, chunk, checksum)``: whether an intact chunk (read whole
             from its file with the ``checksum`` it ends with, or decoded by zarr: None and its
             rows below ``n_rows``) holds the rows its store recorded (``_rowsums``); a chunk that
-            does not is damaged, problem ``_rowsums.FOREIGN``.
+            does not is damaged, problem ``_checksum.FOREIGN``.
 
     Returns:
         ``{"ok", "chunks", "bytes", "damaged": [{array, chunk, rows, problem}],
@@ -334,53 +333,6 @@ def verify_arrays(
     }
 
 
-class CheckedArray:
-    """A 2-D zarr array as dask reads it (``dask.array.from_array``), block by block, with checks.
-
-    A block whose chunks are not all stored (in a store that writes every chunk),
-    or that fails to decode, raises :class:`StoreDamagedError` instead of reading
-    as fill. Plain attributes only, so a distributed scheduler can ship it.
-    """
-
-    def __init__(self, array: Any, path: str, n_rows: int, strict: bool,
-                 row_sums: np.ndarray | None = None) -> None:
-        self.array, self.path, self.n_rows, self.strict = array, path, int(n_rows), strict
-        self.row_sums = row_sums  # the committed rows' recorded segment CRCs (``_rowsums``), if any
-        self.shape = tuple(int(s) for s in array.shape)
-        self.dtype = np.dtype(array.dtype)
-        self.ndim = len(self.shape)
-
-    def __getitem__(self, sel: tuple[slice, ...]) -> np.ndarray:
-        rows, cols = (s.indices(n) for s, n in zip(sel, self.shape, strict=True))
-        rc, cc = (int(c) for c in self.array.chunks)
-        if self.strict:
-            pres = ChunkPresence(self.array)
-            coords = [(i, j) for i in row_chunks(slice(rows[0], rows[1]), rc) for j in col_chunks(cols[0], cols[1], cc)]
-            missing = pres.missing(coords)
-            if missing:
-                i = missing[0][0]
-                raise damage_error(self.path, "grads", pres.key(missing[0]), chunk_span(i, rc, self.n_rows),
-                                   self.n_rows, "missing", len(missing) - 1)
-        try:
-            block = np.asarray(self.array[sel])
-        except (RuntimeError, ValueError, OSError) as exc:
-            bad = corrupt_chunks(self.array, chunk_region(self.array, rows[0], rows[1], cols[:2]))
-            if bad:
-                raise damage_error(self.path, "grads", ChunkPresence(self.array).key(bad[0]),
-                                   chunk_span(bad[0][0], rc, self.n_rows), self.n_rows, CORRUPT,
-                                   len(bad) - 1) from exc
-            raise unreadable(self.path, f"rows {rows[0]}..{rows[1] - 1}, columns {cols[0]}..{cols[1] - 1}",
-                             exc) from exc
-        stop = min(rows[1], self.n_rows)
-        if self.row_sums is not None and stop > rows[0] and rows[2] == 1 and cols[2] == 1:
-            bad = first_mismatch(self.row_sums, np.arange(rows[0], stop), cols[0], cols[1],
-                                 block[: stop - rows[0]], (rc, cc), self.shape[1])
-            if bad is not None:
-                raise damage_error(self.path, "grads", ChunkPresence(self.array).key(bad),
-                                   chunk_span(bad[0], rc, self.n_rows), self.n_rows, FOREIGN)
-        return block
-
-
 class ArrayChecker:
     """Chunk checks for the arrays of a store that writes every chunk of them (a spectrum store).
 
@@ -395,8 +347,9 @@ class ArrayChecker:
         fix: what the reader can do about damage, ending the error message.
     """
 
-    def __init__(self, path: str, *, strict: bool, fix: str) -> None:
+    def __init__(self, path: str, *, strict: bool, fix: str, manifest: Any = None) -> None:
         self.path, self.strict, self.fix = path, strict, fix
+        self.manifest = manifest  # a finished store's recorded chunk CRCs (``_manifest.Manifest``), if any
         self._warned: set[str] = set()
 
     def problems(self, name: str, array: Any, start: int = 0, stop: int | None = None) -> list[dict[str, Any]]:
@@ -457,15 +410,21 @@ class ArrayChecker:
         else:
             self.require(name, array)
         try:
-            return np.asarray(array[sel])
+            out = np.asarray(array[sel])
         except (RuntimeError, ValueError, OSError) as exc:
             bad = corrupt_chunks(array, chunk_region(array, a, b))
             if bad:
-                rc, pres = int(array.chunks[0]), ChunkPresence(array)
-                spans = [chunk_span(c[0], rc, n) for c in bad]
-                raise self.damage([{"array": name, "chunk": pres.key(c), "rows": [lo, hi - 1], "problem": CORRUPT}
-                                   for c, (lo, hi) in zip(bad, spans, strict=True)], n) from exc
+                raise self.damage(self._entries(name, array, bad, CORRUPT), n) from exc
             raise unreadable(self.path, name, exc) from exc
+        moved = [] if self.manifest is None else self.manifest.moved(name, array, chunk_region(array, a, b))
+        if moved:
+            raise self.damage(self._entries(name, array, moved, FOREIGN), n)
+        return out
+
+    def _entries(self, name: str, array: Any, coords: list[tuple[int, ...]], problem: str) -> list[dict[str, Any]]:
+        rc, n, pres = int(array.chunks[0]), int(array.shape[0]), ChunkPresence(array)
+        return [{"array": name, "chunk": pres.key(c), "rows": [lo, hi - 1], "problem": problem}
+                for c, (lo, hi) in ((c, chunk_span(c[0], rc, n)) for c in coords)]
 
     def verify(self, arrays: dict[str, Any], *, progress: bool = False,
                finite_not_required: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -479,7 +438,8 @@ class ArrayChecker:
         out: dict[str, Any] = {"ok": True, "chunks": 0, "bytes": 0, "damaged": [], "non_finite": {},
                                "absent_zero_chunks": 0, "checksummed_chunks": 0}
         for n, group in by_rows.items():
-            rep = verify_arrays(group, n, strict=self.strict, progress=progress)
+            bound = None if self.manifest is None else {k: self.manifest.bound(k, a) for k, a in group.items()}
+            rep = verify_arrays(group, n, strict=self.strict, progress=progress, bound=bound)
             for key in ("chunks", "bytes", "absent_zero_chunks", "checksummed_chunks"):
                 out[key] += rep[key]
             out["damaged"] += rep["damaged"]

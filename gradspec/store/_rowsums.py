@@ -36,11 +36,6 @@ ROW_SUMS_KEY = "gradspec.row_checksums"
 #: The (rows, column chunks) uint32 array of them.
 ROW_SUMS_ARRAY = "row_crc32c"
 
-#: The problem a chunk with a valid CRC but another store's (or another place's) rows has.
-FOREIGN = ("not this store's: its own checksum holds, but its rows' bytes are not the ones this store "
-           "recorded for them (a chunk file copied in from another store, moved within this one, or "
-           "rewritten outside gradspec)")
-
 _MASK = 0xFFFFFFFF
 
 

@@ -65,6 +65,7 @@ from gradspec._layout import ParamLayout
 from gradspec.store._checked_view import CheckedView
 from gradspec.store._checksum import checksum_summary
 from gradspec.store._integrity import ALL_CHUNKS_KEY, ArrayChecker, StoreDamagedError
+from gradspec.store._manifest import MANIFEST_KEY, Manifest
 from gradspec.store._spectrum_owner import OWNER_KEY, gone_writer
 from gradspec.store._spectrum_schema import (
     ALL_CHUNKS,
@@ -93,9 +94,11 @@ class SpectrumStore(SpectrumWrites):
 
     def __init__(self, group: zarr.Group, path: str, mode: str) -> None:
         self._group, self.path, self.mode = group, str(path), mode
+        attrs = self.attrs
         self._checks = ArrayChecker(
-            self.path, strict=bool(self.attrs.get(ALL_CHUNKS_KEY, False)),
+            self.path, strict=bool(attrs.get(ALL_CHUNKS_KEY, False)),
             fix="restore the file from a copy, or compute the spectrum again (`gradspec pca ... --overwrite`)",
+            manifest=Manifest(attrs[MANIFEST_KEY]) if isinstance(attrs.get(MANIFEST_KEY), dict) else None,
         )
 
     # ------------------------------------------------------------------ create / open
@@ -431,6 +434,7 @@ class SpectrumStore(SpectrumWrites):
                     "accuracy": self.accuracy,
                     "passes": a.get("gradspec.passes"),
                     "timings": a.get("gradspec.timings"),
+                    "chunk_manifest": isinstance(a.get(MANIFEST_KEY), dict),
                 }
             )
         elif "gradspec.state" in a:

@@ -18,6 +18,7 @@ import numpy as np
 import gradspec.store._checksum as _checksum
 from gradspec.store._integrity import ALL_CHUNKS_KEY, StoreDamagedError
 from gradspec.store._lock import RunLock
+from gradspec.store._manifest import MANIFEST_KEY, Manifest, record
 from gradspec.store._rowsink import RowBlockWriter
 from gradspec.store._source import jsonable as _jsonable
 from gradspec.store._spectrum_owner import OWNER_KEY, this_process, writer_lock
@@ -179,10 +180,14 @@ class SpectrumWrites:
                 "row_sq_norms", shape=(self.shape[0],), chunks=(self.shape[0],), dtype="float64",
                 fill_value=0, compressors=_checksum.checksum_codecs(), config=ALL_CHUNKS,
             )[:] = np.asarray(norms, dtype=np.float64)
-        for name in (*RESULT_ARRAYS, *(n for n in ("source_rows", "row_sq_norms") if n in g)):
+        written = (*RESULT_ARRAYS, *(n for n in ("source_rows", "row_sq_norms") if n in g))
+        for name in written:
             self._checks.require(name, self._arr(name))  # V streamed whole, nothing lost: or not complete
         if "state" in g:
             del g["state"]
+        # every chunk's CRC, where the attributes' digest covers it: a chunk file that is not this
+        # store's, though its own CRC holds, is found when read (``_manifest``)
+        manifest = record({name: self._arr(name) for name in written})
         update_attrs(
             g,
             {
@@ -199,9 +204,11 @@ class SpectrumWrites:
                 "gradspec.timings": _jsonable(result.timings),
                 "gradspec.passes": int(result.passes),
                 "gradspec.finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                MANIFEST_KEY: manifest,
             },
             remove=("gradspec.state", "gradspec.error"),
         )
+        self._checks.manifest = Manifest(manifest)
 
     @staticmethod
     def lock_for_writing(path: str | os.PathLike) -> RunLock | None:

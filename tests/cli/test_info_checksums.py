@@ -129,3 +129,15 @@ def test_a_chunk_copied_from_another_run_is_found_and_pca_refuses(copy, tmp_path
     res = invoke("pca", copy / "gradients.zarr", "-k", 2, "--out", copy / "again.zarr", "--no-progress")
     assert res.exit_code == 2
     assert "chunk grads/c/0/0, holding committed rows 0..31 of 40, is not this store's" in one_error_line(res)
+    # and a spectrum's: σ and V of the other run's top-3 spectrum (its chunk manifest)
+    res = invoke("pca", tmp_path / "other" / "gradients.zarr", "-k", 3, "--out", tmp_path / "other" / "spec",
+                 "--no-progress")
+    assert res.exit_code == 0, res.output
+    for name, key in (("sigma", "0"), ("V", "0/0")):
+        shutil.copy(tmp_path / "other" / "spec" / name / "c" / key, copy / "spectrum.zarr" / name / "c" / key)
+    assert "manifest each chunk's crc32c recorded when pca finished" in invoke("info", copy / "spectrum.zarr").output
+    res = invoke("info", copy / "spectrum.zarr", "--verify", "--no-progress")
+    assert res.exit_code == 1 and "V/c/0/0  rows 0..39  not this store's" in res.output, res.output
+    res = invoke("decay", copy / "spectrum.zarr", "--out", copy / "decay")
+    assert res.exit_code == 2
+    assert "chunk sigma/c/0, holding rows 0..2 of 3, is not this store's" in one_error_line(res)

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gradspec.store import META_FIELDS, GradientStore, ParamLayout, SpectrumStore, update_attrs
+from gradspec.store._manifest import MANIFEST_KEY
 
 runner = CliRunner()
 
@@ -470,6 +471,7 @@ def test_decay_of_an_older_spectrum_with_zeroed_directions(run, tmp_path):
     g = zarr.open_group(str(tmp_path / "s.zarr"), mode="r+")
     g["sigma"][15:] = 0.0
     g["V"][:, 15:] = 0.0
+    update_attrs(g, {}, remove=(MANIFEST_KEY,))  # they kept no chunk manifest either
     ok("decay", tmp_path / "s.zarr", "--out", tmp_path / "d", "--heldout-rows", "60:100",
        "--no-plots")
     report = json.loads((tmp_path / "d" / "report.json").read_text())
@@ -526,4 +528,5 @@ def test_plot_of_an_older_spectrum_with_zeroed_directions(run, tmp_path):
     shutil.copytree(run["first60"], tmp_path / "s.zarr")
     g = zarr.open_group(str(tmp_path / "s.zarr"), mode="r+")
     g["sigma"][15:] = 0.0
+    update_attrs(g, {}, remove=(MANIFEST_KEY,))  # it kept no chunk manifest either
     ok("plot", tmp_path / "s.zarr", "--out", tmp_path / "f", "--format", "png")
