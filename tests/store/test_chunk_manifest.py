@@ -109,3 +109,20 @@ def test_a_spectrum_written_before_the_manifest_reads_as_before(tmp_path):
     assert old._checks.manifest is None
     np.testing.assert_array_equal(old.read_v(), res.V)
     assert old.verify()["ok"]
+
+
+def test_a_chunk_crc_is_read_from_a_store_that_is_not_local_disk():
+    """The path remote stores take (a suffix read through the zarr store), on zarr's MemoryStore."""
+    import google_crc32c
+    from zarr.codecs import Crc32cCodec
+
+    g = zarr.open_group(store=zarr.storage.MemoryStore(), mode="w")
+    a = g.create_array("V", shape=(40, 3), chunks=(16, 3), dtype="float64", compressors=[Crc32cCodec()],
+                       fill_value=0)
+    a[:] = np.arange(120.0).reshape(40, 3)
+    assert stored_trailer(a, (0, 0)) == google_crc32c.value(np.arange(48.0).tobytes())
+    edge = np.zeros((16, 3))
+    edge[:8] = np.arange(96.0, 120.0).reshape(8, 3)  # the last chunk, padded with the fill value
+    assert stored_trailer(a, (2, 0)) == google_crc32c.value(edge.tobytes())
+    assert record({"V": a})["V"][2] == stored_trailer(a, (2, 0))
+    assert stored_trailer(a, (5, 0)) is None  # not stored
