@@ -13,7 +13,7 @@ so it binds its chunks to its rows instead: ``_rowsums``.)
 
 from __future__ import annotations
 
-import math
+import itertools
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -43,7 +43,8 @@ def stored_trailer(array: Any, coords: tuple[int, ...]) -> int | None:
     root = local_root(array)
     if root is not None:
         try:
-            fd = os.open(os.path.join(root, *key.split("/")), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(os.path.join(root, *key.split("/")),
+                         os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return None
         try:
@@ -70,16 +71,8 @@ def record(arrays: Mapping[str, Any]) -> dict[str, list[int]]:
     for name, arr in arrays.items():
         if not has_checksum(arr):
             continue
-        grid = _grid(arr)
-        crcs = []
-        for flat in range(math.prod(grid)):
-            coords, rest = [], flat
-            for n in reversed(grid):
-                coords.append(rest % n)
-                rest //= n
-            crc = stored_trailer(arr, tuple(reversed(coords)))
-            crcs.append(-1 if crc is None else crc)
-        out[name] = crcs
+        crcs = (stored_trailer(arr, coords) for coords in itertools.product(*map(range, _grid(arr))))
+        out[name] = [-1 if crc is None else crc for crc in crcs]
     return out
 
 
