@@ -29,21 +29,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 
 def write_cost(repeats: int, work: Path) -> None:
-    from gradspec.store import META_FIELDS, GradientStore, ParamLayout
-    from gradspec.store._rowsums import segment_crcs
+    from gradspec.store import GradientStore, ParamLayout
+    from gradspec.store._rowsums import row_crcs, segment_crcs
     from gradspec.store._zarr import to_disk_dtype
 
-    shapes = [("cnn block", 32, 5_210, "float32"), ("mlp1m block", 32, 1_060_170, "float32"),
-              ("whole-MiniLM row", 1, 22_713_986, "bfloat16")]
+    # (name, rows a write, p, dtype, per-example rows): a per-example store also keeps each
+    # example's norms (meta/pre_clip_norm, clip_factor, example_index, param_norms), bound too
+    shapes = [("cnn block", 32, 5_210, "float32", True), ("mlp1m block", 32, 1_060_170, "float32", True),
+              ("whole-MiniLM row", 1, 22_713_986, "bfloat16", False)]
     print(f"{'rows':18} {'MiB':>7} {'write+commit ms':>16} {'of it row sums ms':>18} {'share':>6} {'GB/s':>6}")
-    for name, b, p, dtype in shapes:
+    for name, b, p, dtype, per_example in shapes:
         path = work / f"w-{p}"
-        store = GradientStore.create(path, layout=ParamLayout.from_shapes([("w", (p,))]), dtype=dtype,
-                                     overwrite=True)
+        layout = ParamLayout.from_shapes([("w", (p // 2,)), ("v", (p - p // 2,))])
+        store = GradientStore.create(path, layout=layout, dtype=dtype, per_example=per_example, overwrite=True)
         rows = np.random.default_rng(0).standard_normal((b, p)).astype(np.float32)
         disk = to_disk_dtype(rows, dtype)
         cc = store.chunks[1]
-        meta = {f: np.zeros(b) for f in META_FIELDS}
+        meta = {f: np.ones(b, dtype=dt) for f, dt in store.meta_fields.items()}
+        if per_example:
+            meta["param_norms"] = np.ones((b, 2))
+        if dtype != "float32":  # what a 16-bit write keeps beside its rows: the rounding's stats
+            meta["dtype_stats"] = np.zeros((b, 5))
+        beside = [meta[k.removeprefix("meta/")] for k in store._row_sums.small]
         tw, ts = [], []
         for k in range(repeats + 1):
             t = time.perf_counter()
@@ -51,6 +58,8 @@ def write_cost(repeats: int, work: Path) -> None:
             store.commit(b * (k + 1))
             t1 = time.perf_counter()
             segment_crcs(disk, cc)
+            for v in beside:
+                row_crcs(v)
             t2 = time.perf_counter()
             if k:  # the first round warms both
                 tw.append(t1 - t)

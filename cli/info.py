@@ -183,8 +183,8 @@ def _checksums(c: dict | None) -> None:
 def _row_checksums(bound: bool | None) -> None:
     """Whether each gradient chunk is bound to the store's own rows (``_rowsums``)."""
     if bound:
-        typer.echo("rowsums  each row's crc32c per column chunk: a chunk copied from another store, or moved "
-                   "within this one, is found by reading it")
+        typer.echo("rowsums  each row's crc32c per column chunk and metadata array: a chunk copied from another "
+                   "store, or moved within this one, is found by reading it")
     elif bound is not None:
         typer.echo("rowsums  none: written before gradspec recorded its rows' checksums; a chunk copied in "
                    "from another store of the same chunking cannot be told from its own")

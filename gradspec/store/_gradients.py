@@ -170,15 +170,24 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
         self._meta = {name: array(f"meta/{name}") for name in self._meta_fields}
         self._load_norms(attrs, array, damaged)
         self._stats = array(STATS_ARRAY) if STATS_ARRAY in group else None
-        self._row_sums_array = array(ROW_SUMS_ARRAY) if attrs.get(ROW_SUMS_KEY) is True else None
+        sums = attrs.get(ROW_SUMS_KEY)
+        self._row_sums_array = array(ROW_SUMS_ARRAY) if sums is not None else None
         self._row_sums = None
         if self._row_sums_array is not None:
-            nseg = -(-self._layout.p // int(self._grads.chunks[1]))
-            if len(self._row_sums_array.shape) != 2 or self._row_sums_array.shape[1] != nseg:
+            # True: a store written before the arrays beside grads were bound (segments only)
+            small = [] if sums is True else sums.get("arrays") if isinstance(sums, dict) else None
+            present = self._arrays()
+            if not isinstance(small, list) or any(name not in present or name in ("grads", ROW_SUMS_ARRAY) for name in small):
+                raise ValueError(f"{self.path!r}: {ROW_SUMS_KEY} = {sums!r} does not name arrays of this "
+                                 f"store: {damaged}")
+            ncols = -(-self._layout.p // int(self._grads.chunks[1])) + len(small)
+            if len(self._row_sums_array.shape) != 2 or self._row_sums_array.shape[1] != ncols:
                 raise ValueError(f"{self.path!r}: {ROW_SUMS_ARRAY} has shape {tuple(self._row_sums_array.shape)}, "
-                                 f"not one column per column chunk of grads ({nseg}): {damaged}")
+                                 f"not one column per column chunk of grads and one per array it binds "
+                                 f"({ncols}): {damaged}")
             self._row_sums = RowSums(lambda a, b: self._read_array(ROW_SUMS_ARRAY, slice(a, b)),
-                                     self._grads.chunks, self._layout.p, np.dtype(self._grads.dtype).itemsize)
+                                     self._grads.chunks, self._layout.p, np.dtype(self._grads.dtype).itemsize,
+                                     {name: present[name] for name in small})
         self._small_held: list[tuple[int, dict[str, np.ndarray]]] = []  # rows' meta until commit (_gradients_write)
         for name, arr in self._arrays().items():
             if arr.shape[0] < self._rows:
@@ -247,6 +256,11 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
         if cols_per_chunk is None:
             cols_per_chunk = max(1024, CHUNK_BYTES // (rows_per_chunk * itemsize))
         cols_per_chunk = int(min(cols_per_chunk, layout.p))
+        fields = dict(META_FIELDS, **(PER_EXAMPLE_FIELDS if per_example else {}),
+                      **(EXAMPLE_NORM_FIELDS if per_example else {}))
+        # each row's CRC per column chunk of grads, then of its row in each array beside it (_rowsums)
+        small = sorted([f"meta/{name}" for name in fields] + ([PARAM_NORMS_ARRAY] if per_example else [])
+                       + ([STATS_ARRAY] if dtype != "float32" else []))
         attrs = {
             "gradspec.layout": layout.to_list(),
             "gradspec.dtype": dtype,
@@ -256,7 +270,7 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             ROWS_KEY: 0,
             STATUS_KEY: "writing",
             ALL_CHUNKS_KEY: True,
-            ROW_SUMS_KEY: True,
+            ROW_SUMS_KEY: {"arrays": small},
             **({EXAMPLE_NORMS_KEY: True} if per_example else {}),
             **({SKETCH_KEY: sketch} if sketch is not None else {}),
         }
@@ -269,8 +283,6 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             fill_value=0,
             compressors=_codecs(compressor),
         )
-        fields = dict(META_FIELDS, **(PER_EXAMPLE_FIELDS if per_example else {}),
-                      **(EXAMPLE_NORM_FIELDS if per_example else {}))
         for name, dt in fields.items():
             group.create_array(f"meta/{name}", shape=(0,), chunks=(4096,), dtype=dt, fill_value=0, compressors=_checksum.checksum_codecs())
         if per_example:
@@ -284,8 +296,8 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
                 dtype="float64", fill_value=0, compressors=_checksum.checksum_codecs(),
                 attributes={"columns": list(_precision.STATS_COLUMNS)},
             )
-        nseg = -(-layout.p // cols_per_chunk)
-        group.create_array(ROW_SUMS_ARRAY, shape=(0, nseg), chunks=(max(1, min(4096, 2**21 // nseg)), nseg),
+        ncols = -(-layout.p // cols_per_chunk) + len(small)
+        group.create_array(ROW_SUMS_ARRAY, shape=(0, ncols), chunks=(max(1, min(4096, 2**21 // ncols)), ncols),
                            dtype="uint32", fill_value=0, compressors=_checksum.checksum_codecs())
         return cls(group, str(path), "r+")
 

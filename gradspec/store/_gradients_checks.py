@@ -104,12 +104,20 @@ class GradientChecks:
                             chunk_span(bad[0][0], rc, self._rows), self._rows, CORRUPT, len(bad) - 1)
 
     def _read_array(self, name: str, idx: slice | np.ndarray) -> np.ndarray:
-        """Rows ``idx`` of array ``name`` (metadata, norms, dtype stats), read through zarr."""
+        """Rows ``idx`` of array ``name`` (metadata, norms, dtype stats), read through zarr; where the
+        store records its rows' checksums (``_rowsums``), they are checked too."""
         arr = self._arrays()[name]
         try:
-            return np.asarray(arr[idx] if isinstance(idx, slice) else arr.get_orthogonal_selection(idx))
+            out = np.asarray(arr[idx] if isinstance(idx, slice) else arr.get_orthogonal_selection(idx))
         except (RuntimeError, ValueError, OSError) as exc:
             raise self._unreadable(name, idx, exc) from exc
+        if self._row_sums is not None and name in self._row_sums.small and out.shape[0]:
+            rows = np.arange(*idx.indices(self._rows)) if isinstance(idx, slice) else np.asarray(idx)
+            bad = self._row_sums.check_small(self._rows, name, rows, out)
+            if bad is not None:
+                raise damage_error(self.path, name, self._presence[name].key((bad,) + (0,) * (arr.ndim - 1)),
+                                   chunk_span(bad, int(arr.chunks[0]), self._rows), self._rows, FOREIGN)
+        return out
 
     def _require(self, idx: slice | np.ndarray, ranges: Sequence[tuple[int, int]]) -> None:
         """Check that every grads chunk a read of rows ``idx`` × ``ranges`` touches is stored."""
@@ -147,7 +155,13 @@ class GradientChecks:
             or a clip factor outside (0, 1]; ``ok`` is False when a chunk is missing,
             truncated, the wrong size or undecodable, or a value is NaN, infinite or out of range.
         """
-        bound = {} if self._row_sums is None else {"grads": lambda c, block, crc: self._chunk_bound(*c, block, crc)}
+        bound: dict[str, Any] = {}
+        if self._row_sums is not None:
+            sums = self._row_sums
+            bound["grads"] = lambda c, block, crc: self._chunk_bound(*c, block, crc)
+            for name in sums.small:
+                bound[name] = (lambda c, block, crc, name=name:
+                               sums.small_chunk_ok(self._rows, name, c[0], block, crc))
         report = verify_arrays(self._arrays(), self._rows, strict=self._strict,
                                dtypes={"grads": self._dtype}, nan_ok={f"meta/{f}" for f in NAN_MEANS_UNKNOWN},
                                progress=progress, bound=bound)

@@ -24,7 +24,7 @@ from gradspec.store._integrity import (
     committed_chunks,
     damage_error,
 )
-from gradspec.store._rowsums import ROW_SUMS_ARRAY, segment_crcs
+from gradspec.store._rowsums import ROW_SUMS_ARRAY, row_crcs, segment_crcs
 from gradspec.store._zarr import (
     disk_numpy_dtype,
     to_disk_dtype,
@@ -112,8 +112,14 @@ class GradientWrites:
             small[PARAM_NORMS_ARRAY] = param_norms
         if stats is not None:
             small[STATS_ARRAY] = stats
-        if self._row_sums_array is not None:
-            small[ROW_SUMS_ARRAY] = segment_crcs(disk, int(self._grads.chunks[1]))
+        if self._row_sums is not None:
+            # each row's CRC per column chunk of grads, then of its row in each array beside it, in
+            # the order the store lists them: the bytes zarr stores (little-endian, stored dtypes)
+            beside = {(name if name in (PARAM_NORMS_ARRAY, STATS_ARRAY) else f"meta/{name}"): v
+                      for name, v in small.items()}
+            small[ROW_SUMS_ARRAY] = np.concatenate(
+                [segment_crcs(disk, int(self._grads.chunks[1])),
+                 *(row_crcs(beside[name])[:, None] for name in self._row_sums.small)], axis=1)
         self._hold_small(start, small)
 
     # The per-row arrays beside grads (meta/*, param_norms, dtype stats, row checksums) have chunks of

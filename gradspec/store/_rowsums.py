@@ -19,18 +19,28 @@ never recorded) the committed rows' segments are checksummed from the bytes read
 or remote stores, read through zarr (whose CRC covers the compressed bytes), are checked the
 second way on the decoded rows, wherever a read spans whole column chunks.
 
+The arrays beside grads (``meta/*``, ``param_norms``, ``dtype_stats``: a step's loss, an
+example's norms) are bound the same way: ``row_crc32c`` has one more column per array the
+attribute lists (``{"arrays": [...]}``), each row's CRC of its row there. Their chunks hold
+4,096 rows and every column, so a whole committed chunk is checked by the CRC its file ends
+with against the fold of that column's CRCs, the chunk at the frontier row by row. A store
+whose attribute is ``True`` (written before they were bound) has segment columns only.
+
 Measured (2-core AMD EPYC, ``benchmarks/bench_row_checksums.py``, docs/bench_row_checksums.txt):
-recording runs at 7-12 GB/s on the writer's thread (0.7-5.6% of writing the rows); a read
-pass checked and unchecked took the same CPU time (paired ratio 0.99).
+recording runs at 3-13 GB/s on the writer's thread (1.2-4.9% of writing the rows); a read
+pass checked and unchecked took the same CPU time (paired ratio 1.005).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import google_crc32c
 import numpy as np
+
+from gradspec.store._manifest import stored_trailer
 
 #: The store attribute saying its rows' segment checksums are recorded.
 ROW_SUMS_KEY = "gradspec.row_checksums"
@@ -43,6 +53,13 @@ _MASK = 0xFFFFFFFF
 def _crc(buf: np.ndarray, pad: bytes) -> int:
     c = google_crc32c.value(buf)
     return google_crc32c.extend(c, pad) if pad else c
+
+
+def row_crcs(values: np.ndarray) -> np.ndarray:
+    """(b,) uint32: the CRC-32C of each row's stored bytes (a 1-D array's values, a 2-D one's rows)."""
+    v = np.ascontiguousarray(values)
+    flat = v.reshape(v.shape[0], -1).view(np.uint8) if v.shape[0] else np.zeros((0, 0), dtype=np.uint8)
+    return np.fromiter((google_crc32c.value(r) for r in flat), dtype=np.uint32, count=flat.shape[0])
 
 
 def segment_crcs(rows: np.ndarray, cc: int) -> np.ndarray:
@@ -100,14 +117,20 @@ class RowSums:
     """
 
     def __init__(self, load: Callable[[int, int], np.ndarray], chunks: tuple[int, int], p: int,
-                 itemsize: int) -> None:
+                 itemsize: int, small: dict[str, Any] | None = None) -> None:
         self._load = load
         self.rc, self.cc = (int(c) for c in chunks)
         self.p = int(p)
         self.nseg = -(-self.p // self.cc)
+        #: the per-row arrays beside grads whose rows' CRCs follow the segments', by name: their
+        #: zarr array (rows on the first axis, every column in one chunk), in column order
+        self.small = dict(small or {})
+        self.ncols = self.nseg + len(self.small)
+        self._col = {name: self.nseg + t for t, name in enumerate(self.small)}
         self._shift = Shift(self.cc * int(itemsize))
-        self._sums = np.zeros((0, self.nseg), dtype=np.uint32)
+        self._sums = np.zeros((0, self.ncols), dtype=np.uint32)
         self._chunk_sums = np.zeros((0, self.nseg), dtype=np.uint32)  # of whole committed row chunks
+        self._small_folds: dict[str, tuple[Shift, np.ndarray]] = {}  # the same for each small array
         self._lock = threading.Lock()  # the read-ahead threads of a pass check chunks side by side
 
     def drop(self, n_rows: int) -> None:
@@ -115,6 +138,7 @@ class RowSums:
         with self._lock:
             self._sums = self._sums[:n_rows]
             self._chunk_sums = self._chunk_sums[: n_rows // self.rc]
+            self._small_folds.clear()
 
     def _sync(self, n_rows: int) -> None:
         if self._sums.shape[0] == n_rows:
@@ -126,20 +150,73 @@ class RowSums:
         sums = self._sums
         if n_rows <= sums.shape[0]:
             self._chunk_sums = self._chunk_sums[: n_rows // self.rc]
+            self._small_folds.clear()
             self._sums = sums[:n_rows]
             return
         more = np.asarray(self._load(sums.shape[0], n_rows), dtype=np.uint32)
-        sums = np.concatenate([sums, more.reshape(n_rows - sums.shape[0], self.nseg)])
+        sums = np.concatenate([sums, more.reshape(n_rows - sums.shape[0], self.ncols)])
         full, done = n_rows // self.rc, self._chunk_sums.shape[0]
         if full > done:
-            new = sums[done * self.rc : full * self.rc].reshape(full - done, self.rc, self.nseg)
+            new = sums[done * self.rc : full * self.rc, : self.nseg].reshape(full - done, self.rc, self.nseg)
             self._chunk_sums = np.concatenate([self._chunk_sums, self._shift.fold(new)])
         self._sums = sums  # last: a check that finds n_rows loaded finds their chunks' folds too
 
     def recorded(self, n_rows: int, rows: slice | np.ndarray) -> np.ndarray:
         """The recorded segment CRCs of committed ``rows``."""
         self._sync(n_rows)
-        return self._sums[rows]
+        return self._sums[rows, : self.nseg]
+
+    def _small_fold(self, name: str, n_rows: int) -> np.ndarray:
+        """The CRC each whole committed chunk of small array ``name`` must end with (cached)."""
+        arr = self.small[name]
+        rc = int(arr.chunks[0])
+        with self._lock:
+            shift, folds = self._small_folds.get(name) or (None, np.zeros(0, dtype=np.uint32))
+            full = n_rows // rc
+            if folds.shape[0] < full:
+                if shift is None:
+                    shift = Shift(int(np.prod(arr.chunks[1:], dtype=np.int64)) * np.dtype(arr.dtype).itemsize)
+                col = self._sums[: full * rc, self._col[name]].reshape(full, rc, 1)
+                folds = shift.fold(col)[:, 0]
+                self._small_folds[name] = (shift, folds)
+            return folds
+
+    def check_small(self, n_rows: int, name: str, rows: np.ndarray, values: np.ndarray) -> int | None:
+        """The first row chunk of small array ``name`` whose committed ``rows``, read as
+        ``values`` (their stored dtype), are not the ones this store recorded; None when all are.
+
+        A whole committed chunk is checked by the CRC its file ends with (4 bytes read: the
+        fold of its rows' recorded CRCs), the chunk at the frontier (or one whose file's CRC
+        cannot be read) by its rows' CRCs."""
+        if name not in self.small:
+            return None
+        self._sync(n_rows)
+        arr = self.small[name]
+        rc = int(arr.chunks[0])
+        rows = np.asarray(rows, dtype=np.int64)
+        for i in np.unique(rows // rc):
+            a, b = int(i) * rc, min((int(i) + 1) * rc, n_rows)
+            if b - a == rc:
+                crc = stored_trailer(arr, (int(i),) + (0,) * (arr.ndim - 1))
+                if crc is not None:  # else its rows' CRCs, as at the frontier
+                    if crc != int(self._small_fold(name, n_rows)[i]):
+                        return int(i)
+                    continue
+            sel = (rows >= a) & (rows < b)
+            if not np.array_equal(row_crcs(np.asarray(values)[sel]), self._sums[rows[sel], self._col[name]]):
+                return int(i)
+        return None
+
+    def small_chunk_ok(self, n_rows: int, name: str, i: int, chunk: np.ndarray, crc: int | None) -> bool:
+        """Whether chunk ``i`` of small array ``name`` (``chunk``: its rows from the first, as stored;
+        ``crc``: what its file ends with, None where not read) holds the rows this store recorded."""
+        arr = self.small[name]
+        rc = int(arr.chunks[0])
+        a, b = i * rc, min((i + 1) * rc, n_rows)
+        if b - a == rc and crc is not None:
+            self._sync(n_rows)
+            return crc == int(self._small_fold(name, n_rows)[i])
+        return self.check_small(n_rows, name, np.arange(a, b), np.asarray(chunk)[: b - a]) is None
 
     def check_chunk(self, n_rows: int, i: int, j: int, chunk: np.ndarray, trailer: int | None) -> bool:
         """Whether chunk (i, j), read whole into ``chunk`` (its ``rc`` × ``cc`` stored values)

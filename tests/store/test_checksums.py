@@ -151,17 +151,42 @@ def legacy(monkeypatch):
     monkeypatch.setattr(checksum, "checksum_codecs", lambda compressors=None: list(compressors or []) or None)
 
 
+def restamp_rows(path, arrays=None):
+    """Record a gradient store's row checksums (``_rowsums``) again from what ``arrays`` ("grads" or
+    those beside it; all by default) hold now, as a writer that stored those values would have: for
+    tests that change committed rows or their metadata with plain zarr to test what comes after
+    (else every read of a changed chunk is "not this store's")."""
+    import zarr
+
+    from gradspec.store._rowsums import ROW_SUMS_ARRAY, ROW_SUMS_KEY, row_crcs, segment_crcs
+
+    group = zarr.open_group(str(path), mode="r+")
+    n = group.attrs["gradspec.rows"]
+    grads, sums = group["grads"], group[ROW_SUMS_ARRAY]
+    nseg = -(-grads.shape[1] // grads.chunks[1])
+    new = np.asarray(sums[:n])
+    if arrays is None or "grads" in arrays:
+        new[:, :nseg] = segment_crcs(np.asarray(grads[:n]), grads.chunks[1])
+    for t, name in enumerate(group.attrs[ROW_SUMS_KEY]["arrays"]):
+        if arrays is None or name in arrays:
+            new[:, nseg + t] = row_crcs(np.asarray(group[name][:n]))
+    sums[:n] = new
+
+
 def rewrite_row(path, i, row):
     """Store ``row`` (in the stored dtype) as row ``i`` of a gradient store with plain zarr, and its
-    row checksums as a writer that stored it would have: a changed row that every reader reads
-    (without the checksums, its rewritten chunk is "not this store's")."""
+    checksums as a writer that stored it would have (only row ``i``'s are read or written)."""
     import zarr
 
     from gradspec.store._rowsums import ROW_SUMS_ARRAY, segment_crcs
 
     group = zarr.open_group(str(path), mode="r+")
     group["grads"][i] = row
-    group[ROW_SUMS_ARRAY][i] = segment_crcs(np.asarray(row)[None], group["grads"].chunks[1])[0]
+    segs = segment_crcs(np.asarray(row)[None], group["grads"].chunks[1])[0]
+    sums = group[ROW_SUMS_ARRAY]
+    rec = np.asarray(sums[i])
+    rec[: segs.size] = segs
+    sums[i] = rec
 
 
 def drop_row_sums(path):

@@ -18,6 +18,7 @@ from gradspec.store import (
     update_attrs,
 )
 from gradspec.store._integrity import ChunkPresence
+from tests.store.test_checksums import drop_row_sums
 
 # (compressor, dtype): the fast chunk-file path, zarr's path (compressed), a 16-bit store
 STORES = [(None, "float32"), ("zstd", "float32"), (None, "bfloat16"), ("blosc", "float16")]
@@ -92,6 +93,7 @@ def test_a_store_written_before_full_chunks_reads_absent_chunks_as_zeros_with_a_
     store, data = build(tmp_path / "g")
     g = zarr.open_group(str(tmp_path / "g"), mode="r+")
     update_attrs(g, {}, remove=("gradspec.all_chunks",))  # as written by an older gradspec
+    drop_row_sums(tmp_path / "g")  # which kept no row checksums either
     os.remove(chunk_file(store, "grads", (0, 0)))
     os.remove(chunk_file(store, "meta/epoch", (0,)))
     old = GradientStore.open(tmp_path / "g")
@@ -154,7 +156,7 @@ def test_verify_of_a_healthy_store_reads_every_byte(tmp_path):
     assert rep["ok"] and rep["chunks"] == 3 * 4 + len(META_FIELDS) + 1  # grads, metadata, row checksums
     grads = 3 * 4 * (4 * 16 * 4)  # 3 x 4 chunks of 4 x 16 float32
     crc = 4 * rep["chunks"]  # each chunk file ends with its crc32c, read and checked
-    row_sums = 4096 * 4 * 4  # a 4,096-row chunk of one uint32 per column chunk
+    row_sums = 4096 * (4 + len(META_FIELDS)) * 4  # 4,096 rows of a uint32 per column chunk and per meta array
     assert rep["bytes"] == grads + sum(4096 * np.dtype(dt).itemsize for dt in META_FIELDS.values()) + row_sums + crc
     assert rep["checksummed_chunks"] == rep["chunks"]
 

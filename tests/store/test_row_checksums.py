@@ -16,7 +16,7 @@ import pytest
 
 from gradspec.store import META_FIELDS, GradientStore, ParamLayout, StoreDamagedError
 from gradspec.store._checksum import raw_matches
-from gradspec.store._rowsums import ROW_SUMS_ARRAY, Shift, segment_crcs
+from gradspec.store._rowsums import ROW_SUMS_ARRAY, Shift, row_crcs, segment_crcs
 from tests.store.test_checksums import IDS, STORES, chunk_file, drop_row_sums, every_reader
 
 N, P, RPC, CPC = 20, 60, 4, 16  # 5 row chunks x 4 column chunks, the last 12 columns wide
@@ -49,8 +49,14 @@ def raises_foreign(read, chunk, rows):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_each_chunk_file_ends_with_the_fold_of_its_rows_recorded_checksums(tmp_path, dtype):
     store, data = make(tmp_path / "g", n=22, dtype=dtype)  # rows 20, 21: a partial row chunk
-    rec = store._read_array(ROW_SUMS_ARRAY, slice(0, 22))
-    assert rec.shape == (22, 4) and rec.dtype == np.uint32
+    both = store._read_array(ROW_SUMS_ARRAY, slice(0, 22))
+    small = store._row_sums.small
+    assert both.shape == (22, 4 + len(small)) and both.dtype == np.uint32
+    assert list(small) == sorted([f"meta/{f}" for f in META_FIELDS] + (["dtype_stats"] if dtype != "float32" else []))
+    rec = both[:, :4]
+    # after the segments, each row's CRC in each array beside grads, as stored
+    for t, name in enumerate(small):
+        np.testing.assert_array_equal(both[:, 4 + t], row_crcs(np.asarray(store._arrays()[name][:22])))
     disk = np.asarray(store._grads[:22])
     # a row's segment: its bytes in one column chunk, the last one padded with zeros as stored
     last = np.concatenate([disk[3, 48:], np.zeros(4, dtype=disk.dtype)])
@@ -135,8 +141,79 @@ def test_a_store_written_before_row_checksums_reads_and_says_so(tmp_path):
     assert GradientStore.open(tmp_path / "g").read().shape == (N + 3, P)
 
 
+def test_a_store_whose_row_checksums_cover_grads_only_reads_resumes_and_checks_grads(tmp_path):
+    """The format gradspec wrote before the arrays beside grads were bound (attribute True, one
+    column per column chunk): it opens, reads, verifies and resumes as it was written, and a
+    grads chunk of another store is still damage."""
+    import zarr
+
+    from gradspec.store import _checksum
+    from gradspec.store._rowsums import ROW_SUMS_KEY
+    from gradspec.store._zarr import update_attrs
+
+    def segments_only(path, seed):
+        make(path, seed=seed)
+        group = zarr.open_group(str(path), mode="r+")
+        nseg = -(-P // CPC)
+        old = np.asarray(group[ROW_SUMS_ARRAY][:N, :nseg])
+        del group[ROW_SUMS_ARRAY]  # zarr cannot drop columns in place: write the array again
+        new = group.create_array(ROW_SUMS_ARRAY, shape=(N, nseg), chunks=(4096, nseg), dtype="uint32",
+                                 fill_value=0, compressors=_checksum.checksum_codecs())
+        new[:] = old
+        update_attrs(group, {ROW_SUMS_KEY: True})
+
+    segments_only(tmp_path / "g", 0)
+    segments_only(tmp_path / "o", 1)
+    store = GradientStore.open(tmp_path / "g", mode="r+")
+    assert store._row_sums is not None and store._row_sums.small == {}
+    assert store.verify()["ok"]
+    more = np.random.default_rng(2).standard_normal((3, P)).astype(np.float32)
+    store.append(more, {f: np.arange(3) for f in META_FIELDS})
+    store = GradientStore.open(tmp_path / "g")
+    assert store.read().shape == (N + 3, P) and store.verify()["ok"]
+    assert store._read_array(ROW_SUMS_ARRAY, slice(0, N + 3)).shape == (N + 3, -(-P // CPC))
+    shutil.copy(chunk_file(GradientStore.open(tmp_path / "o"), "grads", (1, 0)),
+                chunk_file(store, "grads", (1, 0)))
+    raises_foreign(GradientStore.open(tmp_path / "g").read, "1/0", r"4\.\.7")
+
+
 def test_a_store_that_says_it_records_row_checksums_but_lost_them_is_refused(tmp_path):
     make(tmp_path / "g")
     shutil.rmtree(tmp_path / "g" / ROW_SUMS_ARRAY)
     with pytest.raises(ValueError, match="has no array 'row_crc32c'"):
         GradientStore.open(tmp_path / "g")
+
+
+@pytest.mark.parametrize("name", ["meta/step", "meta/loss", "param_norms", "meta/clip_factor"])
+@pytest.mark.parametrize("n", [4096 + 10, 30], ids=["whole-chunk", "last-chunk"])
+def test_a_metadata_chunk_copied_from_another_store_is_damage(tmp_path, name, n):
+    """The arrays beside grads are bound too: a metadata chunk of another run read as this one's
+    steps, losses or norms. A whole committed 4,096-row chunk is checked by its file's CRC against
+    the fold of its rows' recorded CRCs, the last one row by row."""
+    def per_example(path, seed):
+        lay = ParamLayout.from_shapes([("a", (3,)), ("b", (2,))])
+        store = GradientStore.create(path, layout=lay, per_example=True)
+        rng = np.random.default_rng(seed)
+        meta = {f: rng.integers(0, 9, n) for f in META_FIELDS} | {
+            "loss": rng.random(n), "example_index": np.arange(n), "pre_clip_norm": rng.random(n) + 1,
+            "clip_factor": rng.random(n) * 0.5 + 0.5, "param_norms": rng.random((n, 2))}
+        store.write_rows(0, rng.standard_normal((n, 5)).astype(np.float32), meta)
+        store.commit(n)
+        store.set_status("complete")
+        return GradientStore.open(path)
+
+    store, other = per_example(tmp_path / "g", 0), per_example(tmp_path / "o", 1)
+    readers = {"meta/step": store.row_meta, "meta/loss": store.row_meta, "param_norms": store.param_norms,
+               "meta/clip_factor": store.clip_factors}
+    readers[name]()
+    assert store.verify()["ok"]
+    coords = (0,) if name.startswith("meta/") else (0, 0)
+    shutil.copy(chunk_file(other, name, coords), chunk_file(store, name, coords))
+    store = GradientStore.open(tmp_path / "g")
+    read = {"meta/step": store.row_meta, "meta/loss": store.row_meta, "param_norms": store.param_norms,
+            "meta/clip_factor": store.clip_factors}[name]
+    key = "/".join(map(str, coords))
+    with pytest.raises(StoreDamagedError, match=rf"chunk {name}/c/{key}, holding committed rows 0\.\.\d+ of {n}, "
+                       r"is not this store's"):
+        read()
+    assert [(d["array"], d["chunk"]) for d in store.verify()["damaged"]] == [(name, f"c/{key}")]
