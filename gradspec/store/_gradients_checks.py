@@ -112,7 +112,8 @@ class GradientChecks:
         except (RuntimeError, ValueError, OSError) as exc:
             raise self._unreadable(name, idx, exc) from exc
         if self._row_sums is not None and name in self._row_sums.small and out.shape[0]:
-            rows = np.arange(*idx.indices(self._rows)) if isinstance(idx, slice) else np.asarray(idx)
+            # the rows read (a commit reads rows it is about to commit: check_small skips them)
+            rows = np.arange(*idx.indices(arr.shape[0])) if isinstance(idx, slice) else np.asarray(idx)
             bad = self._row_sums.check_small(self._rows, name, rows, out)
             if bad is not None:
                 raise damage_error(self.path, name, self._presence[name].key((bad,) + (0,) * (arr.ndim - 1)),

@@ -184,6 +184,7 @@ class RowSums:
     def check_small(self, n_rows: int, name: str, rows: np.ndarray, values: np.ndarray) -> int | None:
         """The first row chunk of small array ``name`` whose committed ``rows``, read as
         ``values`` (their stored dtype), are not the ones this store recorded; None when all are.
+        Rows at or past ``n_rows`` (written, not yet committed) have no record and are skipped.
 
         A whole committed chunk is checked by the CRC its file ends with (4 bytes read: the
         fold of its rows' recorded CRCs), the chunk at the frontier (or one whose file's CRC
@@ -194,6 +195,8 @@ class RowSums:
         arr = self.small[name]
         rc = int(arr.chunks[0])
         rows = np.asarray(rows, dtype=np.int64)
+        committed = rows < n_rows
+        rows, values = rows[committed], np.asarray(values)[committed]
         for i in np.unique(rows // rc):
             a, b = int(i) * rc, min((int(i) + 1) * rc, n_rows)
             if b - a == rc:
@@ -203,7 +206,7 @@ class RowSums:
                         return int(i)
                     continue
             sel = (rows >= a) & (rows < b)
-            if not np.array_equal(row_crcs(np.asarray(values)[sel]), self._sums[rows[sel], self._col[name]]):
+            if not np.array_equal(row_crcs(values[sel]), self._sums[rows[sel], self._col[name]]):
                 return int(i)
         return None
 

@@ -177,6 +177,19 @@ def test_a_store_whose_row_checksums_cover_grads_only_reads_resumes_and_checks_g
     raises_foreign(GradientStore.open(tmp_path / "g").read, "1/0", r"4\.\.7")
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16_bit_store_resumed_commits_reads_and_verifies(tmp_path, dtype):
+    """A commit reads the dtype stats of the rows it is about to commit (not yet recorded as
+    committed): after a reopen, those reads span committed and new rows alike."""
+    store, data = make(tmp_path / "g", dtype=dtype, n=10)
+    more = np.random.default_rng(3).standard_normal((3, P)).astype(np.float32)
+    store = GradientStore.open(tmp_path / "g", mode="r+")
+    store.append(more, {f: np.arange(3) for f in META_FIELDS})
+    again = GradientStore.open(tmp_path / "g")
+    assert again.read().shape == (13, P) and again.verify()["ok"]
+    assert again.summary()["dtype_report"] is not None
+
+
 def test_a_store_that_says_it_records_row_checksums_but_lost_them_is_refused(tmp_path):
     make(tmp_path / "g")
     shutil.rmtree(tmp_path / "g" / ROW_SUMS_ARRAY)
