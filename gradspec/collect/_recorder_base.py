@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from gradspec._finite import all_finite
 from gradspec._norms import row_norms64
 from gradspec.collect._cadence import CommitCadence
 from gradspec.collect._recorder_ranks import NoWriter, recorder_ranks, step_over_ranks
@@ -212,7 +213,7 @@ class RecorderBase:
 
     # ------------------------------------------------------------------ rows
     def _finite(self, rows: Tensor, step: int, norms: Tensor | None = None) -> bool:
-        if bool(torch.isfinite(rows if norms is None else norms).all()):
+        if all_finite(rows if norms is None else norms):
             return True
         if not self.skip_nonfinite:
             raise ValueError(

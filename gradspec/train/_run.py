@@ -20,6 +20,7 @@ import torch
 
 from gradspec._device import resolve_device
 from gradspec._enums import CollectMode, GradDtype, PerExampleBackend, Sampling
+from gradspec._finite import all_finite
 from gradspec._norms import row_norms64
 from gradspec.tasks import Task
 from gradspec.train._backend import choose_engine
@@ -365,7 +366,7 @@ class _Run:
             norms_t, loss_t = self._gather(norms_t, loss_t, b)
             if store_row and c.mode == CollectMode.PER_EXAMPLE:  # every rank's rows, to rank 0
                 kept, factors, param_norms = self._gather_rows(kept, factors, param_norms, b)
-        finite = bool(torch.isfinite(total).all()) and bool(torch.isfinite(loss_t).all())
+        finite = all_finite(total) and all_finite(loss_t)
         if not finite:
             if not c.skip_nonfinite:
                 raise ValueError(
