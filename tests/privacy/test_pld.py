@@ -100,6 +100,7 @@ def test_a_single_step_too_fine_for_pld_is_refused_before_it_is_built(monkeypatc
         raise AssertionError("dp-accounting built the step although its size was known to be too large")
 
     monkeypatch.setattr(dpa.pld.privacy_loss_distribution, "from_gaussian_mechanism", no_building)
+    monkeypatch.setattr(_pld, "gaussian_step", no_building)
     # sigma = 0.01 at q = 0.5: one step is 59.7 million loss points (about 3 GB in
     # dp-accounting's dicts before any composition).
     with pytest.raises(ValueError, match=r"59,745,477 loss points for one step.*use method 'rdp'"):
@@ -134,13 +135,13 @@ def test_epsilon_after_every_step_equals_a_fresh_accountants():
 
 def test_the_single_step_is_built_once_for_all_queries(monkeypatch):
     built = []
-    original = dpa.pld.privacy_loss_distribution.from_gaussian_mechanism
+    original = _pld.gaussian_step
 
-    def counting(*args, **kwargs):
-        built.append(kwargs.get("sampling_prob"))
-        return original(*args, **kwargs)
+    def counting(sigma, q, discretisation):
+        built.append(q)
+        return original(sigma, q, discretisation)
 
-    monkeypatch.setattr(dpa.pld.privacy_loss_distribution, "from_gaussian_mechanism", counting)
+    monkeypatch.setattr(_pld, "gaussian_step", counting)
     acc = PrivacyAccountant()
     for _ in range(30):
         acc.record_poisson(2.0, 0.1)
