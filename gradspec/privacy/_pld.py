@@ -18,7 +18,7 @@ Why this module exists:
   more than `MAX_PLD_POINTS` points is refused with a `ValueError` that names the largest
   step count that fits and the RDP method, which answers any step count.
 - **Cheap repeated queries.** A training loop asks for epsilon every few steps. The single
-  step's PLD (dp-accounting's, built in 0.05-0.3 s by `_pld_step`; 0.3-2 s by the library's
+  step's PLD (dp-accounting's, built in 0.04-0.3 s by `_pld_step`; 0.3-2 s by the library's
   own Python loop) and the moments its
   Chernoff bound needs are built once per (q, noise multiplier) and cached, so a query
   costs one FFT power of the composed size and a vectorised read: the same computation a
@@ -36,7 +36,7 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
-from scipy import fft, signal, special
+from scipy import fft, signal
 
 from gradspec.privacy._pld_step import gaussian_step
 
@@ -129,8 +129,17 @@ class _Step:
         if key not in self._mgf:
             n = len(pmf.probs)
             orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / n
-            index = np.arange(n)
-            values = np.array([special.logsumexp(index * order, b=pmf.probs) for order in orders])
+            index = np.arange(n, dtype=np.float64)
+            live = np.flatnonzero(pmf.probs > 0)
+            values = np.full(len(orders), -np.inf)
+            for j, order in enumerate(orders.tolist()):
+                if not live.size:
+                    break
+                # log sum p_i exp(order * i), shifted by its largest exponent over the points with
+                # mass (what scipy's logsumexp does, 3-4x faster without its generality; the
+                # values agree to ~1e-14)
+                top = order * float(live[-1] if order > 0 else live[0])
+                values[j] = math.log(float(np.dot(pmf.probs, np.exp(index * order - top)))) + top
             self._mgf[key] = (orders, values)
         return self._mgf[key]
 

@@ -147,3 +147,19 @@ def test_the_single_step_is_built_once_for_all_queries(monkeypatch):
         acc.record_poisson(2.0, 0.1)
         acc.epsilon(DELTA)
     assert built == [0.1]
+
+
+@pytest.mark.parametrize(("sigma", "q"), [(0.5, 0.003381), (1.0, 0.05), (0.8, 1.0)])
+def test_the_tail_bounds_moments_are_scipys_logsumexp(sigma, q):
+    """The moments of the composition's Chernoff bound (log E[exp(order * index)]) against
+    scipy's logsumexp, also on a distribution with zero-mass points at both ends."""
+    import numpy as np
+    from scipy import special
+
+    step = _pld._step(sigma, q)
+    padded = step.pld.remove._replace(probs=np.concatenate([np.zeros(50), step.pld.remove.probs, np.zeros(70)]))
+    for pmf in (step.pld.remove, step.pld.add, padded):
+        orders, values = _pld._Step(step.pld)._log_mgfs(pmf)
+        index = np.arange(len(pmf.probs))
+        expected = np.array([special.logsumexp(index * o, b=pmf.probs) for o in orders])
+        assert np.allclose(values, expected, rtol=1e-12, atol=1e-12)
