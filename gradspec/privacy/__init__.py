@@ -4,58 +4,48 @@ Accounting uses Google's dp-accounting as the engine (PLD, RDP with the
 improved conversion, and RDP with the classical conversion); see
 `gradspec.privacy._compose` for what each method computes and why shuffled
 batches are accounted without amplification.
+
+Names are imported lazily (PEP 562), as in ``gradspec`` itself: clipping and noise need
+torch, PLD accounting scipy and dp-accounting, and a caller that only reads a run's
+sampling rate (``gradspec info``) should not wait ~2 s for them.
 """
 
-from gradspec.privacy._accountant import PrivacyAccountant
-from gradspec.privacy._calibrate import calibrate_noise_multiplier, compute_epsilon
-from gradspec.privacy._clip import (
-    OPACUS_CLIP_EPS,
-    ClipResult,
-    bound_rows_,
-    clip_factors,
-    clip_per_example,
-    clip_rows,
-    norm_stats,
-    per_parameter_norms,
-)
-from gradspec.privacy._compose import RDP_ORDERS
-from gradspec.privacy._epochs import (
-    accountant_rate,
-    accounted_sample_rate,
-    batches_per_epoch,
-    epochs_for_steps,
-    rate_text,
-    steps_for_epochs,
-    steps_per_epoch,
-)
-from gradspec.privacy._noise import gaussian_noise
-from gradspec.privacy._uniform import calibrate_uniform_sampling, uniform_sampling_epsilon
-from gradspec.privacy._validate import default_delta
+from __future__ import annotations
 
-__all__ = [
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
     # accounting
-    "PrivacyAccountant",
-    "compute_epsilon",
-    "calibrate_noise_multiplier",
-    "uniform_sampling_epsilon",
-    "calibrate_uniform_sampling",
-    "default_delta",
-    "steps_per_epoch",
-    "batches_per_epoch",
-    "steps_for_epochs",
-    "epochs_for_steps",
-    "accounted_sample_rate",
-    "accountant_rate",
-    "rate_text",
-    "RDP_ORDERS",
+    "gradspec.privacy._accountant": ("PrivacyAccountant",),
+    "gradspec.privacy._calibrate": ("calibrate_noise_multiplier", "compute_epsilon"),
+    "gradspec.privacy._compose": ("RDP_ORDERS",),
+    "gradspec.privacy._epochs": (
+        "accountant_rate", "accounted_sample_rate", "batches_per_epoch", "epochs_for_steps", "rate_text",
+        "steps_for_epochs", "steps_per_epoch",
+    ),
+    "gradspec.privacy._uniform": ("calibrate_uniform_sampling", "uniform_sampling_epsilon"),
+    "gradspec.privacy._validate": ("default_delta",),
     # clipping and noise
-    "ClipResult",
-    "clip_per_example",
-    "clip_rows",
-    "bound_rows_",
-    "clip_factors",
-    "OPACUS_CLIP_EPS",
-    "norm_stats",
-    "per_parameter_norms",
-    "gaussian_noise",
-]
+    "gradspec.privacy._clip": (
+        "OPACUS_CLIP_EPS", "ClipResult", "bound_rows_", "clip_factors", "clip_per_example", "clip_rows",
+        "norm_stats", "per_parameter_norms",
+    ),
+    "gradspec.privacy._noise": ("gaussian_noise",),
+}
+
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_WHERE)
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gradspec.privacy' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
