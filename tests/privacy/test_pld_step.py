@@ -11,6 +11,8 @@ import dp_accounting as dpa
 import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_mechanism as plm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gradspec.privacy import _compose, _pld, _pld_step, calibrate_noise_multiplier
 from gradspec.privacy._pld import DISCRETISATION, _from_library
@@ -121,3 +123,10 @@ def test_a_calibration_gives_the_noise_multiplier_the_library_path_gives(monkeyp
     _compose._epsilon.cache_clear()
     monkeypatch.setattr(_pld, "gaussian_step", lambda sigma, q, _disc: _library(sigma, q))
     assert calibrate_noise_multiplier(**run) == fast
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sigma=st.floats(0.8, 20.0), log_q=st.floats(-5.0, 0.0))
+def test_random_steps_are_dp_accountings_bit_for_bit(sigma, log_q):
+    q = min(1.0, 10.0**log_q)
+    _assert_same(_from_library(_pld_step.gaussian_step(sigma, q, DISCRETISATION)), _from_library(_library(sigma, q)))
