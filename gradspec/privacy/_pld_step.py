@@ -15,8 +15,8 @@ distribution; the tests hold it bit for bit equal to ``from_gaussian_mechanism``
 Every build also spot-checks itself against the library: δ at a few grid points (both ends,
 the points beside the edge log(1 - q), a spread of others) from dp-accounting's own loop must
 equal the vectorised ones exactly. A dp-accounting whose formulas differ (another version)
-fails the check, and the library's own build is used, with a warning: never a number the
-library would not give.
+fails the check, and the library's own build is used from then on in the process, with one
+warning: never a number the library would not give.
 
 The closed forms (sensitivity s = 1, noise multiplier σ, sampling rate q; the privacy loss is
 non-increasing in x, and the inverse at ε is the largest x whose loss is at least ε):
@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 #: Grid points of each neighbour whose δ the library computes itself, to check the vectorised ones.
 SPOT_CHECKS = 12
+#: Set when a spot check failed in this process: every later step is the library's own build.
+_library_only = False
 _REL_TOL = 1e-9  # math.isclose's default, which dp-accounting's edge tests use
 
 
@@ -134,6 +136,9 @@ def gaussian_step(sigma: float, q: float, discretisation: float):
             neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
         )
 
+    global _library_only
+    if _library_only:
+        return library()
     pmfs = {}
     for adjacency, kind in (("remove", plm.AdjacencyType.REMOVE), ("add", plm.AdjacencyType.ADD)):
         if adjacency == "add" and q == 1.0:
@@ -154,8 +159,10 @@ def gaussian_step(sigma: float, q: float, discretisation: float):
             worst = float(np.max(np.abs(theirs - deltas[spots])))
             logger.warning(
                 "this dp-accounting's hockey-stick divergence differs from gradspec's vectorised one "
-                "(by up to %.3g at sigma %g, q %g); using the library's own, slower build", worst, sigma, q,
+                "(by up to %.3g at sigma %g, q %g); using the library's own, slower build from now on",
+                worst, sigma, q,
             )
+            _library_only = True
             return library()
         pmfs[adjacency] = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(
             discretisation, lower, upper, deltas
