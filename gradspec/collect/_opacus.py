@@ -57,7 +57,7 @@ import torch
 from torch import Tensor
 
 from gradspec.collect._recorder_base import RecorderBase
-from gradspec.collect._rows import DIVISOR_ACTUAL, ROW_EXAMPLE, ROW_MEAN, OwnedRows
+from gradspec.collect._rows import DIVISOR_ACTUAL, ROW_EXAMPLE, ROW_MEAN, OwnedRows, RowPool
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +150,7 @@ class OpacusRecording:
         self._sizes: list[int] = []  # examples of each physical batch of the current step
         self._loss_mark = 0  # losses noted before this index belong to earlier physical batches
         self._rows: list[Tensor] = []
+        self._pool = RowPool()  # the per-example row blocks, reused once the writer has copied them
         self._factors: list[Tensor] = []  # per-example rows: Opacus's clip factors, per-parameter norms
         self._param_norms: list[Tensor] = []
         self._local_sum: Tensor | None = None  # under torch.distributed: this rank's clipped sum so far
@@ -266,7 +267,7 @@ class OpacusRecording:
         """The physical batch's clipped rows (b, p), float32 on the CPU: each recorded parameter's
         ``factor * grad_sample`` (in the parameter's dtype, as Opacus forms it) written straight
         into its columns, one pass and no concatenation."""
-        params, rows = self.optimizer.params, torch.empty(b, self.recorder.layout.p)
+        params, rows = self.optimizer.params, self._pool.take(b, self.recorder.layout.p)
         for i, spec in zip(self._positions, self.recorder.layout.params, strict=True):
             g = grad_samples[i].to(params[i].dtype).reshape(b, -1)
             f = factor.to(g.device, g.dtype)[:, None]
@@ -293,14 +294,22 @@ class OpacusRecording:
         self._loss_mark = 0  # the noted losses are taken below
         c = float(opt.max_grad_norm)
         if rec.per_example:
-            rows = (self._rows[0] if len(self._rows) == 1 else torch.cat(self._rows)) if self._rows \
-                else torch.zeros(0, rec.layout.p)
+            release = None
+            if len(self._rows) == 1:  # the pooled block itself, back in the pool once written
+                rows = self._rows[0]
+                release = self._pool.releaser(rows)
+            elif self._rows:  # virtual steps: one block of all, and the pieces back in the pool now
+                rows = torch.cat(self._rows)
+                for piece in self._rows:
+                    self._pool.give(piece)
+            else:
+                rows = torch.zeros(0, rec.layout.p)
             factors = torch.cat(self._factors) if self._factors else None
             per_param = torch.cat(self._param_norms) if self._param_norms else None
             self._rows.clear()
             self._factors.clear()
             self._param_norms.clear()
-            rec.record_examples(grads=OwnedRows(rows), step=step, norms=norms, max_grad_norm=c, clip_factors=factors,
+            rec.record_examples(grads=OwnedRows(rows, release), step=step, norms=norms, max_grad_norm=c, clip_factors=factors,
                                 param_norms=per_param)
             return
         examples = self._global_examples(b, step) if rec.ranks.active else None

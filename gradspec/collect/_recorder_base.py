@@ -234,8 +234,13 @@ class RecorderBase:
         meta.update(extra)
         return out
 
-    def _put(self, rows: Tensor, meta: dict[str, np.ndarray], step: int, norms: Tensor | None = None) -> None:
-        self._writer.put(self._stored(rows, meta, owned=norms is not None, norms=norms), meta)
+    def _put(self, rows: Tensor, meta: dict[str, np.ndarray], step: int, norms: Tensor | None = None,
+             release: Callable[[], None] | None = None) -> None:
+        stored = self._stored(rows, meta, owned=norms is not None, norms=norms)
+        if release is None:
+            self._writer.put(stored, meta)
+        else:  # rows whose memory their owner reuses once the writer has copied them
+            self._writer.put(stored, meta, release=release)
         due = step != self._last_step and self.cadence.stepped()
         self._last_step = step
         if due:
@@ -368,7 +373,10 @@ class RecorderBase:
             if len(arr) != b:
                 raise ValueError(f"{name} has {len(arr)} values for the {b} rows of step {step}")
         own_norms = row_norms64(rows) if owned and b else None  # the finiteness check and the bound's norms
+        release = grads.release if owned else None
         if b == 0 or not self._finite(rows, step, own_norms):
+            if release is not None:
+                release()  # not recorded: nothing reads them
             return
         factors, per_param = example_norms(rows, norms_arr, factors, param_norms, clip=clip,
                                            clipped_rows=norms is not None, layout=self.layout, step=step)
@@ -380,7 +388,7 @@ class RecorderBase:
             "example_index": index, "pre_clip_norm": norms_arr, "clip_factor": factors,
             "param_norms": per_param,
         }
-        self._put(rows, meta, step, own_norms)
+        self._put(rows, meta, step, own_norms, release)
 
     def put_rows(self, rows: np.ndarray, meta: Mapping[str, np.ndarray]) -> None:
         """Hand over rows (b, p) that a source computed with their metadata (gradspec's

@@ -15,7 +15,8 @@ is one clipped per-example gradient. The run config of a store names its rows
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -85,9 +86,54 @@ def example_rows_per_chunk(p: int) -> int:
 class OwnedRows(NamedTuple):
     """Rows an adapter formed and hands to ``record_examples`` (Opacus's clipped rows): float32,
     CPU, contiguous, (b, p), not used by anyone else. They are recorded without a copy and, for a
-    float32 store, bounded in place."""
+    float32 store, bounded in place. ``release``, if given, is called once nothing reads the rows
+    any more (the writer has copied them, or they were not recorded): a `RowPool` reuses them."""
 
     rows: Tensor
+    release: Callable[[], None] | None = None
+
+
+class RowPool:
+    """Reused float32 CPU blocks for the rows an adapter forms every step.
+
+    A fresh (b, p) block the size of a step's per-example rows is hundreds of MB, which the
+    allocator maps anew each time: at p = 1.06M, 32 rows, forming them into a fresh block took
+    78 ms on a 2-core EPYC with 4 KiB pages, 12 ms into a reused one (docs/bench_opacus_recording.txt).
+    A block comes back through ``give`` once the writer has copied it into its chunk buffer
+    (`OwnedRows.release`), so a block is never written while anything still reads it; at most
+    ``keep`` blocks wait to be reused (the writer's thread gives them back, hence the lock).
+    """
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = int(keep)
+        self._free: list[Tensor] = []
+        self._lock = threading.Lock()
+
+    def take(self, b: int, p: int) -> Tensor:
+        """A (b, p) float32 CPU block: a returned one of that shape, or a new one. Its values are
+        whatever it held: the caller writes every entry."""
+        with self._lock:
+            for i, block in enumerate(self._free):
+                if block.shape == (b, p):
+                    return self._free.pop(i)
+        return torch.empty(b, p)
+
+    def give(self, block: Tensor) -> None:
+        """Return a block nothing reads any more."""
+        with self._lock:
+            if len(self._free) < self.keep:
+                self._free.append(block)
+
+    def releaser(self, block: Tensor) -> Callable[[], None]:
+        """``give(block)``, callable once (a second call does nothing)."""
+        given = [False]
+
+        def release() -> None:
+            if not given[0]:
+                given[0] = True
+                self.give(block)
+
+        return release
 
 
 def as_tensor(x: Tensor | np.ndarray | float | Sequence[float]) -> Tensor:

@@ -109,17 +109,24 @@ class BackgroundWriter:
             self._waiting[1] -= nbytes
             self._room.notify_all()
 
-    def put(self, rows: np.ndarray, meta: dict[str, Any]) -> None:
+    def put(self, rows: np.ndarray, meta: dict[str, Any], release: Callable[[], None] | None = None) -> None:
         """Queue rows (float32, (b, p)) with their metadata (arrays of length b, or (b, k)).
 
         A 16-bit store's rows may come in its on-disk form (float16, or bfloat16's bits as
-        uint16) with ``meta["dtype_stats"]`` (``GradientStore.write_rows``): half the bytes wait."""
+        uint16) with ``meta["dtype_stats"]`` (``GradientStore.write_rows``): half the bytes wait.
+        ``release`` is called once the rows are copied into the writer's chunk buffer (or the
+        writer could not take them): from then on the caller may reuse their memory."""
         n = 1 if np.ndim(rows) == 1 else len(rows)
         nbytes = int(getattr(rows, "nbytes", 0))
-        if self._background:
-            self._raise_if_failed()
-            self._reserve(n, nbytes)
-        self._submit(("rows", rows, meta, n, nbytes))
+        try:
+            if self._background:
+                self._raise_if_failed()
+                self._reserve(n, nbytes)
+            self._submit(("rows", rows, meta, n, nbytes, release))
+        except BaseException:
+            if release is not None:
+                release()  # never queued: nothing will read them
+            raise
         self._handed += n
 
     @property
@@ -179,6 +186,8 @@ class BackgroundWriter:
                 if self._error is not None:
                     if item[0] == "commit":
                         item[2].set()
+                    elif item[5] is not None:
+                        item[5]()  # never written: the caller's memory is free
                     continue
                 self._handle(item)
             except BaseException as exc:  # noqa: BLE001 - reported to the caller
@@ -191,45 +200,51 @@ class BackgroundWriter:
                     self._release(item[3], item[4])
 
     def _handle(self, item: tuple) -> None:
-        kind = item[0]
-        if kind == "rows":
-            rows, meta = item[1], item[2]
-            rows = np.asarray(rows)
-            if rows.dtype not in (np.float16, np.uint16):  # a 16-bit store's on-disk rows stay so
-                rows = rows.astype(np.float32, copy=False)
-            if rows.ndim == 1:
-                rows = rows[None]
-            rpc = self.store.chunks[0]
-            # (b,) per field; a field with a value per row and column (param_norms) keeps its rows
-            meta = {k: (v.reshape(v.shape[0], -1) if v.ndim > 1 else v.reshape(-1))
-                    for k, v in ((k, np.asarray(v)) for k, v in meta.items())}
-            # Copy rows into a chunk-row buffer; flush whenever it reaches the end of a row chunk,
-            # so every chunk is written once and no further concatenation is needed.
-            if self._rowbuf is None or self._rowbuf.shape[1] != rows.shape[1] or self._rowbuf.dtype != rows.dtype:
-                self._flush()  # (rows of another form than those buffered: they go as a partial chunk)
-                self._rowbuf = np.empty((rpc, rows.shape[1]), rows.dtype)
-            while rows.shape[0]:
-                room = rpc - (self._next + self._buffered) % rpc
-                take = min(room, rows.shape[0])
-                self._rowbuf[self._buffered : self._buffered + take] = rows[:take]
-                self._buffer.append({k: v[:take] for k, v in meta.items()})
-                self._buffered += take
-                rows, meta = rows[take:], {k: v[take:] for k, v in meta.items()}
-                if take == room:
-                    self._flush()
-        else:
-            _, callback, done = item
+        if item[0] == "rows":
             try:
-                self._flush()
-                # Count first, then the callback (the trainer's checkpoint): a kill between the
-                # two leaves committed rows beyond the last checkpoint, which a resume truncates
-                # and regenerates identically. The other order left a checkpoint ahead of the
-                # committed rows, which no resume could use.
-                self.store.commit(self._next)
-                if callback is not None:
-                    callback(self._next)
+                self._take_rows(item[1], item[2])
             finally:
-                done.set()
+                if item[5] is not None:
+                    item[5]()  # copied into the chunk buffer (or failed): the caller's memory is free
+            return
+        _, callback, done = item
+        try:
+            self._flush()
+            # Count first, then the callback (the trainer's checkpoint): a kill between the
+            # two leaves committed rows beyond the last checkpoint, which a resume truncates
+            # and regenerates identically. The other order left a checkpoint ahead of the
+            # committed rows, which no resume could use.
+            self.store.commit(self._next)
+            if callback is not None:
+                callback(self._next)
+        finally:
+            done.set()
+
+    def _take_rows(self, rows: Any, meta: dict[str, Any]) -> None:
+        """Copy rows into the chunk-row buffer, writing each row chunk as it fills."""
+        rows = np.asarray(rows)
+        if rows.dtype not in (np.float16, np.uint16):  # a 16-bit store's on-disk rows stay so
+            rows = rows.astype(np.float32, copy=False)
+        if rows.ndim == 1:
+            rows = rows[None]
+        rpc = self.store.chunks[0]
+        # (b,) per field; a field with a value per row and column (param_norms) keeps its rows
+        meta = {k: (v.reshape(v.shape[0], -1) if v.ndim > 1 else v.reshape(-1))
+                for k, v in ((k, np.asarray(v)) for k, v in meta.items())}
+        # Copy rows into a chunk-row buffer; flush whenever it reaches the end of a row chunk,
+        # so every chunk is written once and no further concatenation is needed.
+        if self._rowbuf is None or self._rowbuf.shape[1] != rows.shape[1] or self._rowbuf.dtype != rows.dtype:
+            self._flush()  # (rows of another form than those buffered: they go as a partial chunk)
+            self._rowbuf = np.empty((rpc, rows.shape[1]), rows.dtype)
+        while rows.shape[0]:
+            room = rpc - (self._next + self._buffered) % rpc
+            take = min(room, rows.shape[0])
+            self._rowbuf[self._buffered : self._buffered + take] = rows[:take]
+            self._buffer.append({k: v[:take] for k, v in meta.items()})
+            self._buffered += take
+            rows, meta = rows[take:], {k: v[take:] for k, v in meta.items()}
+            if take == room:
+                self._flush()
 
     def _flush(self) -> None:
         if not self._buffered:

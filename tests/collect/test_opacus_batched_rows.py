@@ -180,3 +180,34 @@ def test_bound_rows_in_place_with_the_recorders_norms_equals_bound_rows_on_a_cop
 @pytest.mark.parametrize(("p", "rows"), [(10, 2048), (5210, 1024), (115_210, 64), (262_144, 32), (10**7, 32)])
 def test_per_example_row_chunks_hold_about_32_mib(p, rows):
     assert example_rows_per_chunk(p) == rows
+
+
+def test_reused_row_blocks_never_change_rows_the_writer_has_not_copied(tmp_path, monkeypatch):
+    """The per-example row blocks come back to a pool once the writer has copied them. With a
+    writer slower than the steps, some blocks are reused and others are still queued when the
+    next step forms its rows: every stored row must still equal the per-row reference."""
+    import time
+
+    from gradspec.collect import _opacus
+    from gradspec.collect._rows import RowPool
+    from gradspec.store import _writer
+
+    ref = _arrays(_run(tmp_path / "ref", batched=False, steps=9, background=False, commit_every=1))
+    take_rows, record = _writer.BackgroundWriter._take_rows, _opacus.OpacusRecording._record
+    monkeypatch.setattr(_writer.BackgroundWriter, "_take_rows",
+                        lambda self, rows, meta: (time.sleep(0.045), take_rows(self, rows, meta))[1])
+    monkeypatch.setattr(_opacus.OpacusRecording, "_record", lambda self: (time.sleep(0.03), record(self))[1])
+    reused = []
+    take = RowPool.take
+
+    def counting(self, b, p):
+        free = {t.data_ptr() for t in self._free}
+        block = take(self, b, p)
+        reused.append(block.data_ptr() in free)
+        return block
+
+    monkeypatch.setattr(RowPool, "take", counting)
+    new = _arrays(_run(tmp_path / "new", batched=True, steps=9, background=True))
+    assert any(reused) and not all(reused[1:]), reused  # reuse happened while blocks were still queued
+    for name in ("rows", "pre_clip_norm", "clip_factor", "param_norms", "step"):
+        np.testing.assert_array_equal(new[name], ref[name], err_msg=name)
