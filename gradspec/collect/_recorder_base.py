@@ -236,11 +236,8 @@ class RecorderBase:
 
     def _put(self, rows: Tensor, meta: dict[str, np.ndarray], step: int, norms: Tensor | None = None,
              release: Callable[[], None] | None = None) -> None:
-        stored = self._stored(rows, meta, owned=norms is not None, norms=norms)
-        if release is None:
-            self._writer.put(stored, meta)
-        else:  # rows whose memory their owner reuses once the writer has copied them
-            self._writer.put(stored, meta, release=release)
+        # release: the rows' owner reuses their memory once the writer has copied them
+        self._writer.put(self._stored(rows, meta, owned=norms is not None, norms=norms), meta, release=release)
         due = step != self._last_step and self.cadence.stepped()
         self._last_step = step
         if due:

@@ -74,7 +74,7 @@ def test_a_16bit_store_records_what_rounding_the_clipped_rows_lost(tmp_path, dty
     handed = []
     with GradientRecorder(out=tmp_path, layout=layout, per_example=True, max_grad_norm=C, dtype=dtype) as rec:
         put = rec._writer.put
-        rec._writer.put = lambda r, meta: (handed.append(np.asarray(r).dtype), put(r, meta))[-1]
+        rec._writer.put = lambda r, meta, **kw: (handed.append(np.asarray(r).dtype), put(r, meta, **kw))[-1]
         rec.record_examples(grads=rows, step=0)
     assert handed == [np.dtype("uint16" if dtype == "bfloat16" else "float16")]
     store = GradientStore.open(tmp_path / "gradients.zarr")
