@@ -12,10 +12,11 @@ Example:
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import Any
+
+from gradspec._lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -82,17 +83,7 @@ _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE) + ["__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gradspec' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names("gradspec", globals(), _WHERE)
 
 
 #: Flat names that are also the names of subpackages: the flat name is the function.

@@ -12,8 +12,7 @@ sampling rate (``gradspec info``) should not wait ~2 s for them.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from gradspec._lazy import lazy_names
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     # accounting
@@ -38,14 +37,4 @@ _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = sorted(_WHERE)
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gradspec.privacy' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names("gradspec.privacy", globals(), _WHERE)

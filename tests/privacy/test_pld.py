@@ -16,17 +16,11 @@ import dp_accounting as dpa
 import pytest
 
 from gradspec.privacy import PrivacyAccountant, _compose, _pld, compute_epsilon
+from tests.privacy._pld_caches import _fresh_caches  # noqa: F401 (autouse: fresh PLD caches)
 
 DELTA = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _fresh_caches():
-    _pld.clear_cache()
-    _compose._epsilon.cache_clear()
-    yield
-    _pld.clear_cache()
-    _compose._epsilon.cache_clear()
 
 
 def _library(events: list) -> float:

@@ -16,17 +16,11 @@ from hypothesis import strategies as st
 
 from gradspec.privacy import _compose, _pld, _pld_step, calibrate_noise_multiplier
 from gradspec.privacy._pld import DISCRETISATION, _from_library
+from tests.privacy._pld_caches import _fresh_caches  # noqa: F401 (autouse: fresh PLD caches)
 
 ADJACENCY = {"remove": plm.AdjacencyType.REMOVE, "add": plm.AdjacencyType.ADD}
 
 
-@pytest.fixture(autouse=True)
-def _fresh_caches():
-    _pld.clear_cache()
-    _compose._epsilon.cache_clear()
-    yield
-    _pld.clear_cache()
-    _compose._epsilon.cache_clear()
 
 
 def _library(sigma: float, q: float):
