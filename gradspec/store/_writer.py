@@ -118,15 +118,18 @@ class BackgroundWriter:
         writer could not take them): from then on the caller may reuse their memory."""
         n = 1 if np.ndim(rows) == 1 else len(rows)
         nbytes = int(getattr(rows, "nbytes", 0))
-        try:
-            if self._background:
+        item = ("rows", rows, meta, n, nbytes, release)
+        if self._background:
+            try:
                 self._raise_if_failed()
                 self._reserve(n, nbytes)
-            self._submit(("rows", rows, meta, n, nbytes, release))
-        except BaseException:
-            if release is not None:
-                release()  # never queued: nothing will read them
-            raise
+                self._submit(item)
+            except BaseException:
+                if release is not None:
+                    release()  # never queued: nothing will read them
+                raise
+        else:
+            self._submit(item)  # handled here and now: `_handle` releases, written or not
         self._handed += n
 
     @property

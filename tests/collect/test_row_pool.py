@@ -79,3 +79,19 @@ def test_rows_a_failed_writer_never_writes_are_released(tmp_path, monkeypatch):
     with pytest.raises(Exception, match="disk full"):
         writer.close()
     assert len(released) == 3  # each block came back: written-and-failed, skipped, or refused
+
+
+def test_a_synchronous_writer_that_fails_releases_once(tmp_path, monkeypatch):
+    """Without a thread the rows are handled inside put: a failed write releases them there,
+    and put's own error path must not release them a second time."""
+    store = _store(tmp_path)
+    writer = BackgroundWriter(store, background=False)
+
+    def broken(*_a, **_k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store, "write_rows", broken)
+    released = []
+    with pytest.raises(OSError, match="disk full"):
+        writer.put(np.ones((4, 6), np.float32), _meta(4, 0), release=lambda: released.append(1))
+    assert released == [1]
