@@ -38,7 +38,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import fft, signal
 
-from gradspec.privacy._pld_step import gaussian_step
+from gradspec.privacy._pld_step import gaussian_step, step_grid
 
 # dp-accounting's defaults (PLDAccountant, PrivacyLossDistribution.compose / self_compose).
 DISCRETISATION = 1e-4
@@ -102,15 +102,9 @@ def _from_library(pld) -> _Pld:
 
 def _library_size(noise_multiplier: float, sample_rate: float) -> int:
     """Points of dp-accounting's discretisation of one (subsampled) Gaussian step, before building it."""
-    from dp_accounting.pld import privacy_loss_mechanism as plm
-
     size = 0
-    for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD):
-        bounds = plm.GaussianPrivacyLoss(
-            noise_multiplier, sampling_prob=sample_rate, adjacency_type=adjacency
-        ).connect_dots_bounds()
-        upper = math.ceil(bounds.epsilon_upper / DISCRETISATION)
-        lower = math.floor(bounds.epsilon_lower / DISCRETISATION)
+    for adjacency in ("remove", "add"):
+        _, lower, upper = step_grid(noise_multiplier, sample_rate, adjacency, DISCRETISATION)
         size = max(size, upper - lower + 1)
     return size
 

@@ -121,6 +121,19 @@ def _spot_indices(eps: np.ndarray, q: float) -> np.ndarray:
     return np.array(sorted(picks))
 
 
+def step_grid(sigma: float, q: float, adjacency: str, discretisation: float):
+    """(dp-accounting's ``GaussianPrivacyLoss`` of the ``remove`` or ``add`` neighbour, and the
+    range [lower, upper] of the loss indices its connect-the-dots PLD has), as
+    ``_create_pld_pmf_from_monotone_privacy_loss`` rounds its bounds: the one rule for the size
+    known before a step is built (`_pld._library_size`) and the grid it is built on."""
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    kind = plm.AdjacencyType.REMOVE if adjacency == "remove" else plm.AdjacencyType.ADD
+    loss = plm.GaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=kind)
+    bounds = loss.connect_dots_bounds()
+    return loss, math.floor(bounds.epsilon_lower / discretisation), math.ceil(bounds.epsilon_upper / discretisation)
+
+
 def gaussian_step(sigma: float, q: float, discretisation: float):
     """dp-accounting's ``from_gaussian_mechanism(sigma, value_discretization_interval=
     discretisation, sampling_prob=q)`` (add-or-remove neighbours, connect the dots,
@@ -128,7 +141,6 @@ def gaussian_step(sigma: float, q: float, discretisation: float):
     check fails or a grid point needs a branch this module does not take."""
     import dp_accounting as dpa
     from dp_accounting.pld import pld_pmf
-    from dp_accounting.pld import privacy_loss_mechanism as plm
 
     def library():
         return dpa.pld.privacy_loss_distribution.from_gaussian_mechanism(
@@ -140,13 +152,8 @@ def gaussian_step(sigma: float, q: float, discretisation: float):
     if _library_only:
         return library()
     pmfs = {}
-    for adjacency, kind in (("remove", plm.AdjacencyType.REMOVE), ("add", plm.AdjacencyType.ADD)):
-        if adjacency == "add" and q == 1.0:
-            break  # one symmetric distribution, as the library makes it
-        loss = plm.GaussianPrivacyLoss(sigma, sampling_prob=q, adjacency_type=kind)
-        bounds = loss.connect_dots_bounds()
-        upper = math.ceil(bounds.epsilon_upper / discretisation)
-        lower = math.floor(bounds.epsilon_lower / discretisation)
+    for adjacency in ("remove", "add") if q < 1.0 else ("remove",):  # q = 1: one symmetric PLD
+        loss, lower, upper = step_grid(sigma, q, adjacency, discretisation)
         eps = np.arange(lower, upper + 1) * discretisation
         try:
             deltas = hockey_stick(loss, sigma, adjacency, eps)
