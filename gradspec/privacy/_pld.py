@@ -125,10 +125,8 @@ class _Step:
             orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / n
             index = np.arange(n, dtype=np.float64)
             live = np.flatnonzero(pmf.probs > 0)
-            values = np.full(len(orders), -np.inf)
-            for j, order in enumerate(orders.tolist()):
-                if not live.size:
-                    break
+            values = np.full(len(orders), -np.inf)  # (no mass at all: every moment is -inf)
+            for j, order in enumerate(orders.tolist() if live.size else ()):
                 # log sum p_i exp(order * i), shifted by its largest exponent over the points with
                 # mass (what scipy's logsumexp does, 3-4x faster without its generality; the
                 # values agree to ~1e-14)
