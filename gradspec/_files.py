@@ -12,6 +12,7 @@ and :func:`json_sha256`, the digest a JSON record carries so that its reader can
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -22,7 +23,12 @@ from typing import Any
 
 
 class NotRegularFile(ValueError):
-    """What is at the name is not a regular file (a FIFO, a directory, a device)."""
+    """What is at the name is not a regular file (a FIFO, a directory, a device), or is a
+    symbolic link where none is followed (``linked``)."""
+
+    def __init__(self, message: str = "not a regular file", *, linked: bool = False) -> None:
+        super().__init__(message)
+        self.linked = linked
 
 
 class FileTooLarge(ValueError):
@@ -34,16 +40,23 @@ class FileTooLarge(ValueError):
 
 
 @contextlib.contextmanager
-def open_regular(path: str | os.PathLike) -> Iterator[tuple[int, os.stat_result]]:
+def open_regular(path: str | os.PathLike, *, follow_links: bool = True) -> Iterator[tuple[int, os.stat_result]]:
     """The descriptor and ``fstat`` of ``path``, opened without blocking and only if it is a
     regular file (the check is of the opened file: no race between it and the reads).
+    ``follow_links=False``: a symbolic link at ``path`` is refused, not followed.
 
     Raises:
         FileNotFoundError: nothing is at ``path``.
         OSError: it cannot be opened.
-        NotRegularFile: it is not a regular file ("not a regular file").
+        NotRegularFile: it is not a regular file ("not a regular file"), or a link not followed.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no wait for a writer
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO: no wait for a writer
+    try:
+        fd = os.open(path, flags if follow_links else flags | os.O_NOFOLLOW)
+    except OSError as exc:
+        if follow_links or exc.errno != errno.ELOOP:
+            raise
+        raise NotRegularFile("a symbolic link", linked=True) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -53,10 +66,11 @@ def open_regular(path: str | os.PathLike) -> Iterator[tuple[int, os.stat_result]
         os.close(fd)
 
 
-def read_regular(path: str | os.PathLike, *, max_bytes: int) -> bytes:
+def read_regular(path: str | os.PathLike, *, max_bytes: int, follow_links: bool = True) -> bytes:
     """The bytes of ``path``, read only if it is a regular file of at most ``max_bytes``.
 
     Links are followed (a user may link their cache elsewhere); what they lead to is checked.
+    ``follow_links=False`` (a store's chunk) refuses a link instead.
 
     Raises:
         FileNotFoundError: nothing is at ``path``.
@@ -64,7 +78,7 @@ def read_regular(path: str | os.PathLike, *, max_bytes: int) -> bytes:
         NotRegularFile: it is not a regular file ("not a regular file").
         FileTooLarge: it holds more than ``max_bytes`` ("N bytes, over the M ...").
     """
-    with open_regular(path) as (fd, info):
+    with open_regular(path, follow_links=follow_links) as (fd, info):
         if info.st_size > max_bytes:
             raise FileTooLarge(f"{info.st_size:,} bytes, over the {max_bytes:,} expected", info.st_size)
         chunks, n = [], 0

@@ -70,7 +70,7 @@ class CheckedArray:
             if missing:
                 i = missing[0][0]
                 raise damage_error(self.path, "grads", pres.key(missing[0]), chunk_span(i, rc, self.n_rows),
-                                   self.n_rows, "missing", len(missing) - 1)
+                                   self.n_rows, pres.problem(missing[0]) or "missing", len(missing) - 1)
         try:
             block = np.asarray(self.array[sel])
         except (RuntimeError, ValueError, OSError) as exc:

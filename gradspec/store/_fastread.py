@@ -47,6 +47,12 @@ import numpy as np
 from gradspec.store._checksum import FOREIGN, TRAILER, has_checksum, trailer_matches
 from gradspec.store._checksum import PROBLEM as CORRUPT
 
+#: A chunk's name that is a symbolic link: never read through (a store from someone else could
+#: link a chunk to any file its reader can read), on every read path and in ``verify``.
+LINKED = "a symbolic link (gradspec reads no chunk through a link)"
+#: A chunk's name that holds a directory, a FIFO or a device.
+NOT_REGULAR = "not a regular file"
+
 
 def local_root(array: Any) -> str | None:
     """The directory of ``array``'s files when it lives in a local zarr store, else None."""
@@ -153,11 +159,9 @@ class ChunkFileReader:
             # O_NOFOLLOW: a chunk linked out of the store (to any file the user can read) is
             # damage, never read through
             # O_NONBLOCK: a FIFO in a chunk's place blocked the read forever; fstat of the opened
-            # file then refuses anything but a regular file (a FIFO, a directory, a device)
+            # descriptor, before anything wraps it, then refuses anything but a regular file (a
+            # FIFO, a directory: a file object over a directory raised "Is a directory: 7")
             fd = os.open(self._path(i, j), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            with open(fd, "rb", buffering=0) as f:
-                regular = stat.S_ISREG(os.fstat(fd).st_mode)
-                got, intact, tail = self._read_file(f, into) if regular else (0, True, b"")
         except FileNotFoundError:
             if self._on_damage is not None:
                 self._on_damage(i, j, "missing")
@@ -167,13 +171,23 @@ class ChunkFileReader:
             if exc.errno != errno.ELOOP:
                 raise
             if self._on_damage is not None:
-                self._on_damage(i, j, "a symbolic link (gradspec reads no chunk through a link)")
-            raise ValueError(f"chunk {self._path(i, j)!r} is a symbolic link: gradspec reads no chunk "
-                             "through a link; the store is damaged or not its own") from None
+                self._on_damage(i, j, LINKED)
+            raise ValueError(f"chunk {self._path(i, j)!r} is {LINKED}; the store is damaged or not its own") from None
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except BaseException:
+            os.close(fd)
+            raise
+        if regular:
+            with open(fd, "rb", buffering=0) as f:
+                got, intact, tail = self._read_file(f, into)
+        else:
+            os.close(fd)
+            got, intact, tail = 0, True, b""
         size = self._chunk_bytes + self._trailer
         problem = None
         if not regular:
-            problem = "not a regular file"
+            problem = NOT_REGULAR
         elif got != size:
             problem = (f"truncated ({got} of {size} bytes)" if got < size
                        else f"longer than the {size} bytes of a chunk")

@@ -40,10 +40,17 @@ class GradientChecks:
             logger.warning(message)
 
     def _missing(self, name: str, missing: list[tuple[int, ...]]) -> None:
-        """Raise for missing chunks of committed rows (warn for a store that predates full chunks)."""
+        """Raise for missing chunks of committed rows (warn for a store that predates full chunks),
+        and for chunk names holding a symbolic link or not a regular file (in any store)."""
         if not missing:
             return
         rc = int(self._arrays()[name].chunks[0])
+        pres = self._presence[name]
+        odd = [(c, p) for c in missing if (p := pres.problem(c)) not in (None, "missing")]
+        if odd:
+            (first, problem), more = odd[0], len(odd) - 1
+            raise damage_error(self.path, name, pres.key(first), chunk_span(first[0], rc, self._rows), self._rows,
+                               problem, more)
         first = missing[0]
         if not self._strict:
             if name == "grads":
@@ -131,8 +138,9 @@ class GradientChecks:
         """The chunks of committed rows that are not stored (a listing or a stat each; nothing is read).
 
         Returns:
-            ``[{"array", "chunk", "rows": [first, last]}]``; in a store that predates gradspec
-            writing every chunk, missing metadata chunks are left out (they may be all zero).
+            ``[{"array", "chunk", "rows": [first, last], "problem"}]`` (problem ``"missing"``, or a
+            symbolic link or not a regular file in the chunk's place); in a store that predates
+            gradspec writing every chunk, missing metadata chunks are left out (they may be all zero).
         """
         out = []
         for name, arr in self._arrays().items():
@@ -143,7 +151,8 @@ class GradientChecks:
             rc = int(arr.chunks[0])
             for c in pres.missing(committed_chunks(arr, self._rows)):
                 a, b = chunk_span(c[0], rc, self._rows)
-                out.append({"array": name, "chunk": pres.key(c), "rows": [a, b - 1]})
+                out.append({"array": name, "chunk": pres.key(c), "rows": [a, b - 1],
+                            "problem": pres.problem(c) or "missing"})
         return out
 
     def verify(self, *, progress: bool = False) -> dict[str, Any]:

@@ -240,7 +240,7 @@ class GradientWrites:
             if lost and self._strict:
                 first = lost[0]
                 raise damage_error(self.path, first["array"], first["chunk"],
-                                   (first["rows"][0], first["rows"][1] + 1), self._rows, "missing", len(lost) - 1)
+                                   (first["rows"][0], first["rows"][1] + 1), self._rows, first["problem"], len(lost) - 1)
         update_attrs(self._group, {STATUS_KEY: status})
         self._status = status
 

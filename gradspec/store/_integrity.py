@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import stat
 import sys
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
@@ -31,7 +32,7 @@ import numpy as np
 from gradspec._files import FileTooLarge, NotRegularFile, read_regular
 from gradspec.store._checksum import FOREIGN, TRAILER, corrupt_chunks, has_checksum, raw_matches
 from gradspec.store._checksum import PROBLEM as CORRUPT
-from gradspec.store._fastread import local_root
+from gradspec.store._fastread import LINKED, NOT_REGULAR, local_root
 
 logger = logging.getLogger(__name__)
 
@@ -115,11 +116,19 @@ class ChunkPresence:
         strip = len(prefix) + 1 if prefix else 0
         return {k[strip:] for k in sync(keys())}
 
+    def problem(self, coords: tuple[int, ...]) -> str | None:
+        """What is wrong at a chunk's name: None when it is stored, else ``"missing"``, or on
+        local disk `LINKED` (a symbolic link, read through by no path) or `NOT_REGULAR`."""
+        if self._root is None:
+            return "missing" if self.missing([coords]) else None
+        return _local_problem(self.path(coords))  # type: ignore[arg-type]
+
     def missing(self, coords: Iterable[tuple[int, ...]]) -> list[tuple[int, ...]]:
-        """The chunks of ``coords`` that are not stored."""
+        """The chunks of ``coords`` that are not stored as a regular file of their own (missing,
+        or on local disk a symbolic link or not a regular file: :meth:`problem` says which)."""
         coords = list(coords)
         if self._root is not None:
-            return [c for c in coords if not os.path.isfile(self.path(c))]  # type: ignore[arg-type]
+            return [c for c in coords if _local_problem(self.path(c)) is not None]  # type: ignore[arg-type]
         if self._listed is None:
             self._listed = self._list()
         miss = [c for c in coords if self.key(c) not in self._listed]
@@ -127,6 +136,17 @@ class ChunkPresence:
             self._listed = self._list()
             miss = [c for c in miss if self.key(c) not in self._listed]
         return miss
+
+
+def _local_problem(path: str) -> str | None:
+    """None when ``path`` is a regular file (not a link to one), else what it is instead."""
+    try:
+        info = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    if stat.S_ISLNK(info.st_mode):
+        return LINKED
+    return None if stat.S_ISREG(info.st_mode) else NOT_REGULAR
 
 
 def chunk_problems(presence: ChunkPresence, coords: Iterable[tuple[int, ...]],
@@ -137,11 +157,12 @@ def chunk_problems(presence: ChunkPresence, coords: Iterable[tuple[int, ...]],
     sizes are checked with a stat on local disk only.
 
     Returns:
-        ``[(coords, problem)]``, problem ``"missing"`` or ``"truncated: ..."`` / ``"too long: ..."``.
+        ``[(coords, problem)]``, problem ``"missing"``, `LINKED`, `NOT_REGULAR` or
+        ``"truncated: ..."`` / ``"too long: ..."``.
     """
     coords = list(coords)
     missing = presence.missing(coords)
-    out: list[tuple[tuple[int, ...], str]] = [(c, "missing") for c in missing]
+    out: list[tuple[tuple[int, ...], str]] = [(c, presence.problem(c) or "missing") for c in missing]
     if size is None or not presence.local:
         return out
     gone = set(missing)
@@ -270,9 +291,10 @@ def verify_arrays(
         a, b = chunk_span(c[0], rc, n_rows)
         pres = presence[name]
         entry = {"array": name, "chunk": pres.key(c), "rows": [a, b - 1]}
-        if pres.missing([c]):
-            if strict or name == "grads":
-                damaged.append({**entry, "problem": "missing"})
+        odd = pres.problem(c)
+        if odd is not None:
+            if odd != "missing" or strict or name == "grads":
+                damaged.append({**entry, "problem": odd})
             else:
                 absent += 1
             continue
@@ -283,12 +305,12 @@ def verify_arrays(
             if sizes[name] is not None:
                 path = pres.path(c)
                 try:  # without blocking (a FIFO in a chunk's place hung the check), a regular file only
-                    raw = read_regular(path, max_bytes=sizes[name])  # type: ignore[arg-type]
+                    raw = read_regular(path, max_bytes=sizes[name], follow_links=False)  # type: ignore[arg-type]
                 except FileTooLarge as exc:
                     damaged.append({**entry, "problem": f"too long: {exc.size} bytes, expected {sizes[name]}"})
                     continue
-                except NotRegularFile:
-                    damaged.append({**entry, "problem": "not a regular file"})
+                except NotRegularFile as exc:  # replaced since the stat above: what it is now
+                    damaged.append({**entry, "problem": LINKED if exc.linked else NOT_REGULAR})
                     continue
                 if len(raw) != sizes[name]:
                     what = "truncated" if len(raw) < sizes[name] else "too long"

@@ -119,7 +119,7 @@ def _prepare_resume(
             raise ValueError(
                 f"the run's store {str(store.path)!r} is damaged: {len(lost)} chunk(s) of the rows the "
                 f"checkpoint keeps are missing (first: {first['array']} chunk {first['chunk']}, rows "
-                f"{first['rows'][0]}..{first['rows'][1]}); it cannot be resumed: start it anew with "
+                f"{first['rows'][0]}..{first['rows'][1]}: {first['problem']}); it cannot be resumed: start it anew with "
                 "--overwrite (gradspec info --verify lists the damage)"
             )
     if not run.last_eval and store is not None:  # a checkpoint from before last_eval was saved

@@ -151,6 +151,57 @@ def test_a_chunk_linked_out_of_the_store_is_refused(stores, tmp_path):
     _refused(lambda: GradientStore.open(gradients).read(), gradients, "link")
 
 
+def _replace_a_chunk(array: Path, kind: str, outside: Path) -> Path:
+    """Put a symbolic link (to a copy of the chunk outside the store) or a directory in the place
+    of one of ``array``'s chunks; return the chunk's path."""
+    chunk = next(p for p in sorted(array.rglob("*")) if p.is_file() and p.name != "zarr.json")
+    shutil.copy(chunk, outside)
+    chunk.unlink()
+    if kind == "link":
+        chunk.symlink_to(outside)
+    else:
+        chunk.mkdir()
+    return chunk
+
+
+CHUNK_IN_PLACE = {"link": "symbolic link", "directory": "not a regular file"}
+
+
+@pytest.mark.parametrize("compressor", [None, "zstd"])
+@pytest.mark.parametrize("kind", list(CHUNK_IN_PLACE))
+def test_a_chunk_that_is_a_link_or_a_directory_is_named_by_every_reader(tmp_path, kind, compressor):
+    """A linked chunk was "ok" to ``info --verify`` while pca refused it; in a compressed store pca
+    read through the link (exit 0); a directory in a chunk's place was "Is a directory: 7" to pca
+    and "missing" to verify. Every reader now names what is there, in one line."""
+    runner = CliRunner()
+    run = tmp_path / "run"
+    extra = ["--compressor", compressor] if compressor else []
+    res = runner.invoke(app, [str(a) for a in ["collect", "--out", run, "--steps", "8", *extra, *LOWRANK]])
+    assert res.exit_code == 0, res.output
+    gradients = run / "gradients.zarr"
+    _replace_a_chunk(gradients / "grads", kind, tmp_path / "outside")
+    what = CHUNK_IN_PLACE[kind]
+    _refused(lambda: GradientStore.open(gradients).read(), gradients, what)
+    res = runner.invoke(app, ["pca", str(gradients), "--k", "2", "--out", str(tmp_path / "spec.zarr"), "--no-progress"])
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code != 0 and lines[-1].startswith("error:") and what in lines[-1], res.output
+    assert "Is a directory" not in res.output, res.output
+    report = GradientStore.open(gradients).verify()
+    assert not report["ok"] and [what in d["problem"] for d in report["damaged"]] == [True], report
+    res = runner.invoke(app, ["info", str(gradients), "--verify"])
+    assert res.exit_code != 0 and what in res.output, res.output
+
+
+@pytest.mark.parametrize("kind", list(CHUNK_IN_PLACE))
+def test_a_spectrum_chunk_that_is_a_link_or_a_directory_is_refused(stores, tmp_path, kind):
+    _, spectrum = stores
+    _replace_a_chunk(spectrum / "V", kind, tmp_path / "outside")
+    what = CHUNK_IN_PLACE[kind]
+    report = SpectrumStore.open(spectrum).verify()
+    assert not report["ok"] and any(what in d["problem"] for d in report["damaged"]), report
+    _refused(lambda: np.asarray(SpectrumStore.open(spectrum).V[:]), spectrum, what)
+
+
 def test_attributes_of_the_wrong_json_type_are_refused(stores):
     gradients, _ = stores
     _attrs(gradients, **{"gradspec.per_example": "no"})
