@@ -41,13 +41,13 @@ from gradspec.collect._recorder_sketch import open_sketched_store, recorder_sket
 from gradspec.collect._rows import (
     Grad,
     OwnedRows,
-    as_tensor,
+    example_columns,
     example_norms,
     example_rows_per_chunk,
     flat_rows,
     floats,
-    norm_stats,
     run_config,
+    step_meta,
     stored_rows,
 )
 from gradspec.store import BackgroundWriter, GradientStore, ParamLayout
@@ -298,12 +298,9 @@ class RecorderBase:
             settle_plan(self, row)
         if self._sketch is not None:  # Phi of the row (rank 0: the others write nothing)
             row = self._sketch(row).to("cpu", torch.float32)
-        mean, top, frac = norm_stats(norms, self.max_grad_norm if max_grad_norm is None else max_grad_norm)
-        meta = {
-            "step": np.array([step]), "epoch": np.array([self.epoch if epoch is None else int(epoch)]),
-            "loss": np.array([loss_value]), "batch_size": np.array([0 if batch_size is None else int(batch_size)]),
-            "norm_mean": np.array([mean]), "norm_max": np.array([top]), "frac_clipped": np.array([frac]),
-        }
+        meta = step_meta(1, step=step, epoch=self.epoch if epoch is None else int(epoch), loss=loss_value,
+                         batch_size=0 if batch_size is None else int(batch_size), norms=norms,
+                         max_grad_norm=self.max_grad_norm if max_grad_norm is None else max_grad_norm)
         self._put(row[None], meta, step)
 
     def record_examples(
@@ -358,17 +355,10 @@ class RecorderBase:
                                                   batch=-1, step=step)
         b = rows.shape[0]
         noted = self._take_losses(b)  # taken either way, so that none is left for later rows
-        losses = np.asarray(noted if loss is None else floats(loss), dtype=np.float64).reshape(-1)
-        if losses.size == 1:
-            losses = np.full(b, losses[0])
-        index = np.full(b, -1) if example_index is None else as_tensor(example_index).reshape(-1).cpu().numpy()
-        norms_arr = floats(row_norms64(torch.as_tensor(rows)) if norms is None else norms)
+        losses, index, norms_arr, factors = example_columns(
+            b, step, loss=noted if loss is None else floats(loss), example_index=example_index, norms=norms,
+            clip_factors=clip_factors, rows=rows)
         clip = self.max_grad_norm if max_grad_norm is None else max_grad_norm
-        factors = floats(clip_factors) if clip_factors is not None else None
-        for name, arr in (("loss", losses), ("example_index", index), ("norms", norms_arr),
-                          ("clip_factors", factors if factors is not None else norms_arr)):
-            if len(arr) != b:
-                raise ValueError(f"{name} has {len(arr)} values for the {b} rows of step {step}")
         own_norms = row_norms64(rows) if owned and b else None  # the finiteness check and the bound's norms
         release = grads.release if owned else None
         if b == 0 or not self._finite(rows, step, own_norms):
@@ -377,14 +367,9 @@ class RecorderBase:
             return
         factors, per_param = example_norms(rows, norms_arr, factors, param_norms, clip=clip,
                                            clipped_rows=norms is not None, layout=self.layout, step=step)
-        mean, top, frac = norm_stats(norms_arr, clip)
-        meta = {
-            "step": np.full(b, step), "epoch": np.full(b, self.epoch if epoch is None else int(epoch)),
-            "loss": losses, "batch_size": np.full(b, b if batch_size is None else int(batch_size)),
-            "norm_mean": np.full(b, mean), "norm_max": np.full(b, top), "frac_clipped": np.full(b, frac),
-            "example_index": index, "pre_clip_norm": norms_arr, "clip_factor": factors,
-            "param_norms": per_param,
-        }
+        meta = step_meta(b, step=step, epoch=self.epoch if epoch is None else int(epoch), loss=losses,
+                         batch_size=b if batch_size is None else int(batch_size), norms=norms_arr, max_grad_norm=clip,
+                         example_index=index, pre_clip_norm=norms_arr, clip_factor=factors, param_norms=per_param)
         self._put(rows, meta, step, own_norms, release)
 
     def put_rows(self, rows: np.ndarray, meta: Mapping[str, np.ndarray]) -> None:

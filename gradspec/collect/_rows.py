@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gradspec._norms import row_norms64
 from gradspec.privacy import bound_rows_
 from gradspec.store import STATS_ARRAY, ParamLayout, disk_rows
 
@@ -162,6 +163,35 @@ def norm_stats(norms: Any, max_grad_norm: float | None) -> tuple[float, float, f
         return float(norms.mean()), float(norms.max()), 0.0
     stats = privacy_norm_stats(torch.from_numpy(norms), max_grad_norm)
     return stats["mean"], stats["max"], stats["frac_clipped"]
+
+
+def step_meta(b: int, *, step: int, epoch: int, loss: float | np.ndarray, batch_size: int, norms: Any,
+              max_grad_norm: float | None, **columns: np.ndarray) -> dict[str, np.ndarray]:
+    """The metadata of ``b`` rows of one step as ``collect`` stores it: the step's number, epoch,
+    batch size and norm statistics (`norm_stats` of ``norms``) on every row; ``loss`` one value
+    or one per row; per-example ``columns`` (example_index, pre_clip_norm, ...) as given."""
+    mean, top, frac = norm_stats(norms, max_grad_norm)
+    return {"step": np.full(b, step), "epoch": np.full(b, epoch), "loss": np.full(b, loss, dtype=np.float64),
+            "batch_size": np.full(b, batch_size), "norm_mean": np.full(b, mean), "norm_max": np.full(b, top),
+            "frac_clipped": np.full(b, frac), **columns}
+
+
+def example_columns(b: int, step: int, *, loss: Any, example_index: Any, norms: Any, clip_factors: Any,
+                    rows: Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """(losses, example_index, pre-clip norms, clip factors or None) of ``b`` per-example rows:
+    one loss for all or one each, -1 for unknown indices, the rows' own norms when none are
+    given. Each holds ``b`` values, or a ValueError names the one that does not."""
+    losses = np.asarray(loss, dtype=np.float64).reshape(-1)
+    if losses.size == 1:
+        losses = np.full(b, losses[0])
+    index = np.full(b, -1) if example_index is None else as_tensor(example_index).reshape(-1).cpu().numpy()
+    norms_arr = floats(row_norms64(torch.as_tensor(rows)) if norms is None else norms)
+    factors = floats(clip_factors) if clip_factors is not None else None
+    for name, arr in (("loss", losses), ("example_index", index), ("norms", norms_arr),
+                      ("clip_factors", factors if factors is not None else norms_arr)):
+        if len(arr) != b:
+            raise ValueError(f"{name} has {len(arr)} values for the {b} rows of step {step}")
+    return losses, index, norms_arr, factors
 
 
 def flat_rows(
