@@ -277,6 +277,8 @@ def _spectrum(summary: dict) -> None:
             f"{acc.get('reconstruction_error', float('nan')):.4f}   explained variance "
             f"{acc.get('explained_variance', float('nan')):.4f}"
         )
+        if str(acc.get("check", "")).startswith("replay") and acc.get("residual_h_check"):
+            typer.echo(f"         residual {acc['residual_h_check']}")  # a replay's: a bound, or measured
     timings = summary.get("timings") or {}
     if timings:
         typer.echo("timings  " + "  ".join(f"{k} {v:.1f}s" for k, v in timings.items()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import typer
 
 from cli._common import user_errors
@@ -17,6 +18,7 @@ def replay_command(
     k: int = typer.Option(None, "--k", "-k", help="Directions to keep (default: all of --spectrum's; all are used)."),
     memory: str = typer.Option(None, "--memory", help="Budget of the k x p float64 accumulators, e.g. 4G (default 4G); more columns take more replays."),
     tolerance: float = typer.Option(None, "--tolerance", help="Largest relative difference of a replayed row from the stored one (default: 1e-5 for float32 stores, one unit in the last place for 16-bit ones)."),
+    check: bool = typer.Option(False, "--check", help="Replay once more to measure ||H v_i - sigma_i u_i|| of the written directions (default: a bound, loose unless every direction of the rows is replayed)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
@@ -30,7 +32,7 @@ def replay_command(
     from gradspec.linalg import parse_memory
 
     res = replay(store, spectrum, out=out, k=k, memory=parse_memory(memory), tolerance=tolerance,
-                 overwrite=overwrite, progress=not no_progress)
+                 overwrite=overwrite, progress=not no_progress, check=check)
     rec = res.record
     ver = rec["verification"]
     typer.echo(
@@ -41,4 +43,16 @@ def replay_command(
                f"sketched: {', '.join(f'{s:.4g}' for s in res.sigma_sketch[:5])}")
     typer.echo(f"V: {rec['k']} directions of p = {res.record.get('p', '?')} in parameter space from K = {rec['K']} "
                f"(Rayleigh-Ritz of the exact rows on the sketched U), orthonormal to {res.orthogonality:.1e}")
-    typer.echo(f"{res.passes} replay(s) in {res.seconds:.1f}s -> {out}")
+    from gradspec.store import SpectrumStore
+
+    spec = SpectrumStore.open(out)
+    res_h = np.asarray(spec.array("residual_h"), dtype=np.float64)
+    if "check_replay" in rec:
+        typer.echo(f"residuals measured (one more replay): max ||H v_i - sigma_i u_i|| / sigma_i = {res_h.max():.2e} "
+                   f"(the bound without it: {max(rec['check_replay']['residual_h_bound']):.2e})")
+    else:
+        typer.echo(f"residuals not measured: ||H v_i - sigma_i u_i|| / sigma_i <= {res_h.max():.2e} (the rows' mass "
+                   f"outside the K = {rec['K']} directions{', 0 as K = r' if res_h.max() == 0 else ''}); "
+                   "--check measures them with one more replay")
+    passes = res.passes + (rec["check_replay"]["passes"] if "check_replay" in rec else 0)
+    typer.echo(f"{passes} replay(s) in {res.seconds:.1f}s -> {out}")

@@ -30,6 +30,8 @@ they and U, σ give `gradspec decay` the rows' G_k as for an exact spectrum, wit
 Cost: the training run again (evaluation, logging and checkpoints left out: they change nothing
 a step computes), plus the step's sketch (as in the collect run) and a K × p product per row.
 K × p float64 accumulators that exceed ``memory`` are split into column chunks, one replay each.
+``check``: as many replays again, forming H·V of the written V, so that the residual
+‖H·v_i − σ_i·u_i‖ is measured rather than bounded (``_replay_write``).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def replay(
     memory: int | None = None,
     tolerance: float | None = None,
     keep_raw: bool = False,
+    check: bool = False,
 ) -> ReplayResult:
     """Replay the seeded run of a per-step sketched store and write its spectrum in parameter space.
 
@@ -97,6 +100,9 @@ def replay(
         tolerance: the largest relative row difference accepted (default `TOLERANCE` of the
             store's dtype).
         keep_raw: return Hᵀ·U_K·Σ_K⁻¹ in ``ReplayResult.raw`` (p × K float64: small runs only).
+        check: replay once more (per column chunk) to form H·V of the written V, so that
+            ``residual_h`` is the measured ‖H·v_i − σ_i·u_i‖/σ_i, not the bound
+            ‖(I − U_K·U_Kᵀ)·H‖_F/σ_i (every row's mass outside the K directions, loose for K < r).
 
     Raises:
         ReplayMismatch: a replayed row is not the stored one (one line: step, difference).
@@ -126,15 +132,26 @@ def replay(
         with tempfile.TemporaryDirectory(prefix=".replay-", dir=out.parent if out.parent.exists() else None) as tmp:
             parts = Parts(Path(tmp), p, K, len(bounds))
             initial = copy.deepcopy(case.task.model.state_dict())
-            check = None
+            seen = None
             for n, (a, b) in enumerate(bounds):
                 if n:
                     case.task.model.load_state_dict(initial)  # the run trained it in place
-                check, acc = one_pass(case, a, b, Path(tmp), progress=progress, what=f"{n + 1}/{len(bounds)}")
+                seen, acc = one_pass(case, a, b, Path(tmp), progress=progress, what=f"{n + 1}/{len(bounds)}")
                 parts.put(a, acc)
+                acc = None  # parts holds it (the check's replays then free it: `write`)
             replayed = time.perf_counter() - t0
-            result = write(case, parts, out, check, passes=len(bounds), chunk=chunk, t0=t0, keep_raw=keep_raw,
-                           replayed=replayed)
+
+            def measure(v: np.ndarray) -> tuple[np.ndarray, int]:
+                hv = None
+                for n, (a, b) in enumerate(bounds):
+                    case.task.model.load_state_dict(initial)
+                    _, part = one_pass(case, a, b, Path(tmp), progress=progress, v=np.asarray(v[a:b]),
+                                       what=f"check {n + 1}/{len(bounds)}")
+                    hv = part if hv is None else hv + part
+                return hv, len(bounds)
+
+            result = write(case, parts, out, seen, passes=len(bounds), chunk=chunk, t0=t0, keep_raw=keep_raw,
+                           replayed=replayed, measure=measure if check else None)
         return result
     finally:
         if lock is not None:

@@ -1,7 +1,7 @@
 """One replay of a per-step sketched run (`gradspec.train.replay`, see ``_replay``): the trainer's
 own loop (``_loop._train``) run again, each row it would store checked against the stored one,
 and its exact row added to the accumulators Aᵀ = U_Kᵀ·H[:, a:b] (its squared norm kept: the sketched
-store holds only the sketched rows)."""
+store holds only the sketched rows); or, in a checking replay, multiplied by the written V."""
 
 from __future__ import annotations
 
@@ -50,9 +50,11 @@ class _Check:
 
 class _Sink:
     """Where the replayed run's rows go (a `gradspec.train.RowSink`): each is checked against the
-    stored row, and its exact row, for the columns [a, b), added to the accumulators."""
+    stored row, and its exact row, for the columns [a, b), added to the accumulators; or, given
+    ``v`` (the written V's rows [a, b), b − a × k), multiplied by it: H[:, a:b]·V[a:b] (``hv``)."""
 
-    def __init__(self, case: Any, tap: _Tap, a: int, b: int, device: torch.device, bar: Any) -> None:
+    def __init__(self, case: Any, tap: _Tap, a: int, b: int, device: torch.device, bar: Any,
+                 v: torch.Tensor | None = None) -> None:
         self.case, self.tap, self.a, self.b, self.bar = case, tap, a, b, bar
         g = case.store
         self.steps = np.asarray(g.row_meta()["step"])
@@ -60,7 +62,10 @@ class _Sink:
         self.cached: tuple[int, np.ndarray] | None = None
         self.dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(str(g.dtype))
         K = case.K
-        self.acc = torch.zeros((K, b - a), dtype=torch.float64, device=device)
+        self.v = v
+        self.acc = torch.zeros((K, b - a) if v is None else (0, 0), dtype=torch.float64, device=device)
+        self.hv = None if v is None else torch.zeros((g.n_rows, v.shape[1]), dtype=torch.float64, device=device)
+        self.rows: list[int] = []  # the store rows in the buffer (``hv``)
         self.buf = torch.zeros((BUFFER_ROWS, b - a), dtype=torch.float64, device=device)
         self.cbuf = torch.zeros((BUFFER_ROWS, K), dtype=torch.float64, device=device)
         self.filled = 0
@@ -112,6 +117,7 @@ class _Sink:
             c.frob2 += c.sq_norms[i]
             self.buf[self.filled].copy_(h[self.a:self.b])
             self.cbuf[self.filled].copy_(torch.from_numpy(self.case.coef[i]))
+            self.rows.append(i)
             self.filled += 1
             if self.filled == BUFFER_ROWS:
                 self.flush()
@@ -122,9 +128,12 @@ class _Sink:
 
     def flush(self) -> None:
         n = self.filled
-        if n:
+        if n and self.hv is not None:
+            self.hv[self.rows] += self.buf[:n] @ self.v
+        elif n:
             self.acc.addmm_(self.cbuf[:n].T, self.buf[:n])
-            self.filled = 0
+        self.filled = 0
+        self.rows.clear()
 
     def commit(self, *, callback: Any = None, wait: bool = False) -> None:
         """Nothing to make durable: a replay keeps no checkpoint (the callback would save one)."""
@@ -133,11 +142,13 @@ class _Sink:
         self.flush()
 
 
-def one_pass(case: Any, a: int, b: int, tmp: Path, *, progress: bool, what: str) -> tuple[_Check, np.ndarray]:
-    """Replay the run once: every stored row checked, Aᵀ = U_Kᵀ·H[:, a:b] accumulated."""
+def one_pass(case: Any, a: int, b: int, tmp: Path, *, progress: bool, what: str,
+             v: np.ndarray | None = None) -> tuple[_Check, np.ndarray]:
+    """Replay the run once: every stored row checked, Aᵀ = U_Kᵀ·H[:, a:b] accumulated; or, given
+    ``v`` (V's rows [a, b) as written), H[:, a:b]·V[a:b] (n_rows × k, 0 on rows pca did not use)."""
     from gradspec.train._loop import _train
 
-    work = tmp / f"run-{a}"
+    work = tmp / f"run-{a}" if v is None else tmp / f"check-{a}"
     work.mkdir()
     run = case.build(work)
     case.layout = run.layout.to_list()
@@ -153,7 +164,8 @@ def one_pass(case: Any, a: int, b: int, tmp: Path, *, progress: bool, what: str)
     holder: dict[str, _Sink] = {}
 
     def factory(store: Any, **_: Any) -> _Sink:
-        holder["sink"] = _Sink(case, tap, a, b, run.device, bar)
+        holder["sink"] = _Sink(case, tap, a, b, run.device, bar,
+                               None if v is None else torch.as_tensor(v, dtype=torch.float64, device=run.device))
         return holder["sink"]
 
     try:
@@ -166,4 +178,4 @@ def one_pass(case: Any, a: int, b: int, tmp: Path, *, progress: bool, what: str)
     if sink.i != case.store.n_rows:
         raise ReplayMismatch(f"the replay stored {sink.i} rows but the store holds {case.store.n_rows}: the run "
                              "cannot be replayed (changed settings or code); nothing written")
-    return sink.check, sink.acc.cpu().numpy()
+    return sink.check, (sink.acc if sink.hv is None else sink.hv).cpu().numpy()

@@ -51,6 +51,11 @@ def test_replay_writes_a_spectrum_that_retrain_takes(run, tmp_path):
     assert res.exit_code == 0, res.output
     assert "replayed 4 steps: 4 rows checked against the store, 4 bit for bit" in res.output
     assert "V: 3 directions of p = 26010 in parameter space from K = 3" in res.output
+    assert "residuals not measured: ||H v_i - sigma_i u_i|| / sigma_i <= " in res.output, res.output
+    checked = invoke("replay", run / "sketch" / "gradients.zarr", "--spectrum", run / "spec", "--out",
+                     tmp_path / "c", "--no-progress", "--check")
+    assert checked.exit_code == 0 and "residuals measured (one more replay)" in checked.output, checked.output
+    assert "2 replay(s)" in checked.output
     v = SpectrumStore.open(tmp_path / "v")
     assert v.status == "complete" and v.shape == (4, 26_010) and v.method == "replay"
     np.testing.assert_allclose(v.read_v().T.astype(np.float64) @ v.read_v(), np.eye(3), atol=1e-6)

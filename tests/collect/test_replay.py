@@ -94,6 +94,30 @@ def test_with_every_direction_of_the_rows_the_replay_is_the_exact_svd(runs, tmp_
     assert np.abs(res.sigma_sketch[:4] / exact.sigma[:4] - 1).max() > 1e-3
 
 
+@pytest.mark.parametrize("memory", [None, 8 * (STEPS + 16) * 50])  # one column chunk, or several
+def test_check_measures_each_directions_residual_against_the_exact_rows(runs, tmp_path, memory):
+    """K < r: the bound ‖(I − U_K·U_Kᵀ)·H‖_F/σ_i (every row's mass outside the K directions) is
+    loose; ``check`` replays once more for H·V and stores ‖H·v_i − σ_i·u_i‖/σ_i of the stored V,
+    equal to the same residual computed from the exact store."""
+    store = runs / "sketch" / "gradients.zarr"
+    plain = replay(store, runs / "spec4", out=tmp_path / "b", task=tiny_task(), memory=memory)
+    res = replay(store, runs / "spec4", out=tmp_path / "m", task=tiny_task(), memory=memory, check=True)
+    bound = SpectrumStore.open(tmp_path / "b")
+    out = SpectrumStore.open(tmp_path / "m")
+    np.testing.assert_array_equal(out.read_v(), bound.read_v())  # the check changes no direction
+    h, v = _h(runs)[out.source_rows], out.read_v().astype(np.float64)
+    truth = np.linalg.norm(h @ v - out.U * out.sigma, axis=0) / out.sigma
+    got = np.asarray(out.array("residual_h"))
+    np.testing.assert_allclose(got, truth, rtol=1e-6, atol=1e-12)
+    stated = np.asarray(bound.array("residual_h"))
+    assert np.all(truth <= stated * (1 + 1e-9)) and stated.max() > 3 * truth.max()  # a bound, and a loose one
+    rec = out.source["replay"]["check_replay"]
+    assert rec["passes"] == plain.passes and (rec["passes"] == 1) == (memory is None)
+    np.testing.assert_allclose(rec["residual_h_bound"], stated)
+    assert out.accuracy["check"] == "replay+measured" and out.accuracy["residual_h_check"].startswith("measured")
+    assert bound.accuracy["residual_h_check"].startswith("bound, not measured") and res.rows_checked == STEPS
+
+
 def test_a_spectrum_of_some_rows_replays_those_rows(runs, tmp_path):
     """pca --rows 2:9: U weighs those rows only; the others are replayed (and checked), not added."""
     pca(source=str(runs / "sketch" / "gradients.zarr"), k=3, rows=slice(2, 9), out=tmp_path / "spec",
