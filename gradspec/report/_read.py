@@ -165,9 +165,18 @@ def _config_only(run_dir: Path, contents: RunContents) -> tuple[str, str]:
     return RUNNING, f"{CONFIG} is written but no gradient store yet (starting, or a run that records no rows)"
 
 
+def _pca_k(contents: RunContents) -> int:
+    """The k the page suggests: 100, or fewer where the finished store has fewer rows or columns
+    (pca refuses a k above min(r, p))."""
+    g = contents.gradients or {}
+    shape = g.get("shape") or [None, None]
+    limits = [100, shape[1]] + ([shape[0]] if g.get("status") == "complete" else [])
+    return int(min(n for n in limits if isinstance(n, int) and n > 0))
+
+
 def _spectrum_stage(run_dir: Path, specs: list[SpectrumStore], contents: RunContents) -> SpectrumStore | None:
     source = contents.stages["collect"].path or str(run_dir / "gradients.zarr")
-    pca_cmd = f"gradspec pca {_q(source)} --k 100 --out {_q(run_dir / 'spectrum.zarr')}"
+    pca_cmd = f"gradspec pca {_q(source)} --k {_pca_k(contents)} --out {_q(run_dir / 'spectrum.zarr')}"
     if not specs:
         collect = contents.stages["collect"]
         ready = collect.state == COMPLETE
@@ -261,10 +270,50 @@ def _same_sigma(report: dict[str, Any], spectrum: dict[str, Any] | None) -> bool
                                                        np.asarray(mine[: len(theirs)], dtype=np.float64))
 
 
-def _retrain_stage(run_dir: Path, contents: RunContents) -> None:
+def _retrain_command(run_dir: Path, contents: RunContents) -> str | None:
+    """The sweep the page suggests: ranks up to the spectrum's k; a sketched spectrum's directions
+    (in sketch space, refused by --projector) replayed into parameter space first, or, for
+    per-example sketched rows (not replayable), no command."""
     spec = contents.stages["pca"].path or str(run_dir / "spectrum.zarr")
-    cmd = (f"gradspec retrain --sweep -a subspace -a dp-sgd --projector {_q(spec)} --ranks 10,100 "
-           f"--out {_q(run_dir / 'sweep')}")
+    k = (contents.spectrum or {}).get("k") or _pca_k(contents)
+    ranks = ",".join(str(n) for n in sorted({min(10, k), min(100, k)}))
+    g = contents.gradients or {}
+    replay = ""
+    if g.get("sketch") and (contents.spectrum or {}).get("method") != "replay":
+        if g.get("per_example"):
+            return None
+        directions = run_dir / "directions.zarr"
+        replay = (f"gradspec replay {_q(contents.stages['collect'].path)} --spectrum {_q(spec)} "
+                  f"--out {_q(directions)} && ")
+        spec = str(directions)
+    task = _task_flags(contents)
+    if task is None:
+        return None
+    return (f"{replay}gradspec retrain --sweep -a subspace -a dp-sgd --projector {_q(spec)} --ranks {ranks}{task} "
+            f"--out {_q(run_dir / 'sweep')}")
+
+
+def _task_flags(contents: RunContents) -> str | None:
+    """The run's task, its options and parameter selection as retrain flags ('' when unknown:
+    retrain's defaults), so that the suggested sweep trains the parameters the spectrum is of
+    (retrain's own default task is text); None for a task built in Python (no flag names it)."""
+    run = (contents.config or {}).get("collect") or {}
+    task = run.get("task")
+    if not isinstance(task, str):
+        return ""
+    if task.startswith("custom:"):
+        return None
+    out = f" --task {_q(task)}"
+    for key, value in (run.get("task_options") or {}).items():
+        out += f" -t {_q(f'{key}={value}')}"
+    params = run.get("params")
+    for pattern in [params] if isinstance(params, str) else (params or []):
+        out += f" --params {_q(pattern)}"
+    return out
+
+
+def _retrain_stage(run_dir: Path, contents: RunContents) -> None:
+    cmd = _retrain_command(run_dir, contents)
     results = [run_dir / RESULT, *sorted(run_dir.glob(f"*/{RESULT}")), *sorted(run_dir.glob(f"*/*/{RESULT}"))]
     results = [p for p in results if p.is_file()]
     if not results:

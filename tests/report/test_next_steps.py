@@ -1,0 +1,48 @@
+"""The commands the page suggests run as printed: a pca k the store can give, a retraining sweep
+of the run's own task (retrain's default task is text: the bare command failed on any other),
+and for a per-step sketched run the replay its spectrum needs first (`--projector` refuses
+directions in sketch space). Found by running them: each failed before."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from gradspec.report import read_run
+
+from .conftest import TRAIN, ok, runner
+
+
+def _run(command: str, *extra: str) -> None:
+    """Run one suggested `gradspec ...` command line (with ``extra`` flags) in process."""
+    from cli.main import app
+
+    words = shlex.split(command)
+    assert words[0] == "gradspec", command
+    res = runner.invoke(app, [*words[1:], *extra])
+    assert res.exit_code == 0, f"{command}\n{res.output}"
+
+
+@pytest.mark.parametrize("sketch", [False, True])
+def test_a_short_per_step_run_gets_commands_that_run(tmp_path, sketch):
+    run = tmp_path / "run"
+    ok("collect", "--out", run, "--steps", 6, *(["--sketch", 24, "--sketch-blocks", 2] if sketch else []), *TRAIN)
+    pca = read_run(run).stages["pca"].next_step
+    assert " --k 6 " in pca, pca  # 6 rows: --k 100 was refused ("exceeds min(r, p)")
+    _run(pca, "--no-progress")
+    step = read_run(run).stages["retrain"].next_step
+    if sketch:
+        replay, step = step.split(" && ")
+        assert replay.startswith("gradspec replay ") and f"--out {run / 'directions.zarr'}" in replay, replay
+        _run(replay, "--no-progress")
+    else:
+        assert "gradspec replay" not in step, step
+    k = read_run(run).spectrum["k"]  # pca keeps the directions the rank-3 task's rows resolve
+    assert "--task lowrank -t n=200 -t d=40 -t r=3" in step and f"--ranks {k} " in step and k <= 6, step
+    _run(step, "--steps", "2", "--no-progress", "--no-plot")
+
+
+def test_a_per_example_sketched_run_is_offered_no_retraining_in_sketch_space(sketched_run):
+    contents = read_run(sketched_run)
+    assert contents.stages["pca"].state == "complete" and contents.stages["retrain"].next_step is None
