@@ -42,6 +42,7 @@ def _check_applicable(names: list[str], given: dict[str, object]) -> None:
 
 @user_errors
 def retrain_command(
+    ctx: typer.Context,
     out: Path = typer.Option(Path("runs/retrain"), "--out", "-o", help="Run (or sweep) directory."),
     algorithm: list[str] = typer.Option(["subspace"], "--algorithm", "-a", help="dp-sgd, subspace, complement, pdp-sgd, rpdp-sgd, noisy-adagrad, adadps, dp-adam (repeatable with --sweep). subspace projects the clipped gradient sum onto the top-k subspace of --projector, before noise; complement projects that subspace out, g - V(V^T g), at the same place, noise in all p dims (Song, Ahn & Yun 2025's control)."),
     projector: str = typer.Option(None, "--projector", metavar="SPECTRUM|public|random", help="A spectrum store (gradspec pca output), or 'public' / 'random'. Default per algorithm."),
@@ -133,6 +134,9 @@ def retrain_command(
                 raise ValueError(f"{option} describes the public projector (recomputed from public examples), "
                                  f"not --projector {projector}: it would be ignored")
 
+    if projector is not None and projector not in set(ProjectorKind) and "task" not in opt.passed_options(ctx, ["task"]):
+        _same_task_as_spectrum(projector, task)
+
     config = opt.training_config(
         task=task, task_option=task_option, params=params, steps=steps, epochs=epochs,
         batch_size=batch_size, sampling=sampling, max_grad_norm=max_grad_norm,
@@ -212,3 +216,22 @@ def retrain_command(
 
         for path in save_sweep_figures(rows, out):
             typer.echo(f"figure   {path}")
+
+
+def _same_task_as_spectrum(projector: str, task: str) -> None:
+    """Without --task, retrain trains the text task; a spectrum of another task's rows would be
+    refused only after that model was built (MiniLM: seconds), by a layout mismatch that does
+    not say why. Say it first, naming the spectrum's task."""
+    from gradspec.store import SpectrumStore
+
+    try:
+        source = SpectrumStore.open(projector).source or {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a readable spectrum: the projector's own checks say why
+    run = source.get("run") if isinstance(source.get("run"), dict) else {}
+    theirs = run.get("task")
+    if isinstance(theirs, str) and theirs != task:
+        how = ("it was built in Python: retrain it from Python (gradspec.retrain) with the same task"
+               if theirs.startswith("custom:") else f"pass --task {theirs} with the run's -t options")
+        raise ValueError(f"--projector {projector!r} is a spectrum of task {theirs!r} (the run its rows came from), "
+                         f"but retrain trains --task {task} when --task is not given: {how}")

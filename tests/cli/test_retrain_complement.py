@@ -70,3 +70,22 @@ def test_options_of_the_subspace_noise_are_refused_for_the_complement(tmp_path, 
     assert "--noise-in applies to subspace, not to complement" in res.stderr
     help_text = runner.invoke(app, ["retrain", "--help"]).output
     assert "complement" in help_text
+
+
+def test_a_spectrum_of_another_task_without_task_is_refused_before_any_model_is_built(tmp_path, spectrum,
+                                                                                       monkeypatch):
+    """retrain's default task is text: without --task, a lowrank spectrum was refused only after
+    MiniLM was built, by a layout mismatch ("the basis has 1,000 rows but the run trains
+    22,713,218 parameters"). Now the first line names the spectrum's task; no task is built."""
+    import gradspec.tasks
+
+    def no_task(*args, **kwargs):
+        raise AssertionError("a task was built")
+
+    monkeypatch.setattr(gradspec.tasks, "make_task", no_task)
+    res = runner.invoke(app, ["retrain", "-a", "subspace", "--rank", "2", "--projector", str(spectrum),
+                              "--steps", "2", "--out", str(tmp_path / "x"), "--no-progress"])
+    assert res.exit_code != 0 and "Traceback" not in res.output, res.output
+    assert ("is a spectrum of task 'lowrank' (the run its rows came from), but retrain trains --task text when "
+            "--task is not given: pass --task lowrank with the run's -t options") in res.output
+    assert not (tmp_path / "x").exists()
