@@ -192,10 +192,11 @@ def _row_checksums(bound: bool | None) -> None:
 
 def _missing(summary: dict) -> None:
     missing = summary.get("missing_chunks") or []
-    _damage([f"{m['array']}/{m['chunk']} (rows {m['rows'][0]}..{m['rows'][1]})" for m in missing],
+    _damage([f"{m['array']}/{m['chunk']} (rows {m['rows'][0]}..{m['rows'][1]}"
+             + ("" if m.get("problem", "missing") == "missing" else f": {m['problem']}") + ")" for m in missing],
             summary.get("all_chunks_written", True),
-            "of committed rows are missing", "they would read as zeros. Restore them, or truncate "
-            "the store before them", "of committed rows read as zeros", summary.get("meta_error"))
+            "of committed rows are missing or the wrong size", "they would read as zeros or fail. Restore them, "
+            "or truncate the store before them", "of committed rows read as zeros", summary.get("meta_error"))
 
 
 def _damage(shown_all: list[str], damaged: bool, what: str, remedy: str, legacy: str,

@@ -19,10 +19,12 @@ from gradspec.store._checksum import PROBLEM as CORRUPT
 from gradspec.store._gradients_schema import NAN_MEANS_UNKNOWN
 from gradspec.store._integrity import (
     StoreDamagedError,
+    chunk_problems,
     chunk_span,
     col_chunks,
     committed_chunks,
     damage_error,
+    raw_chunk_bytes,
     row_chunks,
     unreadable,
     verify_arrays,
@@ -135,12 +137,14 @@ class GradientChecks:
         self._missing("grads", self._presence["grads"].missing(coords))
 
     def find_missing_chunks(self) -> list[dict[str, Any]]:
-        """The chunks of committed rows that are not stored (a listing or a stat each; nothing is read).
+        """The chunks of committed rows that are not stored, or (local, uncompressed: every chunk
+        file has one size) are the wrong size: a stat each; nothing is read.
 
         Returns:
-            ``[{"array", "chunk", "rows": [first, last], "problem"}]`` (problem ``"missing"``, or a
-            symbolic link or not a regular file in the chunk's place); in a store that predates
-            gradspec writing every chunk, missing metadata chunks are left out (they may be all zero).
+            ``[{"array", "chunk", "rows": [first, last], "problem"}]`` (problem ``"missing"``, a
+            symbolic link or not a regular file in the chunk's place, or ``"truncated: ..."`` /
+            ``"too long: ..."``); in a store that predates gradspec writing every chunk, missing
+            metadata chunks are left out (they may be all zero).
         """
         out = []
         for name, arr in self._arrays().items():
@@ -149,10 +153,9 @@ class GradientChecks:
             pres = self._presence[name]
             pres.forget()
             rc = int(arr.chunks[0])
-            for c in pres.missing(committed_chunks(arr, self._rows)):
+            for c, problem in chunk_problems(pres, committed_chunks(arr, self._rows), raw_chunk_bytes(arr)):
                 a, b = chunk_span(c[0], rc, self._rows)
-                out.append({"array": name, "chunk": pres.key(c), "rows": [a, b - 1],
-                            "problem": pres.problem(c) or "missing"})
+                out.append({"array": name, "chunk": pres.key(c), "rows": [a, b - 1], "problem": problem})
         return out
 
     def verify(self, *, progress: bool = False) -> dict[str, Any]:

@@ -78,7 +78,8 @@ class BackgroundWriter:
             err = self._error
             raise WriterError(
                 f"writing to {self.store.path!r} failed ({type(err).__name__}: {err}); "
-                f"{self.store.n_rows} rows are committed and safe — fix the cause and rerun with --resume"
+                f"{self.store.n_rows} rows were committed before it (`gradspec info --verify` checks them) — fix "
+                "the cause and rerun with --resume"
             ) from err
 
     def _submit(self, item: Any) -> None:

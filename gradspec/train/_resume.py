@@ -118,7 +118,7 @@ def _prepare_resume(
             first = lost[0]
             raise ValueError(
                 f"the run's store {str(store.path)!r} is damaged: {len(lost)} chunk(s) of the rows the "
-                f"checkpoint keeps are missing (first: {first['array']} chunk {first['chunk']}, rows "
+                f"checkpoint keeps are missing or the wrong size (first: {first['array']} chunk {first['chunk']}, rows "
                 f"{first['rows'][0]}..{first['rows'][1]}: {first['problem']}); it cannot be resumed: start it anew with "
                 "--overwrite (gradspec info --verify lists the damage)"
             )

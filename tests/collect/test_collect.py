@@ -294,6 +294,31 @@ def test_a_damaged_run_is_refused_on_resume(tmp_path):
         collect(out=tmp_path / "a", task=tiny_task(), resume=True)
 
 
+@pytest.mark.parametrize("damage", ["truncated", "a directory"])
+def test_a_resume_over_a_damaged_kept_chunk_is_refused_before_any_step(tmp_path, damage):
+    """A grads chunk of the kept rows cut short: the resume trained every remaining step, then
+    the writer failed on the chunk's checksum saying the rows were "committed and safe". Now the
+    resume stats every kept chunk first (uncompressed chunk files all have one size) and refuses
+    in one line naming it; nothing is trained, the checkpoint and the store are left as they are."""
+    collect(cfg(), out=tmp_path / "r", task=tiny_task(), stop_after=6)
+    chunk = tmp_path / "r" / "gradients.zarr" / "grads" / "c" / "0" / "0"
+    size = chunk.stat().st_size
+    if damage == "truncated":
+        with open(chunk, "r+b") as f:
+            f.truncate(size // 2)
+    else:
+        chunk.unlink()
+        chunk.mkdir()
+    before = (tmp_path / "r" / "checkpoint.pt").read_bytes()
+    words = f"truncated: {size // 2} bytes, expected {size}" if damage == "truncated" else "not a regular file"
+    with pytest.raises(ValueError, match="missing or the wrong size") as err:
+        collect(out=tmp_path / "r", task=tiny_task(), resume=True)
+    assert "\n" not in str(err.value) and f"grads chunk c/0/0, rows 0..5: {words}" in str(err.value), err.value
+    assert (tmp_path / "r" / "checkpoint.pt").read_bytes() == before
+    summary = GradientStore.open(tmp_path / "r" / "gradients.zarr").summary()
+    assert summary["status"] == "damaged" and [m["problem"] for m in summary["missing_chunks"]] == [words]
+
+
 def test_float16_rows_that_would_overflow_are_refused(tmp_path):
     task = tiny_task()
     base = task.loss

@@ -176,7 +176,7 @@ def test_writer_reports_failure_and_keeps_committed_rows(tmp_path):
 
     s.write_rows = broken  # the next flush fails like a full disk
     w.put(np.ones((2, lay.p), np.float32), meta(2))
-    with pytest.raises(OSError, match="No space left on device.*2 rows are committed"):
+    with pytest.raises(OSError, match="No space left on device.*2 rows were committed before it"):
         w.close()
     assert GradientStore.open(tmp_path / "g.zarr").n_rows == 2
 
