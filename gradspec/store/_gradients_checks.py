@@ -158,8 +158,9 @@ class GradientChecks:
                 out.append({"array": name, "chunk": pres.key(c), "rows": [a, b - 1], "problem": problem})
         return out
 
-    def verify(self, *, progress: bool = False) -> dict[str, Any]:
-        """Read every chunk of every committed row (gradients and metadata) and report damage.
+    def verify(self, *, progress: bool = False, start: int = 0) -> dict[str, Any]:
+        """Read every chunk of every committed row (gradients and metadata) and report damage;
+        ``start``: only the chunks holding rows from ``start`` on (a resume's last kept chunk).
 
         Returns:
             ``{"path", "ok", "chunks", "bytes", "damaged": [{array, chunk, rows, problem}],
@@ -177,6 +178,6 @@ class GradientChecks:
                                sums.small_chunk_ok(self._rows, name, c[0], block, crc))
         report = verify_arrays(self._arrays(), self._rows, strict=self._strict,
                                dtypes={"grads": self._dtype}, nan_ok={f"meta/{f}" for f in NAN_MEANS_UNKNOWN},
-                               progress=progress, bound=bound)
+                               progress=progress, bound=bound, start=start)
         self._verify_norm_ranges(report)
         return {"path": self.path, **report}

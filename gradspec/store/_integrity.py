@@ -246,8 +246,10 @@ def verify_arrays(
     nan_ok: Collection[str] = (),
     progress: bool = False,
     bound: dict[str, Callable[[tuple[int, ...], np.ndarray, int | None], bool]] | None = None,
+    start: int = 0,
 ) -> dict[str, Any]:
-    """Read every chunk of every committed row of ``arrays`` ({name: zarr array}).
+    """Read every chunk of every committed row of ``arrays`` ({name: zarr array}), or of the rows
+    from ``start`` on (the chunks holding them).
 
     Args:
         arrays: the store's row arrays (rows on the first axis).
@@ -270,7 +272,7 @@ def verify_arrays(
         that fails it is damaged, problem ``"corrupt: ..."``).
     """
     dtypes = dtypes or {}
-    jobs = [(name, arr, c) for name, arr in arrays.items() for c in committed_chunks(arr, n_rows)]
+    jobs = [(name, arr, c) for name, arr in arrays.items() for c in committed_chunks(arr, n_rows, start)]
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -319,6 +319,22 @@ def test_a_resume_over_a_damaged_kept_chunk_is_refused_before_any_step(tmp_path,
     assert summary["status"] == "damaged" and [m["problem"] for m in summary["missing_chunks"]] == [words]
 
 
+def test_a_resume_onto_a_chunk_whose_bytes_changed_is_refused_before_any_step(tmp_path):
+    """A flipped bit in the kept chunk the resume appends to: the resume trained every remaining
+    step, then failed in zarr ('Stored and computed checksum do not match'), and --resume again
+    did the same. That chunk is now read and checked first."""
+    collect(cfg(), out=tmp_path / "r", task=tiny_task(), stop_after=6)
+    chunk = tmp_path / "r" / "gradients.zarr" / "grads" / "c" / "0" / "0"
+    raw = bytearray(chunk.read_bytes())
+    raw[17] ^= 0x08
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"grads chunk c/0/0 \(rows 0..5\), which the resume would append to, "
+                                         r"is corrupt: its bytes do not match their crc32c checksum") as err:
+        collect(out=tmp_path / "r", task=tiny_task(), resume=True)
+    assert "\n" not in str(err.value)
+    assert json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[-1])["step"] <= 6
+
+
 def test_float16_rows_that_would_overflow_are_refused(tmp_path):
     task = tiny_task()
     base = task.loss
