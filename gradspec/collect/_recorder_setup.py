@@ -154,6 +154,7 @@ def open_store(out: Path, *, layout: ParamLayout, per_example: bool, run_config:
             raise ValueError(f"the store in {str(out)!r} holds {kind} rows; resume with per_example={store.per_example}")
         if dtype is not None and dtype != store.dtype:
             raise ValueError(f"the store in {str(out)!r} is {store.dtype}; resume with dtype={store.dtype!r} or None")
+        store.check_resumable(store.n_rows, "the store", "record anew with overwrite=True")
         if user_config:
             store.update_config(user={**store.config.get("user", {}), **user_config})
         store.set_status("writing")

@@ -158,6 +158,33 @@ class GradientChecks:
                 out.append({"array": name, "chunk": pres.key(c), "rows": [a, b - 1], "problem": problem})
         return out
 
+    def check_resumable(self, kept: int, what: str, remedy: str) -> None:
+        """Refuse to append after the first ``kept`` rows of a damaged store, before any step
+        is trained: a chunk of those rows missing or the wrong size (a stat each), or a chunk
+        holding the last of them (the one appended to) failing its read and checks.
+
+        Raises:
+            ValueError: one line naming the first such chunk, ``what`` the store is to the
+                caller and the ``remedy``.
+        """
+        lost = [m for m in self.find_missing_chunks() if m["rows"][0] < kept]
+        if lost:
+            first = lost[0]
+            raise ValueError(
+                f"{what} {str(self.path)!r} is damaged: {len(lost)} chunk(s) of the rows kept are missing or "
+                f"the wrong size (first: {first['array']} chunk {first['chunk']}, rows {first['rows'][0]}.."
+                f"{first['rows'][1]}: {first['problem']}); it cannot be resumed: {remedy} (gradspec info "
+                "--verify lists the damage)")
+        if kept:  # the chunks appended to: read and checked (a flipped byte)
+            bad = [d for d in self.verify(start=kept - 1)["damaged"] if d["rows"][0] < kept]
+            if bad:
+                first = bad[0]
+                raise ValueError(
+                    f"{what} {str(self.path)!r} is damaged: {first['array']} chunk {first['chunk']} (rows "
+                    f"{first['rows'][0]}..{first['rows'][1]}), which the resume would append to, is "
+                    f"{first['problem']}; it cannot be resumed: {remedy} (gradspec info --verify lists all "
+                    "the damage)")
+
     def verify(self, *, progress: bool = False, start: int = 0) -> dict[str, Any]:
         """Read every chunk of every committed row (gradients and metadata) and report damage;
         ``start``: only the chunks holding rows from ``start`` on (a resume's last kept chunk).

@@ -113,24 +113,7 @@ def _prepare_resume(
     if store is not None:  # the same sketch, and what the resume keeps verified, before training a step
         _check_sketch(store, run)
         kept = int(state["rows"])
-        lost = [m for m in store.find_missing_chunks() if m["rows"][0] < kept]
-        if lost:
-            first = lost[0]
-            raise ValueError(
-                f"the run's store {str(store.path)!r} is damaged: {len(lost)} chunk(s) of the rows the "
-                f"checkpoint keeps are missing or the wrong size (first: {first['array']} chunk {first['chunk']}, rows "
-                f"{first['rows'][0]}..{first['rows'][1]}: {first['problem']}); it cannot be resumed: start it anew with "
-                "--overwrite (gradspec info --verify lists the damage)"
-            )
-        if kept:  # the chunks the resume appends to, or after: read and checked (a flipped byte)
-            bad = [d for d in store.verify(start=kept - 1)["damaged"] if d["rows"][0] < kept]
-            if bad:
-                first = bad[0]
-                raise ValueError(
-                    f"the run's store {str(store.path)!r} is damaged: {first['array']} chunk {first['chunk']} "
-                    f"(rows {first['rows'][0]}..{first['rows'][1]}), which the resume would append to, is "
-                    f"{first['problem']}; it cannot be resumed: start it anew with --overwrite (gradspec info "
-                    "--verify lists all the damage)")
+        store.check_resumable(kept, "the run's store", "start it anew with --overwrite")
     if not run.last_eval and store is not None:  # a checkpoint from before last_eval was saved
         run.last_eval = dict(store.config.get("final_metrics") or {})
 

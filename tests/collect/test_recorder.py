@@ -189,6 +189,23 @@ def test_resume_continues_after_committed_rows_and_checks_layout(tmp_path):
     assert store_of(tmp_path).n_rows == 0
 
 
+def test_a_resume_onto_a_damaged_chunk_is_refused_and_the_store_left_as_it_was(tmp_path):
+    """A recorder's resume checks what the trainer's does: a flipped bit in the chunk it would
+    append to (was: zarr's "Stored and computed checksum do not match" at the first commit)."""
+    model = nn.Linear(3, 2)
+    with GradientRecorder(out=tmp_path / "run", model=model) as rec:
+        for s in range(3):
+            rec.record_step(grad=torch.full((8,), float(s)))
+    chunk = tmp_path / "run" / "gradients.zarr" / "grads" / "c" / "0" / "0"
+    raw = bytearray(chunk.read_bytes())
+    raw[5] ^= 0x01
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"grads chunk c/0/0 \(rows 0..2\), which the resume would append to, is "
+                                         r"corrupt.*record anew with overwrite=True"):
+        GradientRecorder(out=tmp_path / "run", model=model, resume=True)
+    assert chunk.read_bytes() == bytes(raw) and store_of(tmp_path).status == "complete"
+
+
 def test_commits_and_an_error_in_the_block(tmp_path):
     model = nn.Linear(3, 2)
     with (
