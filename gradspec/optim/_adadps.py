@@ -75,7 +75,8 @@ def load_side_information(path: str | os.PathLike, p: int | None = None) -> Tens
     """
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"side information file {str(path)!r} not found; give a file of p positive "
+        what = "is not a regular file" if os.path.lexists(path) else "not found"
+        raise ValueError(f"side information file {str(path)!r} {what}; give a file of p positive "
                          f"values (.npy, .pt, .txt) or {FREQUENCY!r}")
     suffix = path.suffix.lower()
     try:  # no pickles: np.load refuses object arrays, torch.load(weights_only) anything but tensors

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -71,6 +72,9 @@ def test_side_information_files(tmp_path):
         load_side_information(tmp_path / "bad.npy")
     with pytest.raises(ValueError, match="not found"):
         load_side_information(tmp_path / "missing.npy")
+    os.mkfifo(tmp_path / "fifo.npy")  # was "not found"
+    with pytest.raises(ValueError, match="'.*fifo.npy' is not a regular file"):
+        load_side_information(tmp_path / "fifo.npy")
     with pytest.raises(ValueError, match="exactly when rule='fixed'"):
         AdaDPS(rule="rmsprop", side_information=tmp_path / "a.npy")
     with pytest.raises(ValueError, match="exactly when rule='fixed'"):
