@@ -317,10 +317,14 @@ def make_plan(layout: ParamLayout, kinds: Mapping[str, str], M: int, *, seed: in
     rest = [s for s in specs if s.name not in exact]
     per_block = (M - used) // blocks
     if rest and per_block < len(rest):
+        need = used + blocks * len(rest)
+        most = (M - used) // len(rest)  # blocks that M gives every sketched parameter a column in
+        fixes = ([f"--sketch >= {need}"] if need < layout.p else []) + ([f"--sketch-blocks {most} or fewer"]
+                                                                         if most >= 2 else [])
         raise ValueError(
             f"--sketch {M} with {blocks} blocks leaves {per_block} columns per block for {len(rest)} sketched "
-            f"parameters (each needs at least one): give --sketch >= {used + blocks * len(rest)} or fewer "
-            "--sketch-blocks"
+            f"parameters (each needs at least one): give " + (" or ".join(fixes) if fixes else
+                                                              "no sketch (the rows are narrow enough to store whole)")
         )
     budget = _split(per_block, [w[s.name] for s in rest]) if rest else []
     dims: dict[str, tuple[int, ...]] = {}

@@ -72,3 +72,23 @@ def test_an_m_at_or_above_p_is_refused_in_one_line_and_nothing_is_written(tmp_pa
     assert res.exit_code != 0 and "is not below p = 26,010" in res.output and "--sketch 26009 or less" in res.output
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1, res.output
     assert not (tmp_path / "run").exists()
+
+
+
+LOWRANK = ["--task", "lowrank", "-t", "n=200", "-t", "d=40", "-t", "r=3", "--batch-size", "20", "--no-progress",
+           "--steps", "2", "--eval-every", "0"]
+
+
+@pytest.mark.parametrize(("common", "bad", "advice", "fixes"), [
+    (CNN, ["--sketch", "30"], "give --sketch >= 64 or --sketch-blocks 3 or fewer",
+     [["--sketch", "64"], ["--sketch", "30", "--sketch-blocks", "3"]]),
+    # the lowrank task's one 40-column weight: the advice was "--sketch >= 40", refused as not below p
+    (LOWRANK, ["--sketch", "39", "--sketch-blocks", "40"], "give --sketch-blocks 39 or fewer",
+     [["--sketch", "39", "--sketch-blocks", "39"]]),
+])
+def test_too_few_columns_for_the_blocks_is_refused_with_advice_that_works(tmp_path, common, bad, advice, fixes):
+    res = invoke("collect", "--out", tmp_path / "run", *common, *bad)
+    assert res.exit_code != 0 and "columns per block" in res.output and advice in res.output, res.output
+    for n, fix in enumerate(fixes):  # each piece of advice, taken, runs
+        res = invoke("collect", "--out", tmp_path / f"ok{n}", *common, *fix)
+        assert res.exit_code == 0, res.output
