@@ -127,6 +127,10 @@ def test_install_reports_each_stage_on_stderr_and_nothing_on_stdout():
     assert res.returncode == 0, res.stderr
     assert res.stdout == ""
     lines = res.stderr.splitlines()
+    if os.environ.get("GRADSPEC_TEST_TOOLCHAIN", "pinned") == "newest":
+        # the newest-toolchain path runs pip's upgrade on every call; what pip warns about (a
+        # configured find-links folder that is not there, on this project's machines) is pip's
+        lines = [line for line in lines if not line.startswith("WARNING: ")]
     assert all(line.startswith("install: ") for line in lines), lines
     assert lines[:3] == [f"install: checking torch ({sys.executable})",
                          f"install: keeping torch {md.version('torch')}",
