@@ -18,7 +18,7 @@ def replay_command(
     k: int = typer.Option(None, "--k", "-k", help="Directions to keep (default: all of --spectrum's; all are used)."),
     memory: str = typer.Option(None, "--memory", help="Budget of the k x p float64 accumulators, e.g. 4G (default 4G); more columns take more replays."),
     tolerance: float = typer.Option(None, "--tolerance", help="Largest relative difference of a replayed row from the stored one (default: 1e-5 for float32 stores, one unit in the last place for 16-bit ones)."),
-    check: bool = typer.Option(False, "--check", help="Replay once more to measure ||H v_i - sigma_i u_i|| of the written directions (default: a bound, loose unless every direction of the rows is replayed)."),
+    check: bool = typer.Option(False, "--check", help="Replay once more to measure H·V of the written directions: their residuals ||H v_i - sigma_i u_i|| (default: a bound, loose unless every direction of the rows is replayed), and the rows' G_k onto their span for gradspec decay."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:

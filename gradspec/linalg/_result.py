@@ -125,6 +125,10 @@ class PcaResult:
     """‖h_i‖² of the selected rows as the first pass computed them (the Gram's diagonal when
     it formed a Gram): stored beside U, they give an exact spectrum's in-sample G_k without
     another pass over H (``gradspec.spectrum.row_projections_from_svd``)."""
+    hv: np.ndarray | None = field(default=None, repr=False)
+    """H·V (r×k, float64) of the stored V, measured where H·V = U·Σ does not hold exactly (a
+    replay with ``check``: Ritz vectors of span(Hᵀ·U_K)); with the row norms it gives the rows'
+    G_k onto span(v_1..v_k) (``gradspec.spectrum``)."""
     check: dict[str, Any] = field(default_factory=dict)
     """Which accuracy check ran, its confidence, its other measurements and its flags
     (``_verify``); part of :meth:`accuracy`."""

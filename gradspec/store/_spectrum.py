@@ -15,6 +15,8 @@ Layout of a spectrum directory::
     OUT/source_rows    (r,)   the absolute row indices of the source gradient store (when it is one)
     OUT/row_sq_norms   (r,)   ‖h_i‖² of those rows as pca read them, in U's row order (float64; stores
                        since issue 36: an exact spectrum's in-sample G_k need no pass over H)
+    OUT/hv             (r, k) H·V of the stored V, in U's row order (float64): only where it was
+                       measured because H·V = U·Σ does not hold exactly (`gradspec replay --check`)
     OUT/state/…        the resumable state of an iterative run (removed when complete)
 
 V is read back in row (p) blocks with :meth:`SpectrumStore.iter_v_blocks` for
@@ -73,6 +75,7 @@ from gradspec.store._spectrum_schema import (
     DAMAGED,
     KIND,
     NAN_ALLOWED,
+    OPTIONAL_ARRAYS,
     RESULT_ARRAYS,
     RUNNING,
     STATUS_KEY,
@@ -154,6 +157,8 @@ class SpectrumStore(SpectrumWrites):
         for name in ("source_rows", "row_sq_norms"):
             if name in self._group:
                 want[name] = (r,)
+        if "hv" in self._group:
+            want["hv"] = (r, k)
         for name, shape in want.items():
             got = tuple(int(n) for n in self._arr(name).shape)
             if got != shape:
@@ -164,7 +169,7 @@ class SpectrumStore(SpectrumWrites):
 
     def _written(self) -> list[str]:
         """The arrays whose every chunk is written by now (the module note's Integrity)."""
-        names = [n for n in ("source_rows", "row_sq_norms") if n in self._group]
+        names = [n for n in OPTIONAL_ARRAYS if n in self._group]
         if self.status == COMPLETE:
             return [*RESULT_ARRAYS, *names]
         state = self.attrs.get("gradspec.state") or {}
@@ -339,6 +344,14 @@ class SpectrumStore(SpectrumWrites):
     def U(self) -> np.ndarray:
         """The left singular vectors, ``(r, k)``: each direction's weight on each row of H."""
         return self._read("U")
+
+    @property
+    def hv(self) -> np.ndarray | None:
+        """H·V (r × k, float64, U's row order) where it was measured (`gradspec replay --check`:
+        its V are Ritz vectors, so H·V is not U·Σ); None elsewhere."""
+        if self.status != COMPLETE or "hv" not in self._group:
+            return None
+        return np.asarray(self._read("hv"), dtype=np.float64)
 
     @property
     def row_sq_norms(self) -> np.ndarray | None:

@@ -51,6 +51,8 @@ VECTOR_ARRAYS = (
 )
 #: The arrays :meth:`SpectrumStore.finish` writes.
 RESULT_ARRAYS = ("V", "U", "sigma", *VECTOR_ARRAYS)
+#: The arrays a store may hold beside them (the module note of ``_spectrum``).
+OPTIONAL_ARRAYS = ("source_rows", "row_sq_norms", "hv")
 #: Arrays where NaN is a value: a residual that was not measured.
 NAN_ALLOWED = ("residuals", "residual_h", "residual_ht")
 #: zarr skips all-zero chunks by default; a spectrum store writes every chunk (see the module note).

@@ -26,6 +26,7 @@ from gradspec.store._spectrum_schema import (
     ALL_CHUNKS,
     COMPLETE,
     KIND,
+    OPTIONAL_ARRAYS,
     RESULT_ARRAYS,
     RUNNING,
     STATUS_KEY,
@@ -180,7 +181,15 @@ class SpectrumWrites:
                 "row_sq_norms", shape=(self.shape[0],), chunks=(self.shape[0],), dtype="float64",
                 fill_value=0, compressors=_checksum.checksum_codecs(), config=ALL_CHUNKS,
             )[:] = np.asarray(norms, dtype=np.float64)
-        written = (*RESULT_ARRAYS, *(n for n in ("source_rows", "row_sq_norms") if n in g))
+        hv = getattr(result, "hv", None)
+        if "hv" in g:
+            del g["hv"]
+        if hv is not None:  # H·V measured (a checked replay): the rows' G_k onto V's span
+            g.create_array(
+                "hv", shape=(self.shape[0], k), chunks=(self.shape[0], max(k, 1)), dtype="float64",
+                fill_value=0, compressors=_checksum.checksum_codecs(), config=ALL_CHUNKS,
+            )[:] = np.asarray(hv, dtype=np.float64)
+        written = (*RESULT_ARRAYS, *(n for n in OPTIONAL_ARRAYS if n in g))
         for name in written:
             self._checks.require(name, self._arr(name))  # V streamed whole, nothing lost: or not complete
         if "state" in g:

@@ -163,12 +163,13 @@ def write(case: Any, parts: Parts, out: Path, check: Any, *, passes: int, chunk:
         # ‖(I − P)·H‖_F = (‖H‖_F² − trace(AᵀA))^½, 0 when U_K spans every row (K = r).
         outside = math.sqrt(max(frob2 - float(np.trace(gram)), 0.0))
         bound = outside / sigma
-        measured = None
+        measured = hv = None
         if measure is not None:  # of the stored V: H·v_s,i − σ_i·u_i, both in float64
             parts.whole = None  # A is spent: the check's replays hold V's rows instead
             t1 = time.perf_counter()
             hv, more = measure(kept_v)
-            measured = np.linalg.norm(hv[rows] - u_out * sigma, axis=0) / sigma
+            hv = hv[rows]  # U's row order
+            measured = np.linalg.norm(hv - u_out * sigma, axis=0) / sigma
             record["check_replay"] = {"passes": more, "seconds": round(time.perf_counter() - t1, 3),
                                       "residual_h_bound": [float(x) for x in bound]}
         result = PcaResult(
@@ -176,7 +177,7 @@ def write(case: Any, parts: Parts, out: Path, check: Any, *, passes: int, chunk:
             residual_h=bound if measured is None else measured, residual_ht=np.sqrt(err2),
             reconstruction_error=math.sqrt(max(0.0, 1.0 - float((sigma**2).sum()) / frob2)) if frob2 > 0 else 0.0,
             params=params, source=src, passes=passes, timings={"replay": replayed, "total": time.perf_counter() - t0},
-            row_sq_norms=check.sq_norms[rows],
+            row_sq_norms=check.sq_norms[rows], hv=hv,
             check={"check": "replay" if measured is None else "replay+measured", "confidence": 1.0,
                    "residual_h_check": (RESIDUAL_BOUND if measured is None else RESIDUAL_MEASURED),
                    "check_text": "H·v_i - sigma_i·u_i " + (RESIDUAL_BOUND if measured is None else RESIDUAL_MEASURED),

@@ -281,6 +281,29 @@ def test_decay_of_a_replay_of_every_direction_is_decay_of_the_exact_rows(runs, t
                 assert a[key] == b[key], key
 
 
+def test_decay_of_a_checked_replay_of_fewer_directions_is_g_k_onto_its_directions(runs, tmp_path, monkeypatch):
+    """K < r with --check: the stored H·V and the recorded row norms give each row's G_k onto the
+    span of the first k replayed directions, ‖h_i‖² − Σ_{j≤k} (h_i·v_j)², with no row read: equal
+    to the same projection of the exact rows (the unsketched collection of the run) onto the stored V."""
+    from gradspec.spectrum import DecayConfig, decay_analysis
+
+    replay(runs / "sketch" / "gradients.zarr", runs / "spec4", out=tmp_path / "v", task=tiny_task(), check=True)
+    out = SpectrumStore.open(tmp_path / "v")
+    h, v = _h(runs)[out.source_rows], out.read_v().astype(np.float64)
+    np.testing.assert_allclose(out.hv, h @ v, rtol=0, atol=1e-9 * np.abs(h @ v).max())
+    with monkeypatch.context() as m:
+        _no_rows_read(m)
+        got = decay_analysis(spectrum=tmp_path / "v", config=DecayConfig(**DECAY, every_rank=True)).to_dict()
+    assert got["sources"]["collected"]["measured"].startswith("onto the replayed directions' span, from H·V")
+    gk = got["rows"]["collected"]["G_k"]
+    ks = np.asarray(gk["ks"])
+    assert ks.tolist() == [0, 1, 2, 3, 4]
+    proj = np.concatenate([np.zeros((h.shape[0], 1)), np.cumsum((h @ v) ** 2, axis=1)], axis=1)
+    truth = np.sqrt(np.clip((h**2).sum(1)[:, None] - proj, 0, None))  # rows x ranks 0..4
+    np.testing.assert_allclose(gk["max"], truth.max(0)[ks], rtol=1e-7)
+    np.testing.assert_allclose(gk["p50"], np.median(truth, axis=0)[ks], rtol=1e-7)
+
+
 def test_decay_of_a_replay_of_fewer_directions_fits_sigma_only_and_says_why(runs, tmp_path, caplog):
     """K < r: U = U_K·W are Ritz vectors and the rows are stored sketched: no G_k of the own rows
     (never ‖h‖² − Σσ²U² of Ritz vectors), a warning naming K, r and the fix; σ is fitted. Held-out
@@ -294,6 +317,7 @@ def test_decay_of_a_replay_of_fewer_directions_fits_sigma_only_and_says_why(runs
     warned = [r.getMessage() for r in caplog.records if "G_k not computed" in r.getMessage()]
     assert len(warned) == 1 and "\n" not in warned[0]
     assert "K = 4 of the r = 12 directions" in warned[0] and f"gradspec pca SKETCHED --k {STEPS}" in warned[0]
+    assert "replay with --check" in warned[0]
     assert any("K = 4 of the r = 12" in note for note in got.notes)
     for kw, match in (({"heldout_rows": "0:3"}, "^--heldout-rows of a replayed spectrum need unsketched rows"),
                       ({"gradients": runs / "sketch" / "gradients.zarr"},
