@@ -270,22 +270,27 @@ def _same_sigma(report: dict[str, Any], spectrum: dict[str, Any] | None) -> bool
                                                        np.asarray(mine[: len(theirs)], dtype=np.float64))
 
 
-def _retrain_command(run_dir: Path, contents: RunContents) -> str | None:
+def _retrain_command(run_dir: Path, contents: RunContents, specs: list[SpectrumStore]) -> str | None:
     """The sweep the page suggests: ranks up to the spectrum's k; a sketched spectrum's directions
-    (in sketch space, refused by --projector) replayed into parameter space first, or, for
-    per-example sketched rows (not replayable), no command."""
+    (in sketch space, refused by --projector) replayed into parameter space first, unless the
+    folder holds a finished replay already (then that is the projector), or, for per-example
+    sketched rows (not replayable), no command."""
     spec = contents.stages["pca"].path or str(run_dir / "spectrum.zarr")
     k = (contents.spectrum or {}).get("k") or _pca_k(contents)
-    ranks = ",".join(str(n) for n in sorted({min(10, k), min(100, k)}))
     g = contents.gradients or {}
     replay = ""
     if g.get("sketch") and (contents.spectrum or {}).get("method") != "replay":
         if g.get("per_example"):
             return None
-        directions = run_dir / "directions.zarr"
-        replay = (f"gradspec replay {_q(contents.stages['collect'].path)} --spectrum {_q(spec)} "
-                  f"--out {_q(directions)} && ")
-        spec = str(directions)
+        done = [s for s in specs if s.method == "replay" and s.status == "complete"]
+        if done:
+            spec, k = str(done[0].path), int(done[0].k)
+        else:
+            directions = run_dir / "directions.zarr"
+            replay = (f"gradspec replay {_q(contents.stages['collect'].path)} --spectrum {_q(spec)} "
+                      f"--out {_q(directions)} && ")
+            spec = str(directions)
+    ranks = ",".join(str(n) for n in sorted({min(10, k), min(100, k)}))
     task = _task_flags(contents)
     if task is None:
         return None
@@ -312,8 +317,8 @@ def _task_flags(contents: RunContents) -> str | None:
     return out
 
 
-def _retrain_stage(run_dir: Path, contents: RunContents) -> None:
-    cmd = _retrain_command(run_dir, contents)
+def _retrain_stage(run_dir: Path, contents: RunContents, specs: list[SpectrumStore]) -> None:
+    cmd = _retrain_command(run_dir, contents, specs)
     results = [run_dir / RESULT, *sorted(run_dir.glob(f"*/{RESULT}")), *sorted(run_dir.glob(f"*/*/{RESULT}"))]
     results = [p for p in results if p.is_file()]
     if not results:
@@ -406,7 +411,7 @@ def read_run(run_dir: str | Path) -> RunContents:
     _collect_stage(run_dir, grads, contents)
     spec = _spectrum_stage(run_dir, specs, contents)
     _decay_stage(run_dir, spec, contents)
-    _retrain_stage(run_dir, contents)
+    _retrain_stage(run_dir, contents, specs)
     _metrics(run_dir, contents)
     found = [s for s in contents.stages.values() if s.state != ABSENT]
     if not found and contents.metrics is None and not contents.problems:

@@ -33,9 +33,11 @@ def test_a_short_per_step_run_gets_commands_that_run(tmp_path, sketch):
     _run(pca, "--no-progress")
     step = read_run(run).stages["retrain"].next_step
     if sketch:
-        replay, step = step.split(" && ")
+        replay, then = step.split(" && ")
         assert replay.startswith("gradspec replay ") and f"--out {run / 'directions.zarr'}" in replay, replay
         _run(replay, "--no-progress")
+        step = read_run(run).stages["retrain"].next_step  # the replay done: no second one asked for
+        assert step == then, (step, then)
     else:
         assert "gradspec replay" not in step, step
     k = read_run(run).spectrum["k"]  # pca keeps the directions the rank-3 task's rows resolve
