@@ -127,8 +127,9 @@ def replay(
         bounds = [(a, min(p, a + chunk)) for a in range(0, p, chunk)]
         if len(bounds) > 1:
             logger.warning("the %d x %d float64 accumulators and their row buffer (%.3g GB) exceed --memory "
-                           "%.3g GB: %d replays, each the cost of the training run; raise --memory for fewer",
-                           K, p, per_col * p / 1e9, budget / 1e9, len(bounds))
+                           "%.3g GB: %d replays%s, each the cost of the training run; raise --memory for fewer",
+                           K, p, per_col * p / 1e9, budget / 1e9, len(bounds) * (2 if check else 1),
+                           f" ({len(bounds)} more for --check)" if check else "")
         with tempfile.TemporaryDirectory(prefix=".replay-", dir=out.parent if out.parent.exists() else None) as tmp:
             parts = Parts(Path(tmp), p, K, len(bounds))
             initial = copy.deepcopy(case.task.model.state_dict())
