@@ -210,10 +210,15 @@ def overlay_figures(
     spaces = {v.density.space for v in views.values()}
     if len(spaces) == 1:
         figs["density"] = plot_density({lab: v.density for lab, v in views.items()})
+    else:  # a figure left out is said, never silently missing
+        logger.warning("no density overlay: the runs' densities are of different quantities (%s)",
+                       ", ".join(f"{lab!r}: {v.density.space}" for lab, v in views.items()))
     G, Gf, ev = {}, {}, {}
     for lab, v in views.items():
         key = rows if rows in v.G else ("collected" if "collected" in v.G else None)
         if key is None:
+            logger.warning("%r has no G_k (its analysis fitted sigma only): it is left out of the G_k and "
+                           "explained-variance overlays", lab)
             continue
         G[f"{lab} ({key})"] = v.G[key]
         if key in v.G_fits:

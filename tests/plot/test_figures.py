@@ -165,3 +165,16 @@ def test_overlay_has_one_series_per_run():
     assert "T=10" in labels and "T=50" in labels
     np.testing.assert_allclose(_lines(ax)["T=50"].get_ydata(), runs["T=50"].sigma)
     assert {"T=10 (heldout): max", "T=50 (heldout): max"} <= set(_lines(figs["lipschitz"].axes[0]))
+
+
+def test_a_run_left_out_of_an_overlay_is_named(caplog):
+    """A run whose analysis fitted σ only (no gradient rows) vanished from the G_k overlay without
+    a word; it is now named in a warning, and the other run's curve stays."""
+    rng = np.random.default_rng(3)
+    sigma_only = analyze_spectrum(sigma=np.sort(rng.random(20))[::-1] + 0.1, config=DecayConfig())
+    with caplog.at_level("WARNING", logger="gradspec.plot"):
+        figs = overlay_figures({"rows": _analysis(0, 0.8), "sigma only": sigma_only})
+    assert [n for n in _lines(figs["lipschitz"].axes[0]) if not n.startswith("fit:")] == ["rows (heldout): max"]
+    warned = [r.getMessage() for r in caplog.records if "G_k" in r.getMessage()]
+    assert warned == ["'sigma only' has no G_k (its analysis fitted sigma only): it is left out of the G_k and "
+                      "explained-variance overlays"]
