@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from gradspec._files import read_regular
-from gradspec.linalg._gil import choose, gil_share, idle_rate
+from gradspec.linalg._gil import choose, idle_rate, settled_share
 from gradspec.linalg._kernels import GRAM_KERNELS, default_kernel, gram_kernel
 
 logger = logging.getLogger(__name__)
@@ -239,7 +239,7 @@ def measure(
     of the fastest so far: the first after a switch of BLAS library can meet the other
     library's threads still spinning); where no timed run fits the budget, the warm-up's
     time stands. ``shares``, when given, receives each kernel's share of the GIL left to
-    other threads during its warm-up (``_gil.gil_share``), per dtype."""
+    other threads during its warm-up (``_gil.settled_share``), per dtype."""
     r, w = panel if panel is not None else measure_panel()
     cpu = torch.device("cpu")
     flops = float(r) * r * w
@@ -262,8 +262,9 @@ def measure(
             kern = cls(r, cpu)
             warm_panel = panels[turn % count]
             turn += 1
-            # the warm-up, and the share of the GIL it leaves other threads
-            share, warm = gil_share(lambda k=kern, q=warm_panel: k.update(q), idle)
+            share, warm = settled_share(lambda k=kern, q=warm_panel: k.update(q),  # the warm-up, its GIL share
+                                        lambda k=kern, q=panels[turn % count]: k.update(q), idle)
+            turn += 1
             if shares is not None:
                 shares.setdefault(dname, {})[name] = round(share, 3)
             best = np.inf
