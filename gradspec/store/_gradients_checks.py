@@ -206,5 +206,5 @@ class GradientChecks:
         report = verify_arrays(self._arrays(), self._rows, strict=self._strict,
                                dtypes={"grads": self._dtype}, nan_ok={f"meta/{f}" for f in NAN_MEANS_UNKNOWN},
                                progress=progress, bound=bound, start=start)
-        self._verify_norm_ranges(report)
+        self._verify_norm_ranges(report, start)
         return {"path": self.path, **report}

@@ -169,10 +169,11 @@ class GradientNorms:
             "clip_factor_min": float(factors.min()),
         }
 
-    def _verify_norm_ranges(self, report: dict[str, Any]) -> None:
+    def _verify_norm_ranges(self, report: dict[str, Any], start: int = 0) -> None:
         """Add the norm values outside their range (negative norms, factors above 1) to a
-        :meth:`verify` report, as ``out_of_range`` (NaN and inf are already ``non_finite``)."""
-        if not self._example_norms or not self._rows:
+        :meth:`verify` report, as ``out_of_range`` (NaN and inf are already ``non_finite``);
+        ``start``: of the rows from there on only (a verify from ``start``)."""
+        if not self._example_norms or self._rows <= start:
             return
         unreadable = {d["array"] for d in report["damaged"]}
         found: dict[str, dict[str, Any]] = {}
@@ -180,10 +181,10 @@ class GradientNorms:
             if name in unreadable:
                 continue
             arr = self._param_norms if name == PARAM_NORMS_ARRAY else self._meta[name[5:]]
-            values = np.asarray(arr[: self._rows], dtype=np.float64)
+            values = np.asarray(arr[start : self._rows], dtype=np.float64)
             bad = out_of_range(name, np.where(np.isfinite(values), values, 0.0))
             if bad.any():
-                found[name] = {"count": int(bad.sum()), "rows": np.flatnonzero(bad)[:20].tolist()}
+                found[name] = {"count": int(bad.sum()), "rows": (np.flatnonzero(bad)[:20] + start).tolist()}
         if found:
             report["out_of_range"] = found
             report["ok"] = False

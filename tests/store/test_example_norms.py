@@ -196,3 +196,14 @@ def test_info_shows_them_in_one_line(written):
     line = next(x for x in res.output.splitlines() if x.startswith("norms"))
     assert (f"pre-clip median {np.median(norms):.3g} max {norms.max():.3g}, "
             f"clipped {(norms > C).mean():.1%} of 8 rows") in line, line
+
+
+def test_a_verify_from_a_row_checks_the_norm_ranges_of_those_rows_only(written):
+    """A resume verifies the chunk it appends to (``verify(start=...)``): the norms' range check
+    reads the rows from there on, not every row, and names them by their index in the store."""
+    arr = zarr.open_array(str(written / "meta" / "clip_factor"), mode="r+")
+    arr[3], arr[6] = 1.25, 1.5
+    restamp_rows(written)
+    store = GradientStore.open(written)
+    assert store.verify()["out_of_range"]["meta/clip_factor"]["rows"] == [3, 6]
+    assert store.verify(start=5)["out_of_range"]["meta/clip_factor"]["rows"] == [6]
