@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import typer
 
 from cli._common import user_errors
@@ -43,16 +42,12 @@ def replay_command(
                f"sketched: {', '.join(f'{s:.4g}' for s in res.sigma_sketch[:5])}")
     typer.echo(f"V: {rec['k']} directions of p = {res.record.get('p', '?')} in parameter space from K = {rec['K']} "
                f"(Rayleigh-Ritz of the exact rows on the sketched U), orthonormal to {res.orthogonality:.1e}")
-    from gradspec.store import SpectrumStore
-
-    spec = SpectrumStore.open(out)
-    res_h = np.asarray(spec.array("residual_h"), dtype=np.float64)
-    if "check_replay" in rec:
-        typer.echo(f"residuals measured (one more replay): max ||H v_i - sigma_i u_i|| / sigma_i = {res_h.max():.2e} "
+    worst = float(res.residual_h.max())
+    if res.measured:
+        typer.echo(f"residuals measured (one more replay): max ||H v_i - sigma_i u_i|| / sigma_i = {worst:.2e} "
                    f"(the bound without it: {max(rec['check_replay']['residual_h_bound']):.2e})")
     else:
-        typer.echo(f"residuals not measured: ||H v_i - sigma_i u_i|| / sigma_i <= {res_h.max():.2e} (the rows' mass "
-                   f"outside the K = {rec['K']} directions{', 0 as K = r' if res_h.max() == 0 else ''}); "
+        typer.echo(f"residuals not measured: ||H v_i - sigma_i u_i|| / sigma_i <= {worst:.2e} (the rows' mass "
+                   f"outside the K = {rec['K']} directions{', 0 as K = r' if worst == 0 else ''}); "
                    "--check measures them with one more replay")
-    passes = res.passes + (rec["check_replay"]["passes"] if "check_replay" in rec else 0)
-    typer.echo(f"{passes} replay(s) in {res.seconds:.1f}s -> {out}")
+    typer.echo(f"{res.passes + res.check_passes} replay(s) in {res.seconds:.1f}s -> {out}")

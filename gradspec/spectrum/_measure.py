@@ -76,7 +76,7 @@ def why_no_replayed_rows(spec: Any) -> str | None:
     """
     rec = spec.source.get("replay") or {}
     K, r = rec.get("K"), rec.get("rows_used", spec.shape[0])
-    if (K is None or int(K) < int(r)) and spec.hv is None:
+    if (K is None or int(K) < int(r)) and not spec.has_hv:
         return (f"the replay used K = {K} of the r = {r} directions of the rows, so its U are Ritz vectors of "
                 "their span (H·V = U·Σ only there), and the rows are stored sketched, not in parameter "
                 f"space; replay with --check (H·V measured), or every direction (`gradspec pca SKETCHED --k {r}`, "
@@ -129,13 +129,12 @@ def measure_rows(
                "space") if read_rows else why_no_replayed_rows(spec)
         if why is not None:
             raise ValueError(f"G_k of the replayed spectrum's own rows cannot be formed: {why}")
-        hv = spec.hv
-        if hv is not None:  # ‖P_k h_i‖² = Σ_{j≤k} (h_i·v_j)², the measured H·V: U·Σ's place
+        if spec.has_hv:  # ‖P_k h_i‖² = Σ_{j≤k} (h_i·v_j)², the measured H·V: U·Σ's place
             how = ("onto the replayed directions' span, from H·V measured by `replay --check` and the exact rows' "
                    "norms the replay recorded (no store read; with K < r the directions are Ritz vectors of "
                    "span(H^T U_K), not the exact top k)")
             sigma = spec.sigma[:k]
-            return (row_projections_from_svd(spec.row_sq_norms, hv[:, :k] / sigma, sigma, ks), how, None)
+            return (row_projections_from_svd(spec.row_sq_norms, spec.hv[:, :k] / sigma, sigma, ks), how, None)
         how = ("from the replayed spectrum's U and sigma (K = r: the exact SVD of the exact rows) and the exact "
                "rows' norms the replay recorded (no store read)")
         return row_projections_from_svd(spec.row_sq_norms, spec.U[:, :k], spec.sigma[:k], ks), how, None

@@ -346,12 +346,15 @@ class SpectrumStore(SpectrumWrites):
         return self._read("U")
 
     @property
+    def has_hv(self) -> bool:
+        """Whether a finished store holds a measured H·V (:attr:`hv`), without reading it."""
+        return self.status == COMPLETE and "hv" in self._group
+
+    @property
     def hv(self) -> np.ndarray | None:
         """H·V (r × k, float64, U's row order) where it was measured (`gradspec replay --check`:
         its V are Ritz vectors, so H·V is not U·Σ); None elsewhere."""
-        if self.status != COMPLETE or "hv" not in self._group:
-            return None
-        return np.asarray(self._read("hv"), dtype=np.float64)
+        return np.asarray(self._read("hv"), dtype=np.float64) if self.has_hv else None
 
     @property
     def row_sq_norms(self) -> np.ndarray | None:

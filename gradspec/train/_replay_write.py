@@ -33,7 +33,8 @@ class ReplayResult:
 
     ``sigma``: the replayed σ (of U_Kᵀ·H, exact rows); ``sigma_sketch``: the sketched spectrum's.
     ``raw``: Hᵀ·U_K·Σ_K⁻¹ (p × K, float64) when asked for (``keep_raw``), the issue's formula
-    before orthonormalisation.
+    before orthonormalisation. ``residual_h``: ‖H·v_i − σ_i·u_i‖/σ_i as stored, measured when
+    ``measured`` (a replay with ``check``, ``check_passes`` more of them), else its bound.
     """
 
     out: Path
@@ -49,6 +50,9 @@ class ReplayResult:
     orthogonality: float
     record: dict[str, Any] = field(default_factory=dict)
     raw: np.ndarray | None = field(default=None, repr=False)
+    residual_h: np.ndarray | None = field(default=None, repr=False)
+    measured: bool = False
+    check_passes: int = 0
 
 
 class Parts:
@@ -196,4 +200,5 @@ def write(case: Any, parts: Parts, out: Path, check: Any, *, passes: int, chunk:
     return ReplayResult(out=out, k=kept, sigma=sigma, sigma_sketch=case.sigma_sketch, steps=record["steps"],
                         rows_checked=check.rows, rows_exact=check.exact, max_relative_difference=check.worst,
                         passes=passes, seconds=time.perf_counter() - t0, orthogonality=ortho, record=record,
-                        raw=raw)
+                        raw=raw, residual_h=np.asarray(result.residual_h), measured=measured is not None,
+                        check_passes=int(record.get("check_replay", {}).get("passes", 0)))
