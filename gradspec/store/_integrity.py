@@ -138,15 +138,20 @@ class ChunkPresence:
         return miss
 
 
-def _local_problem(path: str) -> str | None:
-    """None when ``path`` is a regular file (not a link to one), else what it is instead."""
+def _local_problem(path: str, size: int | None = None) -> str | None:
+    """None when ``path`` is a regular file (not a link to one) and, given ``size``, of that
+    many bytes; else what it is instead (one ``lstat``)."""
     try:
         info = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         return "missing"
     if stat.S_ISLNK(info.st_mode):
         return LINKED
-    return None if stat.S_ISREG(info.st_mode) else NOT_REGULAR
+    if not stat.S_ISREG(info.st_mode):
+        return NOT_REGULAR
+    if size is not None and info.st_size != size:
+        return f"{'truncated' if info.st_size < size else 'too long'}: {info.st_size} bytes, expected {size}"
+    return None
 
 
 def chunk_problems(presence: ChunkPresence, coords: Iterable[tuple[int, ...]],
@@ -161,23 +166,11 @@ def chunk_problems(presence: ChunkPresence, coords: Iterable[tuple[int, ...]],
         ``"truncated: ..."`` / ``"too long: ..."``.
     """
     coords = list(coords)
-    missing = presence.missing(coords)
-    out: list[tuple[tuple[int, ...], str]] = [(c, presence.problem(c) or "missing") for c in missing]
-    if size is None or not presence.local:
-        return out
-    gone = set(missing)
-    for c in coords:
-        if c in gone:
-            continue
-        try:
-            n = os.path.getsize(presence.path(c))  # type: ignore[arg-type]
-        except OSError:
-            out.append((c, "missing"))
-            continue
-        if n != size:
-            what = "truncated" if n < size else "too long"
-            out.append((c, f"{what}: {n} bytes, expected {size}"))
-    return out
+    if not presence.local:
+        return [(c, "missing") for c in presence.missing(coords)]
+    found = [(c, p) for c in coords if (p := _local_problem(presence.path(c), size)) is not None]  # type: ignore[arg-type]
+    sized = ("truncated", "too long")  # the chunks not stored first, then those of the wrong size
+    return [e for e in found if not e[1].startswith(sized)] + [e for e in found if e[1].startswith(sized)]
 
 
 def committed_chunks(array: Any, n_rows: int, start: int = 0) -> Iterator[tuple[int, ...]]:
