@@ -35,6 +35,7 @@ from gradspec.spectrum._fit import (
 from gradspec.spectrum._lipschitz import (
     LipschitzDecay,
     RestrictedLipschitz,
+    envelope_exponent,
     lipschitz_decay,
     restricted_lipschitz,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "LipschitzDecay",
     "RestrictedLipschitz",
     "RowProjections",
+    "envelope_exponent",
     "lipschitz_decay",
     "project_rows",
     "rank_grid",

@@ -258,6 +258,7 @@ def restricted_lipschitz_bound(
     tail_fit: PowerLawFit | None = None,
     c: float | None = None,
     candidates: Sequence[int] | np.ndarray | None = None,
+    lipschitz: float | None = None,
 ) -> BoundReport:
     """Evaluate Theorem 3.3, eq. (1) (or Theorem 3.5) for every candidate k and minimise.
 
@@ -269,9 +270,18 @@ def restricted_lipschitz_bound(
         population: Theorem 3.5 (adds ``G_0·D/sqrt(n)``) instead of Theorem 3.3.
         tail: how G is continued beyond the measured ranks (module note).
         tail_fit: the power-law fit used by ``tail="fit"``.
-        c: decay exponent for the rate of eq. (2); default ``tail_fit.c`` when given.
+        c: decay exponent for the rate of eq. (2); default ``tail_fit.c`` when given. The
+            rate is valid only where its hypothesis G_k ≤ G_0·k^(−c) holds: checked at the
+            ranks given (``hypotheses["G_k<=G_0*k^-c_at_measured_ranks"]``), so pass the
+            exponent every rank satisfies (:func:`gradspec.spectrum.envelope_exponent`), not
+            a least-squares slope, whose own prefactor is not G_0.
         candidates: ranks k to evaluate; default the measured ranks ≥ 1, the powers of
             two up to d, and d itself.
+        lipschitz: G_0 of the theorems where it is not Ĝ_0: the per-example gradient bound
+            of Assumption 3.2, to which DP-SGD's noise is scaled (its proof adds G_0·ζ). For
+            clipped DP-SGD that is the clip norm C; rows that are step averages have norms
+            well below it, so their Ĝ_0 would understate the privacy term. Default: Ĝ_0
+            (``G`` at k = 0), which must not exceed it.
 
     Returns:
         :class:`BoundReport`.
@@ -292,9 +302,19 @@ def restricted_lipschitz_bound(
         raise ValueError(f"ks and G need the same length, got {ks.size} and {G.size}")
     if not np.all(np.isfinite(G)) or np.any(G < 0):
         raise ValueError("G must hold finite values >= 0 (norms of projected gradients)")
-    G0 = float(G[ks == 0][0]) if np.any(ks == 0) else math.nan
-    if not np.isfinite(G0):
+    G0_measured = float(G[ks == 0][0]) if np.any(ks == 0) else math.nan
+    if not np.isfinite(G0_measured):
         raise ValueError("G must include G_0 (k = 0)")
+    G0 = G0_measured
+    if lipschitz is not None:
+        if isinstance(lipschitz, bool) or not (math.isfinite(lipschitz) and lipschitz > 0):
+            raise ValueError(f"lipschitz (the per-example gradient bound G_0) must be finite and > 0, got {lipschitz!r}")
+        if G0_measured > float(lipschitz) * (1 + 1e-6):
+            raise ValueError(
+                f"the rows' largest norm {G0_measured:.6g} exceeds the per-example bound G_0 = {lipschitz:g}: "
+                "these rows are not bounded by it (another clip norm, or unclipped rows)"
+            )
+        G0 = float(lipschitz)
     if ks.max() > dim:
         raise ValueError(
             f"dim = {dim} is below the largest measured rank {int(ks.max())}; d is the number of "
@@ -326,7 +346,13 @@ def restricted_lipschitz_bound(
         rate = dimension_free_rate(
             c=c, G0=G0, diameter=diameter, n=n, epsilon=epsilon, delta=delta, population=population
         )
-    rate_valid = bool(c is not None and c > 0.5 and hyp["n_ge_sqrt(log(1/delta))/epsilon"])
+    if c is not None and c > 0:
+        # G_k ≤ G_0·k^(−c) at the ranks given (k ≥ 1; G_0 itself bounds k = 0)
+        pos = (ks >= 1) & (ks <= dim)
+        hyp["G_k<=G_0*k^-c_at_measured_ranks"] = bool(
+            np.all(G[pos] <= G0 * ks[pos].astype(np.float64) ** (-c) * (1 + 1e-12)))
+    rate_valid = bool(c is not None and c > 0.5 and hyp["n_ge_sqrt(log(1/delta))/epsilon"]
+                      and hyp.get("G_k<=G_0*k^-c_at_measured_ranks", False))
     return BoundReport(
         theorem="3.5" if population else "3.3",
         k=cand,
@@ -355,6 +381,8 @@ def restricted_lipschitz_bound(
             "diameter": diameter,
             "dim": int(dim),
             "G0": G0,
+            "G0_measured": G0_measured,
+            "G0_from": "lipschitz" if lipschitz is not None else "measured",
             "tail": str(tail),
             "c": c,
             "k_measured_max": int(ks.max()),

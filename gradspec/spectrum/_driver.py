@@ -348,6 +348,7 @@ def decay_analysis(
                     "n_rows": int(idx.size),
                     "col_ranges": cols,
                     "measured": how,
+                    "max_grad_norm": store.row_kind.max_grad_norm,  # G_0 of the bounds (None: not clipped)
                 }
                 kw[f"{name}_steps"] = store.row_meta(as_slice(idx))["step"]
     analysis = analyze_spectrum(
@@ -397,7 +398,8 @@ def _replayed_rows(spec: Any, kw: dict[str, Any], sources: dict[str, Any], notes
         notes.append(f"the sketched store {path!r} the spectrum was replayed from is not there as it was: the "
                      "rows' steps are unknown (no per-step error)")
     sources["collected"] = {"path": spec.path, "relation": "replayed", "rows": describe_row_indices(own),
-                            "n_rows": int(own.size), "col_ranges": src.get("col_ranges"), "measured": how}
+                            "n_rows": int(own.size), "col_ranges": src.get("col_ranges"), "measured": how,
+                            "max_grad_norm": (src.get("row_kind") or {}).get("max_grad_norm")}
 
 
 def sigma_analysis(spectrum: Any) -> DecayAnalysis:

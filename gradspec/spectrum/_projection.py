@@ -60,6 +60,10 @@ class RowProjections:
             A residual is ``‖g_i‖² − ‖P_k g_i‖²``, a difference of two numbers near
             ``‖g_i‖²``: at or below this level it cannot be told from 0 (the in-sample
             residual at the rank of H is exactly 0 and computes as rounding noise).
+        residual_sq_all: the same residuals at *every* rank 0..max(ks), shape (n, max(ks) + 1),
+            or None. The projection forms them anyway; the hypothesis "G_k ≤ G_0·k^(−c) for
+            all k" of Theorem 3.3 eq. (2) is decided on them, not on the grid ``ks`` alone
+            (between grid points the grid says nothing).
     """
 
     ks: np.ndarray
@@ -67,6 +71,7 @@ class RowProjections:
     residual_sq: np.ndarray
     coords: np.ndarray | None = None
     resolution_sq: np.ndarray | None = None
+    residual_sq_all: np.ndarray | None = None
 
     @property
     def n_rows(self) -> int:
@@ -81,6 +86,16 @@ class RowProjections:
     def residual_norms(self) -> np.ndarray:
         """``‖(I − P_k) g_i‖``, shape (n, m); 0 where :meth:`unresolved` (rounding noise)."""
         return np.where(self.unresolved(), 0.0, np.sqrt(self.residual_sq))
+
+    def residual_norms_all(self) -> np.ndarray | None:
+        """:meth:`residual_norms` at every rank 0..max(ks), shape (n, max(ks) + 1), or None."""
+        if self.residual_sq_all is None:
+            return None
+        res = self.residual_sq_all
+        if self.resolution_sq is not None:
+            level = np.asarray(self.resolution_sq, dtype=np.float64).reshape(-1, 1)
+            return np.where(res <= level, 0.0, np.sqrt(res))
+        return np.sqrt(res)
 
     def relative_residuals(self) -> np.ndarray:
         """``‖(I − P_k) g_i‖ / ‖g_i‖`` (0 for zero rows), shape (n, m)."""
@@ -307,12 +322,13 @@ def project_rows(
             ) from None
         coords = solve_triangular(L, coords.T, lower=True).T
     cum = np.concatenate([np.zeros((coords.shape[0], 1)), np.cumsum(coords**2, axis=1)], axis=1)
-    residual_sq = np.maximum(sq[:, None] - cum[:, ks_arr], 0.0)
+    residual_all = np.maximum(sq[:, None] - cum, 0.0)
+    residual_sq = residual_all[:, ks_arr]
     # ‖P_k g‖² carries V's rounding and, without exact_projector, its departure from
     # orthonormal columns (measured here as max |‖v_j‖² − 1|).
     u = unit_roundoff(getattr(basis, "dtype", np.float64))
     skew = 0.0 if gram is not None or not kmax else float(np.abs(col_norm_sq - 1.0).max())
     return RowProjections(
         ks=ks_arr, sq_norms=sq, residual_sq=residual_sq, coords=coords if keep_coords else None,
-        resolution_sq=(ROUNDING_MARGIN * u + 2.0 * skew) * sq,
+        resolution_sq=(ROUNDING_MARGIN * u + 2.0 * skew) * sq, residual_sq_all=residual_all,
     )

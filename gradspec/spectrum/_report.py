@@ -23,6 +23,7 @@ from gradspec.spectrum._fit import PowerLawFit, fit_spectrum
 from gradspec.spectrum._lipschitz import (
     LipschitzDecay,
     RestrictedLipschitz,
+    envelope_exponent,
     lipschitz_decay,
     restricted_lipschitz,
 )
@@ -247,6 +248,10 @@ def _analyze_rows(
     )
     if config.has_bound_inputs:
         dim = int(config.dim or basis.shape[0])
+        g0, why = _bound_lipschitz(G, source)
+        # eq. (2)'s rate at the largest c with G_k ≤ G_0·k^(−c) at every rank measured
+        ks_all, g_all = G.statistic_every("max")
+        c_rate = envelope_exponent(ks_all, g_all, g0, floor=1e-6 * G.G0)
         for population in (False, True):
             tag = "population" if population else "empirical"
             ra.bounds[tag] = restricted_lipschitz_bound(
@@ -260,9 +265,30 @@ def _analyze_rows(
                 population=population,  # type: ignore[arg-type]
                 tail=config.tail,
                 tail_fit=decay.fit if decay else None,
-                c=decay.c if decay else None,
+                c=c_rate if np.isfinite(c_rate) else None,
+                lipschitz=g0,
             )
+            ra.bounds[tag].settings["G0_why"] = why
     return ra
+
+
+def _bound_lipschitz(G: RestrictedLipschitz, source: Mapping[str, Any]) -> tuple[float, str]:
+    """G_0 of Theorems 3.3/3.5 for these rows, and a line saying which it is.
+
+    The theorems' G_0 bounds every per-example gradient (DP-SGD's noise is G_0·ζ); for
+    rows clipped to C it is C, whatever the rows' own largest norm (a step average's is
+    well below C). Without a clip norm, Ĝ_0 = the largest row norm stands in for it.
+    """
+    c = source.get("max_grad_norm")
+    g0 = float(G.G0)
+    if isinstance(c, int | float) and not isinstance(c, bool) and np.isfinite(c) and c > 0:
+        if g0 <= float(c) * (1 + 1e-6):
+            return float(c), (f"bounds: G_0 = C = {float(c):g}, the clip norm (the per-example bound the noise is "
+                              f"scaled to); the rows' largest norm is {g0:.4g}")
+        return g0, (f"bounds: the rows' largest norm {g0:.4g} exceeds their clip norm C = {float(c):g}; G_0 = "
+                    "that norm")
+    return g0, (f"bounds: G_0 = {g0:.4g}, the rows' largest norm (no clip norm recorded: for step averages "
+                "it understates the per-example bound the theorems need)")
 
 
 def analyze_spectrum(

@@ -152,13 +152,13 @@ def row_projections_from_svd(
     sq = np.clip(sq, 0.0, None)
     energy = np.cumsum((u[:, :kmax] * sigma[:kmax]) ** 2, axis=1)
     energy = np.concatenate([np.zeros((r, 1)), energy], axis=1)
-    resid = np.clip(sq[:, None] - energy[:, ks_arr], 0.0, None)
+    resid_all = np.clip(sq[:, None] - energy, 0.0, None)
     # Σ_j σ_j²U_ij² carries U's and σ's rounding (relative to ‖h_i‖²) and the eigensolver's
     # backward error (≈ r·ε·σ₁², absolute).
     s1 = float(sigma[0]) ** 2 if sigma.size else 0.0
     eig = r * 2.0 * _roundoff(np.float64) * s1
-    return RowProjections(ks=ks_arr, sq_norms=sq, residual_sq=resid,
-                          resolution_sq=ROUNDING_MARGIN * (u_in * sq + eig))
+    return RowProjections(ks=ks_arr, sq_norms=sq, residual_sq=resid_all[:, ks_arr],
+                          resolution_sq=ROUNDING_MARGIN * (u_in * sq + eig), residual_sq_all=resid_all)
 
 
 def row_projections_from_gram(
@@ -229,5 +229,5 @@ def heldout_projections_from_gram(
     coords = (u[:, :kmax] / sigma[:kmax]).T @ g[np.ix_(fit, ev)]  # k×m: Vᵀ g_j
     sq = np.clip(np.diag(g)[ev].copy(), 0.0, None)
     energy = np.concatenate([np.zeros((ev.size, 1)), np.cumsum(coords.T**2, axis=1)], axis=1)
-    resid = np.clip(sq[:, None] - energy[:, ks_arr], 0.0, None)
-    return RowProjections(ks=ks_arr, sq_norms=sq, residual_sq=resid)
+    resid_all = np.clip(sq[:, None] - energy, 0.0, None)
+    return RowProjections(ks=ks_arr, sq_norms=sq, residual_sq=resid_all[:, ks_arr], residual_sq_all=resid_all)
