@@ -89,7 +89,9 @@ class PrivacyAccountant:
         """Record ``steps`` DP-SGD steps on shuffled fixed-size batches.
 
         Every started epoch is one Gaussian mechanism (no amplification by
-        subsampling); a partial epoch is carried across calls, so 10 calls of
+        subsampling) of sensitivity 2C, i.e. at noise multiplier sigma / 2: a fixed-size
+        batch's sum moves by up to 2C when one example takes another's place
+        (``gradspec.privacy._compose``, "Sampling"); a partial epoch is carried across calls, so 10 calls of
         one step with 10 steps per epoch record one mechanism, not ten. If the
         noise multiplier changes inside an epoch, the rest of that epoch is
         recorded as a further Gaussian mechanism (an upper bound).

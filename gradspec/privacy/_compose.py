@@ -57,6 +57,15 @@ is in exactly one batch per epoch, so an epoch is one Gaussian mechanism
 epoch is ceil(T/S) Gaussian mechanisms. We deliberately do not account
 shuffled batches as if they were Poisson sampled: Chua et al. (2024, "How
 private are DP-SGD implementations?") show that this underestimates epsilon.
+Each such epoch has sensitivity ``SHUFFLED_SENSITIVITY`` = 2 (in units of C), not 1:
+the batches hold a fixed B examples and the remainder of n // B is dropped, so an
+example added to the data takes some other example's place in a batch (couple the
+two permutations by swapping it with the first dropped one: the two epochs then differ
+in one batch, whose sum moves by g_x − g_y, up to 2C), and a replaced example moves
+its batch's sum by up to 2C too. So an epoch is the Gaussian mechanism at noise
+multiplier σ/2. (Until 2026-12-04 it was counted at σ, sensitivity C: at σ = 1 with one
+batch an epoch, the δ actually reached at the reported ε was 5.9e-2, not 1e-5.) The
+coupling needs n // B to be the same for both datasets, as it is under replace-one.
 
 Gaussian mechanisms (shuffled epochs, `record_gaussian`) compose exactly: k
 mechanisms with multipliers sigma_i are one with
@@ -104,6 +113,10 @@ def _rdp_orders() -> tuple[float, ...]:
 
 RDP_ORDERS: tuple[float, ...] = _rdp_orders()
 
+#: The sensitivity of a shuffled epoch's batch sums, in units of the clip norm (module note):
+#: a fixed-size batch's sum moves by up to 2C when one example takes another's place.
+SHUFFLED_SENSITIVITY = 2.0
+
 
 class _Event(NamedTuple):
     """``count`` repetitions of one mechanism; consecutive equal mechanisms merge."""
@@ -129,7 +142,8 @@ def _epsilon(method: Accounting, events: tuple[_Event, ...], delta: float) -> fl
         if e.kind == "poisson" and e.sample_rate < 1:
             poisson.append((e.sample_rate, e.noise_multiplier, e.count))
         else:
-            gaussian_weight += e.count / e.noise_multiplier**2
+            sens = SHUFFLED_SENSITIVITY if e.kind == "shuffle" else 1.0
+            gaussian_weight += e.count * (sens / e.noise_multiplier) ** 2
     if method == Accounting.PLD:
         if not poisson:
             return float(dpa.get_epsilon_gaussian(gaussian_weight**-0.5, delta))

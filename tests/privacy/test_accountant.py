@@ -37,9 +37,10 @@ PINNED = {
     ("pld", "poisson"): 2.381778812581751,
     ("rdp", "poisson"): 2.5966419896752626,
     ("rdp-classic", "poisson"): 3.008375383086399,
-    ("pld", "shuffle"): 54.7069517738594,  # 61 started epochs, each one Gaussian mechanism
-    ("rdp", "shuffle"): 57.59656316422353,
-    ("rdp-classic", "shuffle"): 59.2778801806198,
+    # 61 started epochs, each one Gaussian mechanism of sensitivity 2C (noise multiplier 1.1/2)
+    ("pld", "shuffle"): 160.51621497749318,
+    ("rdp", "shuffle"): 166.72880629828666,
+    ("rdp-classic", "shuffle"): 168.96898350173547,
 }
 
 # Cheaper runs (sigma, q, steps) for cross-checks.
@@ -187,11 +188,13 @@ def test_shuffle_is_one_gaussian_per_started_epoch(method):
         sampling="shuffle",
         method=method,
     )
-    three = dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(sigma), 3)
+    # a shuffled epoch's sum moves by up to 2C (one example in another's place): the Gaussian
+    # mechanism at noise multiplier sigma / 2
+    three = dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(sigma / 2), 3)
     if method == "pld":
-        # Closed form: 3 Gaussians with multiplier sigma are one with sigma/sqrt(3).
+        # Closed form: 3 Gaussians with multiplier sigma/2 are one with sigma/(2 sqrt(3)).
         assert got == pytest.approx(
-            _analytic_gaussian_epsilon(sigma / math.sqrt(3), DELTA), rel=1e-6
+            _analytic_gaussian_epsilon(sigma / 2 / math.sqrt(3), DELTA), rel=1e-6
         )
         direct = dpa.pld.PLDAccountant().compose(three).get_epsilon(DELTA)
         assert got == pytest.approx(direct, rel=1e-3)  # the library's discretised PLD
@@ -202,7 +205,7 @@ def test_shuffle_is_one_gaussian_per_started_epoch(method):
         else:
             orders = np.asarray(RDP_ORDERS)
             # RDP of the Gaussian mechanism is a / (2 sigma^2) (Mironov 2017).
-            classic = np.min(3 * orders / (2 * sigma**2) + math.log(1 / DELTA) / (orders - 1))
+            classic = np.min(3 * orders / (2 * (sigma / 2) ** 2) + math.log(1 / DELTA) / (orders - 1))
             assert got == pytest.approx(classic, rel=1e-9)
 
 
@@ -210,7 +213,7 @@ def test_shuffle_pinned_matches_analytic_gaussian():
     epochs = math.ceil(T / round(1 / Q))
     assert epochs == 61
     assert PINNED["pld", "shuffle"] == pytest.approx(
-        _analytic_gaussian_epsilon(1.1 / math.sqrt(epochs), DELTA), rel=1e-6
+        _analytic_gaussian_epsilon(1.1 / 2 / math.sqrt(epochs), DELTA), rel=1e-6
     )
 
 
@@ -227,7 +230,7 @@ def test_partial_epochs_carry_across_calls():
     for _ in range(25):
         acc.record_shuffled(3.0, 10)
     ref = PrivacyAccountant(method="rdp")
-    ref.record_gaussian(3.0, count=3)
+    ref.record_gaussian(1.5, count=3)  # sensitivity 2C at noise 3C
     assert acc.steps == 25 and ref.steps == 0
     assert acc.events == [
         {"kind": "shuffle", "noise_multiplier": 3.0, "sample_rate": 1.0, "count": 3}
@@ -482,3 +485,21 @@ def test_compute_epsilon_rejects_bad_inputs(kwargs, error, message):
     }
     with pytest.raises(error, match=message):
         compute_epsilon(**{**args, **kwargs})
+
+
+def test_a_shuffled_epoch_is_accounted_at_its_worst_case_shift_of_2C():
+    """One epoch of one batch (n = B): replacing an example x by y moves the released sum by
+    g_y − g_x, up to 2C (g_y = −g_x at norm C), so the epoch is N(0, σ²C²) against
+    N(2C, σ²C²). Its δ(ε) (Balle & Wang 2018, Thm 8, with sensitivity Δ = 2) at the reported
+    ε must be the δ asked for; the accounting before 2026-12-04 (Δ = 1) gave an ε at which it
+    is orders of magnitude larger."""
+    sigma = 1.0
+
+    def delta_at(eps: float, shift: float) -> float:
+        a, b = shift / (2 * sigma), eps * sigma / shift
+        return norm.cdf(a - b) - math.exp(eps) * norm.cdf(-a - b)
+
+    eps = compute_epsilon(noise_multiplier=sigma, sample_rate=1.0, steps=1, delta=DELTA, sampling="shuffle")
+    assert delta_at(eps, 2.0) == pytest.approx(DELTA, rel=1e-6)
+    old = _analytic_gaussian_epsilon(sigma, DELTA)  # the sensitivity-C count
+    assert delta_at(old, 2.0) > 1000 * DELTA
