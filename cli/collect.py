@@ -40,7 +40,7 @@ def collect_command(
     eval_every: opt.EvalEvery = 50,
     log_every: opt.LogEvery = 10,
     checkpoint_every: int = typer.Option(50, help="Commit rows and checkpoint every N steps."),
-    skip_nonfinite: bool = typer.Option(False, "--skip-nonfinite", help="Skip steps with NaN/Inf gradients instead of stopping."),
+    skip_nonfinite: bool = typer.Option(False, "--skip-nonfinite", help="Skip steps with NaN/Inf gradients instead of stopping (non-private runs only: a skip is a decision on the private data no epsilon covers)."),
     seed: opt.Seed = 0,
     task_seed: opt.TaskSeed = None,
     device: opt.Device = "cpu",

@@ -145,6 +145,10 @@ class PublicProjector(Projector):
 
     def setup(self, ctx: StepContext) -> None:
         super().setup(ctx)
+        # a run starts with no basis: one projector object passed to several runs (a sweep's
+        # seeds) kept the last run's basis and its update step, so the next run trained in a
+        # basis of another trajectory until the period came round (found by review, exit 0)
+        self.last_update, self.eigenvalues, self._basis = None, None, None
         self.public = checked_public(ctx, self.public, self.public_size, self.seed)
         self.public_size = len(self.public)
         if self.rank > self.public_size:

@@ -97,8 +97,9 @@ class TrainConfig:
         eval_every: evaluate on the held-out split every this many steps (0 = only at the end).
         log_every: log loss and epsilon every this many steps.
         checkpoint_every: commit rows and save a resumable checkpoint every this many steps.
-        skip_nonfinite: skip (not store, not apply) steps with NaN/Inf gradients
-            instead of stopping.
+        skip_nonfinite: skip (not store, not apply) steps with NaN/Inf gradients instead of
+            stopping; non-private runs only (the skip is a decision on the private data that no
+            epsilon covers).
         seed: seeds the sampler and the noise, and the task unless ``task_seed`` is given.
         task_seed: seeds the task alone (its data, a random head); ``None``: ``seed``.
             Fixing it while ``seed`` varies repeats a run on the same data and model
@@ -203,6 +204,13 @@ class TrainConfig:
         private = self.target_epsilon is not None or (self.noise_multiplier or 0) > 0
         if private and not self.clip:
             raise ValueError("private training needs clipping: drop --no-clip or set --noise-multiplier 0")
+        if private and self.skip_nonfinite:
+            # the skip is decided by the private data (some example's NaN/inf gradient) and adds
+            # no noise: no epsilon covers it (counting the step would not either)
+            raise ValueError(
+                "--skip-nonfinite skips a step when some example's gradient is NaN/inf, a decision on the "
+                "private data that no epsilon accounts for: it is for non-private runs (--noise-multiplier 0); "
+                "under DP find the cause (lower --lr, a larger --dtype) or exclude the examples")
         if self.delta is not None and not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
         if self.optimizer not in ("sgd", "adam"):

@@ -140,7 +140,13 @@ def test_nonfinite_gradients_are_refused_or_skipped(tmp_path):
         collect(cfg(checkpoint_every=1), out=tmp_path / "a", task=poisoned())
     kept = GradientStore.open(tmp_path / "a" / "gradients.zarr")
     assert np.isfinite(kept.read()).all()
-    res = collect(cfg(skip_nonfinite=True), out=tmp_path / "b", task=poisoned())
+    # under DP a skip is a decision on the private data that no epsilon covers: refused (found by
+    # review: 5 of 20 steps skipped and epsilon reported for 15)
+    with pytest.raises(ValueError, match="--skip-nonfinite skips a step .* non-private runs"):
+        cfg(skip_nonfinite=True)
+    with pytest.raises(ValueError, match="--skip-nonfinite"):
+        cfg(skip_nonfinite=True, noise_multiplier=None, target_epsilon=8.0)
+    res = collect(cfg(skip_nonfinite=True, noise_multiplier=0.0), out=tmp_path / "b", task=poisoned())
     rows, meta = read_all(res.store)
     assert np.isfinite(rows).all() and len(rows) < 12
 

@@ -181,3 +181,26 @@ def test_large_random_basis_is_orthonormal_seeded_and_float32(small_large_basis)
     c = RandomProjector(8, seed=4)
     c.setup(fake_run(600))
     assert subspace_distance(a.basis.double(), c.basis.double()) > 0.5  # another seed, another subspace
+
+
+def test_a_nearly_orthonormal_basis_is_made_a_contraction():
+    """A user's basis within atol of orthonormal is orthonormalised, its span kept: V·Vᵀ must not
+    lengthen a clipped sum, or the sensitivity C the accounting assumes fails (found by review:
+    max |VᵀV − I| = 1e-3 at k = 100 lengthened a sum of norm 1 to 1.099, exit 0)."""
+    from gradspec.optim import FixedProjector
+
+    p, k = 400, 100
+    q, _ = torch.linalg.qr(torch.randn(p, k, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))
+    v = q @ (torch.eye(k, dtype=torch.float64) + 4.5e-4 * torch.ones(k, k, dtype=torch.float64))  # stretched along 1
+    assert (v.T @ v - torch.eye(k, dtype=torch.float64)).abs().max() < 1e-3  # passes the check
+    g = (v @ torch.ones(k, dtype=torch.float64))
+    g = g / g.norm()  # the direction V·Vᵀ stretches most
+    assert float((v @ (v.T @ g)).norm()) > 1.09  # what the basis as given would do
+    proj = FixedProjector(v)
+    basis = proj._source
+    assert (basis.T @ basis - torch.eye(k, dtype=torch.float64)).abs().max() < 1e-12
+    assert float((basis @ (basis.T @ g)).norm()) <= 1 + 1e-12
+    # the same subspace: the given columns lie in the new span
+    assert float((v - basis @ (basis.T @ v)).norm()) < 1e-10
+    assert proj.describe()["orthonormality_error"] < 1e-12
+    assert v.data_ptr() != basis.data_ptr()  # the caller's tensor is not changed

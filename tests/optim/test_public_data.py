@@ -119,3 +119,19 @@ def test_retrain_reports_train_metrics_and_the_eval_standard_error(tmp_path):
     quiet = retrain(config=config(steps=2), algorithm="dp-sgd", out=tmp_path / "q",
                     task=lowrank_task(), train_metrics=False)
     assert not any(k.startswith("train_") for k in quiet.final_metrics)
+
+
+def test_a_public_projector_passed_to_several_runs_starts_each_without_a_basis():
+    """One projector object in a sweep's options serves several runs: each must compute its
+    basis at its own first step (found by review: the second seed kept the first run's basis and
+    update step, and trained in it until the period came round; eval_mse 1.0001 against 0.351)."""
+    task = lowrank_task()
+    run = fake_run(LOWRANK["d"], task=task)
+    proj = PublicProjector(2, public_size=5, period=1000)
+    proj.setup(run)
+    assert proj.update(0, run) and proj.last_update == 0
+    proj.setup(run)  # the next run
+    assert proj.last_update is None and proj.eigenvalues is None
+    with pytest.raises(RuntimeError, match="no basis yet"):
+        proj.basis
+    assert proj.update(0, run)  # its first step computes a basis again
