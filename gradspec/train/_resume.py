@@ -122,15 +122,21 @@ def _prepare_resume(
     if run.steps < done:
         raise ValueError(f"the run has done {done} steps: {run.steps} steps would end before that; "
                          f"give --steps >= {done}")
+    # The calibration: the target epsilon and the steps sigma was calibrated for. A resume that
+    # changed the steps made the run a fixed-sigma one; its history entry keeps the calibration,
+    # so that a later resume is held to it too (found by review: --steps 29, then --steps 40,
+    # ran past the calibrated 30 steps to epsilon 4.596 against the target 4, unasked).
+    calibrated = _calibration(saved, planned, run_cfg.get("resumes") or [])
+    extends = run.steps > planned and calibrated is not None and run.steps > calibrated[1]
+    if extends and run.sigma > 0 and not allow_larger_epsilon:
+        target, steps = calibrated  # type: ignore[misc]
+        raise ValueError(
+            f"the noise multiplier {run.sigma:.4g} was calibrated for epsilon = {target:g} over {steps} "
+            f"steps; {run.steps} steps at that noise multiplier end at epsilon = {run.planned_epsilon(run.steps):.3f}: "
+            "pass --allow-larger-epsilon to accept that, or start a new run with "
+            f"--epsilon {target:g} --steps {run.steps} (the noise multiplier recalibrated)"
+        )
     if run.steps != planned and saved.target_epsilon is not None and run.sigma > 0:
-        eps = run.planned_epsilon(run.steps)
-        if run.steps > planned and not allow_larger_epsilon:
-            raise ValueError(
-                f"the noise multiplier {run.sigma:.4g} was calibrated for epsilon = {saved.target_epsilon:g} over {planned} "
-                f"steps; {run.steps} steps at that noise multiplier end at epsilon = {eps:.3f}: pass "
-                "--allow-larger-epsilon to accept that, or start a new run with "
-                f"--epsilon {saved.target_epsilon:g} --steps {run.steps} (the noise multiplier recalibrated)"
-            )
         # sigma stays what the steps taken used: from now on the run is a fixed-sigma run.
         config = dataclasses.replace(config, noise_multiplier=run.sigma, target_epsilon=None)
         run.set_config(config)
@@ -145,7 +151,8 @@ def _prepare_resume(
     if changed:
         logger.info("resume with changed settings: %s", changed)
         write_text_atomic(out / CONFIG_NAME, config.to_json())
-        entry = {"at_step": done, "changed": changed}
+        entry = {"at_step": done, "changed": changed,
+                 **({"calibrated": {"epsilon": calibrated[0], "steps": calibrated[1]}} if calibrated else {})}
         history = [*run_cfg.get("resumes", []), entry]
         if store is not None:
             store.update_config(collect=config.to_dict(), steps=run.steps, noise_multiplier=run.sigma,
@@ -164,6 +171,19 @@ def _prepare_resume(
         f.truncate(int(state["metrics_offset"]))
     logger.info("resuming at step %d of %d", run.step, run.steps)
     return run, store, task
+
+
+def _calibration(saved: Any, planned: int, history: list[dict[str, Any]]) -> tuple[float, int] | None:
+    """(target epsilon, steps) the run's noise multiplier was calibrated for, or None (a run
+    started with a fixed noise multiplier): from the saved config while it still has its
+    target, else from the last resume entry that recorded it."""
+    if saved.target_epsilon is not None:
+        return float(saved.target_epsilon), int(planned)
+    for entry in reversed(history):
+        cal = entry.get("calibrated") if isinstance(entry, dict) else None
+        if isinstance(cal, dict) and cal.get("epsilon") is not None and cal.get("steps") is not None:
+            return float(cal["epsilon"]), int(cal["steps"])
+    return None
 
 
 def _check_sketch(store, run) -> None:

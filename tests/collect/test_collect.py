@@ -213,6 +213,22 @@ def test_extending_a_target_epsilon_run_needs_consent_and_reports_the_larger_eps
     assert GradientStore.open(res.store).config["final_epsilon"] == pytest.approx(res.epsilon)
 
 
+def test_a_shortened_calibrated_run_is_still_held_to_its_calibration(tmp_path):
+    """Shortening a target-epsilon run made it a fixed-sigma one, after which any extension ran
+    with no consent (found by review: --steps 29, then --steps 40 of a run calibrated for 30
+    steps, epsilon 4.596 against the target 4, exit 0)."""
+    out = tmp_path / "t"
+    first = collect(cfg(steps=8, noise_multiplier=None, target_epsilon=3.0), out=out, task=tiny_task(), stop_after=4)
+    collect(cfg(steps=7, noise_multiplier=None, target_epsilon=3.0), out=out, task=tiny_task(), resume=True,
+            stop_after=1)
+    assert json.loads((out / "config.json").read_text())["target_epsilon"] is None  # now fixed sigma
+    longer = cfg(steps=16, noise_multiplier=first.noise_multiplier)
+    with pytest.raises(ValueError, match=r"calibrated for epsilon = 3 over 8 steps; 16 steps.*--allow-larger-epsilon"):
+        collect(longer, out=out, task=tiny_task(), resume=True)
+    ok = collect(cfg(steps=8, noise_multiplier=first.noise_multiplier), out=out, task=tiny_task(), resume=True)
+    assert ok.epsilon == pytest.approx(3.0, rel=1e-3)  # back to the calibrated length: no consent needed
+
+
 def test_resuming_a_complete_run_keeps_its_results(tmp_path):
     first = collect(cfg(steps=4), out=tmp_path / "c", task=tiny_task())
     again = collect(out=tmp_path / "c", task=tiny_task(), resume=True)
