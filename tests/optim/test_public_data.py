@@ -133,5 +133,5 @@ def test_a_public_projector_passed_to_several_runs_starts_each_without_a_basis()
     proj.setup(run)  # the next run
     assert proj.last_update is None and proj.eigenvalues is None
     with pytest.raises(RuntimeError, match="no basis yet"):
-        proj.basis
+        _ = proj.basis
     assert proj.update(0, run)  # its first step computes a basis again
