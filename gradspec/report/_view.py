@@ -126,6 +126,9 @@ def _epsilon(c: RunContents) -> tuple[float | None, str]:
         last = c.metrics.last("epsilon") if c.metrics is not None else None
     except ValueError:  # a damaged record: reported with the figure that cannot be drawn
         last = None
+    stopped = (cfg.get("spent_at_step"), cfg.get("spent_epsilon"))  # what a run stopped early had spent
+    if stopped[1] is not None and (last is None or int(stopped[0]) >= int(last[0])):
+        return stopped[1], f"spent by step {stopped[0]}, where the run stopped: it has not finished"
     if last is None:
         return None, "not recorded yet"
     return last[1], f"spent by step {last[0]} (metrics.jsonl): the run has not finished"

@@ -320,8 +320,10 @@ def _train(run: _Run, store, task: Task, out: Path, *, progress: bool, writer: b
         eps = run.accountant.epsilon(run.delta) if run.sigma > 0 else math.inf
         if run.step >= run.steps:  # finished: the store gets its final epsilon and is complete
             rows_sink.close(complete=True, final_epsilon=eps, final_metrics=run.last_eval)
-        else:
-            rows_sink.close(complete=False)
+        else:  # stopped early: the privacy spent so far, for info and the report (metrics.jsonl
+            # holds epsilon only every --log-every steps)
+            spent = {"spent_epsilon": eps, "spent_at_step": run.step} if run.sigma > 0 else {}
+            rows_sink.close(complete=False, **spent)
     except BaseException:
         # Keep what is safely written; never mark an interrupted store complete.
         try:
