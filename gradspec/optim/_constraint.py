@@ -54,6 +54,8 @@ class BallConstraint(OptimHooks):
         self.radius = float(radius)
         self.name = inner.name
         self.subsampling_amplification = getattr(inner, "subsampling_amplification", True)
+        # AdaDPS preconditions each per-example row: the backend must form them (ghost cannot)
+        self.needs_rows = bool(getattr(inner, "needs_rows", False))
         self.extra_privacy = getattr(inner, "extra_privacy", False)
         self.projector = getattr(inner, "projector", None)
 

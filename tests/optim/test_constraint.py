@@ -97,3 +97,16 @@ def test_bad_radius_and_momentum_are_refused(tmp_path):
 
     with pytest.raises(ValueError, match="momentum"):
         train(_config(momentum=0.9), out=tmp_path / "m", hooks=BallConstraint(StepHooks(), radius=1.0))
+
+
+def test_the_wrapper_passes_on_that_adadps_needs_rows(tmp_path):
+    """AdaDPS preconditions per-example rows; wrapped, the default backend picked ghost clipping
+    (no rows) and failed deep inside a step (found by review). The wrapper says it needs rows,
+    and a wrapped AdaDPS trains as the bare one inside a ball that never binds."""
+    def adadps():
+        return make_algorithm("adadps", public_size=20)
+
+    assert BallConstraint(adadps(), radius=1.0).needs_rows and not BallConstraint(StepHooks(), radius=1.0).needs_rows
+    _, bare = _run(tmp_path, "bare", adadps(), backend="auto")
+    _, wide = _run(tmp_path, "wide", BallConstraint(adadps(), radius=1e6), backend="auto")
+    torch.testing.assert_close(wide, bare, rtol=1e-6, atol=1e-7)
