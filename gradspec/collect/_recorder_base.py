@@ -126,7 +126,10 @@ class RecorderBase:
                 _release_run_lock(self._lock)
                 raise
         meta = self.store.row_meta(slice(self.store.n_rows - 1, None)) if self.store and self.store.n_rows else None
-        self._last_step = int(meta["step"][-1]) if meta else -1
+        # a resumed store: one after its last row's step, or after the last step its recorder saw
+        # (an empty step has no row; found by review: a resumed recorder reused its number)
+        seen = int((self.store.config if self.store else {}).get("next_step") or 0) - 1
+        self._last_step = max(int(meta["step"][-1]) if meta else -1, seen)
         #: The epoch written with rows that do not name one (set it from your loop).
         self.epoch = int(meta["epoch"][-1]) if meta else 0
         self._writer = self._new_writer()
@@ -464,8 +467,8 @@ class RecorderBase:
                     if complete:
                         raise
                     logger.debug("close hook failed after an error", exc_info=True)
-            if items and self.store is not None:
-                self.store.update_config(**items)
+            if self.store is not None:
+                self.store.update_config(**items, next_step=self.next_step)
             if complete and self.store is not None:
                 self.store.set_status("complete")
         finally:
