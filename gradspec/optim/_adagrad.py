@@ -80,11 +80,12 @@ of multiplier sigma composed with T of multiplier z_B (RDP or PLD of plain Gauss
 directions of the neighbouring relation). The transcript's law under D (and D') is the
 mixture over patterns of these conditional laws with the same data-independent weights,
 and the hockey-stick divergence (and exp((alpha - 1) D_alpha)) is jointly convex, so the
-mixtures satisfy the bound that every component does. Shuffled sampling (the trainer's
-``record_shuffled``: one Gaussian of multiplier sigma per epoch) holds by the same
-argument: for every fixed permutation x is in one batch per epoch, so the epoch's other
-gradient releases do not move and the epoch composes to one Gaussian (sigma), next to the
-T preconditioner Gaussians (z_B).
+mixtures satisfy the bound that every component does. Shuffled sampling holds by the same
+argument with a swap in place of an addition: fixed-size batches drop the remainder of
+n // B, so x takes some y's place in one batch per epoch (the trainer's ``record_shuffled``:
+one Gaussian of multiplier sigma / 2 per epoch, sensitivity 2C), and every later
+preconditioner statistic moves by z_x − z_y, twice Delta_t: T Gaussians of multiplier
+z_B / 2 (``SHUFFLED_SENSITIVITY``; before 2026-12-04 both were counted at sensitivity 1).
 """
 
 from __future__ import annotations
@@ -161,6 +162,13 @@ class NoisyAdaGrad(OptimHooks):
                 "needs precond_noise_multiplier > 0"
             )
         self.projector.setup(ctx)
+        # shuffled fixed-size batches: one example can take another's place in a batch, which
+        # moves the preconditioner's statistic by z_x - z_y: twice Delta_t, as for the gradient
+        from gradspec._enums import Sampling, parse_choice
+        from gradspec.privacy._compose import SHUFFLED_SENSITIVITY
+
+        shuffled = parse_choice(Sampling, ctx.config.sampling, "sampling") == Sampling.SHUFFLE
+        self._sensitivity = SHUFFLED_SENSITIVITY if shuffled else 1.0
         k = self.projector.rank
         shape = (k,) if self.diagonal else (k, k)
         self.S = torch.zeros(shape, dtype=torch.float64, device=ctx.device)
@@ -246,7 +254,7 @@ class NoisyAdaGrad(OptimHooks):
 
     def record_privacy(self, accountant: Any, step: int) -> None:
         if self._sigma > 0 and self.z_b > 0:
-            accountant.record_gaussian(self.z_b, 1)
+            accountant.record_gaussian(self.z_b / self._sensitivity, 1)
 
     def state_dict(self) -> dict[str, Any]:
         return {

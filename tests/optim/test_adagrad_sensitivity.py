@@ -194,3 +194,25 @@ def test_noise_drawn_in_direction_has_the_recorded_noise_multiplier(diagonal):
     hooks.record_privacy(acc, step=3)
     assert acc.events == [{"kind": "gaussian", "noise_multiplier": z_b, "sample_rate": 1.0, "count": 1}]
     assert acc.events[0]["noise_multiplier"] == pytest.approx(empirical_multiplier, rel=0.03)
+
+
+def test_shuffled_batches_double_the_preconditioners_sensitivity(tmp_path):
+    """Under --sampling shuffle an example takes another's place in a batch, so every later
+    preconditioner statistic moves by z_x − z_y: twice Delta_t, as the gradient's 2C (found by
+    review: the preconditioner was still counted at multiplier z_B)."""
+    from gradspec.optim import NoisyAdaGrad, PublicProjector, retrain
+
+    from ._cases import config, lowrank_task
+
+    z_b, sigma = 3.0, 2.0
+    res = retrain(config=config(sampling="shuffle", noise_multiplier=sigma, steps=10, batch_size=24),
+                  algorithm=NoisyAdaGrad(PublicProjector(2, public_size=20, period=1000), precond_noise_multiplier=z_b),
+                  out=tmp_path / "r", task=lowrank_task(), train_metrics=False)
+    want = PrivacyAccountant(method="rdp")
+    want.record_shuffled(sigma, 120 // 24, 10)  # 2 epochs of 5 batches, each at sigma / 2
+    want.record_gaussian(z_b / 2, 10)  # 10 preconditioner releases at sensitivity 2 Delta_t
+    assert res.epsilon == pytest.approx(want.epsilon(res.delta), rel=1e-9)
+    before = PrivacyAccountant(method="rdp")
+    before.record_shuffled(sigma, 120 // 24, 10)
+    before.record_gaussian(z_b, 10)
+    assert res.epsilon > before.epsilon(res.delta)  # what it read before
