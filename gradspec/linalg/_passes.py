@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from gradspec._norms import sq_norms64
+from gradspec._seeds import MASK64, mix64
 from gradspec.linalg._kernels import block_edges, sym_finish, sym_update
 from gradspec.linalg._operator_base import Sink
 from gradspec.linalg._precision import cast_into, to_device, to_numpy
@@ -130,16 +131,6 @@ class Widen:
 #: Columns of H whose p-side probes one generator draws (aligned at multiples of it; the
 #: widest panel, so a panel takes one or two tiles).
 PROBE_TILE = 8192
-_MASK64 = (1 << 64) - 1
-
-
-def _mix64(x: int) -> int:
-    """splitmix64's finaliser (Steele, Lea & Flood 2014): a bijection of 64-bit words that
-    spreads every input bit over the output."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
 
 
 def panel_gaussians(seed: int, col: int, w: int, s: int, cache: dict | None = None) -> torch.Tensor:
@@ -156,7 +147,7 @@ def panel_gaussians(seed: int, col: int, w: int, s: int, cache: dict | None = No
     for t in range(first, last + 1):
         tile = None if cache is None else cache.get(t)
         if tile is None:
-            gen = torch.Generator().manual_seed(_mix64(_mix64(int(seed) & _MASK64) ^ t) >> 1)
+            gen = torch.Generator().manual_seed(mix64(mix64(int(seed) & MASK64) ^ t) >> 1)
             tile = torch.randn(PROBE_TILE, s, generator=gen)
             if cache is not None:
                 cache.clear()
