@@ -45,8 +45,13 @@ class RetrainResult:
 
     def to_row(self) -> dict[str, Any]:
         """A flat summary-table row."""
+        config = self.settings.get("config") if isinstance(self.settings.get("config"), dict) else {}
         return {
             "algorithm": self.algorithm, "rank": self.rank, "seed": self.seed,
+            # what tells the runs of one folder apart beside the seed (found by review: runs at
+            # other learning rates or options were one series in summary.csv and the figures)
+            "options": json.dumps(self.options, sort_keys=True, default=str) if self.options else "",
+            "lr": config.get("lr"),
             "noise_multiplier": self.noise_multiplier, "epsilon": self.epsilon,
             "delta": self.delta, "steps": self.steps, "accounting": self.accounting,
             "dp_guarantee": self.dp_guarantee, "dp_caveat": self.dp_caveat,

@@ -30,6 +30,29 @@ def _label(row: dict[str, Any]) -> str:
     return row["algorithm"] if rank in (None, "", "None") else f"{row['algorithm']} k={int(rank)}"
 
 
+#: What else tells a sweep's configurations apart (beyond algorithm and rank), as shown in a label.
+_VARIANTS = (("options", "{}"), ("lr", "lr={}"), ("noise_multiplier", "σ={:.3g}"))
+
+
+def _labels(rows: Sequence[dict[str, Any]], *, across_noise: bool = True) -> list[str]:
+    """One label per row: algorithm and rank, and whatever else varies among the rows that share
+    them (options, lr, and with ``across_noise`` the noise multiplier), so that a line averages
+    the seeds of one configuration only (found by review: a sweep over --noise-multipliers was
+    drawn as one line per algorithm, the mean of its privacy levels)."""
+    keys = [k for k, _ in _VARIANTS if across_noise or k != "noise_multiplier"]
+    seen: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))
+    for row in rows:
+        for k in keys:
+            seen[_label(row)][k].add(str(row.get(k)))
+    out = []
+    for row in rows:
+        base = _label(row)
+        extra = [fmt.format(row[k]) for k, fmt in _VARIANTS
+                 if k in keys and len(seen[base][k]) > 1 and row.get(k) not in (None, "")]
+        out.append(" ".join([base, *extra]))
+    return out
+
+
 def _metric(rows: Sequence[dict[str, Any]], metric: str | None) -> str:
     if metric is not None:
         return metric
@@ -54,12 +77,13 @@ def plot_retrain_curves(rows: Sequence[dict[str, Any]], *, metric: str | None = 
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 4))
     groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
-    for row in rows:
-        groups[_label(row)].append(load_curve(Path(row["out"]) / "metrics.jsonl", metric))
+    for row, label in zip(rows, _labels(rows), strict=True):
+        groups[label].append(load_curve(Path(row["out"]) / "metrics.jsonl", metric))
 
     def order(label: str) -> tuple:
         parts = label.split("k=")
-        return (label in BASELINES, parts[0], int(parts[1]) if len(parts) > 1 else 0)
+        rank = parts[1].split(" ")[0] if len(parts) > 1 else "0"
+        return (label.split(" ")[0] in BASELINES, parts[0], int(rank), label)
 
     for label in sorted(groups, key=order):
         curves = [c for c in groups[label] if len(c[0])]
@@ -68,7 +92,9 @@ def plot_retrain_curves(rows: Sequence[dict[str, Any]], *, metric: str | None = 
         n = min(len(c[0]) for c in curves)
         steps = curves[0][0][:n]
         mean = np.mean([c[1][:n] for c in curves], axis=0)
-        style = {"color": "black", "linestyle": "--"} if label in BASELINES else {"marker": "."}
+        style = {"linestyle": "--"} if label.split(" ")[0] in BASELINES else {"marker": "."}
+        if label in BASELINES:
+            style["color"] = "black"
         ax.plot(steps, mean, label=label, **style)
     ax.set_xlabel("step")
     ax.set_ylabel(metric.replace("_", " "))
@@ -88,11 +114,11 @@ def plot_metric_vs_epsilon(rows: Sequence[dict[str, Any]], *, metric: str | None
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 4))
     points: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for row in rows:
+    for row, label in zip(rows, _labels(rows, across_noise=False), strict=True):
         eps, value = row.get("epsilon"), row.get(metric)
         if eps is None or value in (None, "") or not math.isfinite(float(eps)):
             continue
-        points[_label(row)][round(float(eps), 6)].append(float(value))
+        points[label][round(float(eps), 6)].append(float(value))
     for label in sorted(points):
         eps = sorted(points[label])
         mean = [float(np.mean(points[label][e])) for e in eps]
