@@ -48,14 +48,29 @@ def claims(table: dict[str, Any], scale: Scale, seeds: list[int]) -> list[dict[s
         ratio = b["mean"] / a["mean"] if a["mean"] > 0 else float("inf")
         return gap > 2 * se, f"d={lo}: {_fmt(a)}; d={hi}: {_fmt(b)} (×{ratio:.1f}; diff {gap:.4f} ± {se:.4f} s.e.)"
 
-    def flat(m: str) -> tuple[bool, str]:
+    def flat(m: str) -> tuple[str, str]:
         vals = [ex(m, str(d)) for d in scale.dims]
         spread = max(v["mean"] for v in vals) - min(v["mean"] for v in vals)
         dgd = ex("dp-gd", hi)["mean"]
         text = "; ".join(f"d={d}: {_fmt(v)}" for d, v in zip(scale.dims, vals, strict=True))
-        # dimension free: at the largest d well below DP-GD's, and its growth across d much smaller
-        ok = ex(m, hi)["mean"] + 2 * ex(m, hi)["se"] < dgd and spread < 0.25 * (dgd - ex("dp-gd", lo)["mean"])
-        return ok, text
+        # dimension free against the ambient method: at the largest d well below DP-GD's, and its
+        # growth across d much smaller
+        below = ex(m, hi)["mean"] + 2 * ex(m, hi)["se"] < dgd and spread < 0.25 * (dgd - ex("dp-gd", lo)["mean"])
+        # and independent of d by the 2-s.e. rule of every other claim here (review, 2026-12-04:
+        # the first test alone read "yes" for growths of x2.6-3.2 at 2.5-2.9 s.e.)
+        grew, growth = grows(m)
+        grew_late, _ = grows_between(m, str(scale.dims[1]), hi) if len(scale.dims) > 2 else (grew, "")
+        if not below:
+            return "no", text
+        if not grew:
+            return "yes", text
+        where = (f"; flat within 2 s.e. from d={scale.dims[1]} to {hi}" if not grew_late else "")
+        return "partly", (f"{text}; far below ambient DP-GD ({_fmt(ex('dp-gd', hi))} at d={hi}) but grows from "
+                          f"d={lo} to {hi} ({growth.split('(')[-1]}{where}")
+
+    def grows_between(m: str, d0: str, d1: str) -> tuple[bool, str]:
+        a, b = ex(m, d0), ex(m, d1)
+        return b["mean"] - a["mean"] > 2 * math.hypot(a["se"], b["se"]), ""
 
     rows = []
     ok, text = grows("dp-gd")
@@ -72,12 +87,12 @@ def claims(table: dict[str, Any], scale: Scale, seeds: list[int]) -> list[dict[s
     for m, what in (("noisy-adagrad", "noisy full-matrix AdaGrad, public subspace"),
                     ("noisy-adagrad-diag", "noisy diagonal AdaGrad, public subspace"),
                     ("pdp-gd", "PDP-GD, public subspace")):
-        ok, text = flat(m)
+        verdict_flat, text = flat(m)
         paper = ("Cor. 4.2: rank-k gradient subspace, gamma = O(1/(eps n)) -> excess risk "
                  "O(sqrt(log(1/delta))/(eps n)), independent of p" if m.startswith("noisy") else
                  "§4.1/[ZWB20]: (P)DP-SGD reaches the dimension-free rate in T = eps^2 n^2")
         rows.append({"claim": f"{what}: excess risk independent of d", "paper": paper, "ours": text,
-                     "reproduced": "yes" if ok else "no"})
+                     "reproduced": verdict_flat})
     a, p = ex("noisy-adagrad", hi), ex("pdp-gd", hi)
     se = math.hypot(a["se"], p["se"])
     verdict = ("noisy AdaGrad better" if a["mean"] + 2 * se < p["mean"] else
