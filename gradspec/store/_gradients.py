@@ -73,6 +73,7 @@ from gradspec.store._rowsums import ROW_SUMS_ARRAY, ROW_SUMS_KEY, RowSums
 from gradspec.store._zarr import (
     create_group,
     disk_numpy_dtype,
+    encoding_problem,
     missing_attribute,
     open_checked,
     size_on_disk,
@@ -139,6 +140,10 @@ class GradientStore(GradientReads, GradientWrites, GradientChecks, GradientNorms
             except (ValueError, TypeError, RecursionError, zarr.errors.MetadataValidationError) as exc:
                 raise ValueError(f"{self.path!r}: the zarr.json of {name!r} cannot be read "
                                  f"({type(exc).__name__}): {damaged}") from None
+            meta = {**META_FIELDS, **PER_EXAMPLE_FIELDS, **EXAMPLE_NORM_FIELDS}.get(name.removeprefix("meta/"))
+            bad = encoding_problem(arr, meta if name.startswith("meta/") else None)
+            if bad:
+                raise ValueError(f"{self.path!r}: the zarr.json of {name!r} is not as written: {bad}: {damaged}")
             chunk_bytes = int(np.prod(arr.chunks, dtype=np.float64)) * np.dtype(arr.dtype).itemsize
             if chunk_bytes > MAX_CHUNK_BYTES:  # refused before a read allocates it
                 raise ValueError(f"{self.path!r}: {name} declares chunks of {tuple(arr.chunks)} "

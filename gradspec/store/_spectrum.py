@@ -84,7 +84,7 @@ from gradspec.store._spectrum_schema import (
     check_attr_types,
 )
 from gradspec.store._spectrum_write import SpectrumWrites
-from gradspec.store._zarr import missing_attribute, open_checked, size_on_disk
+from gradspec.store._zarr import encoding_problem, missing_attribute, open_checked, size_on_disk
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,15 @@ class SpectrumStore(SpectrumWrites):
         if "hv" in self._group:
             want["hv"] = (r, k)
         for name, shape in want.items():
-            got = tuple(int(n) for n in self._arr(name).shape)
+            arr = self._arr(name)
+            # what gradspec writes: V float32 or float64, source_rows int64, the rest float64
+            dtype = {"source_rows": "int64", "V": arr.dtype if str(arr.dtype) in ("float32", "float64")
+                     else "float32"}.get(name, "float64")
+            bad = encoding_problem(arr, dtype)
+            if bad:
+                raise StoreDamagedError(f"{self.path} is damaged: the zarr.json of {name!r} is not as written: "
+                                        f"{bad}; {self._checks.fix}")
+            got = tuple(int(n) for n in arr.shape)
             if got != shape:
                 raise StoreDamagedError(
                     f"{self.path} is damaged: {name} has shape {got}, but the store holds k = {k} "

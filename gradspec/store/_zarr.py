@@ -227,3 +227,31 @@ def missing_attribute(path: str | os.PathLike, kind: str, err: KeyError) -> Valu
         f"{str(path)!r} says it is a {kind} store ({KIND_KEY}) but has no {name!r} attribute: it is "
         "another kind of store relabelled, or a damaged one"
     )
+
+
+#: The bytes-to-bytes codecs gradspec writes after the (little-endian) bytes codec.
+_WRITTEN_CODECS = frozenset({"ZstdCodec", "BloscCodec", "Crc32cCodec"})
+
+
+def encoding_problem(arr: zarr.Array, dtype: Any = None) -> str | None:
+    """What in an array's ``zarr.json`` gradspec never writes, or None: a data type other than
+    ``dtype`` (when given), a byte order other than little-endian, an array-to-array codec (a
+    transpose) or another codec. The chunk checksums see the stored bytes only, so a changed
+    encoding would decode them into other numbers unnoticed (found by review: a big-endian
+    sigma read as 3e-262 ... 2e+297 with "checksums checked: ok")."""
+    meta = getattr(arr, "metadata", None)
+    codecs = list(getattr(meta, "codecs", ()) or ())
+    if dtype is not None and np.dtype(arr.dtype) != np.dtype(dtype):
+        return f"its data type is {arr.dtype}, not {np.dtype(dtype)}"
+    if getattr(getattr(meta, "data_type", None), "endianness", "little") not in ("little", None):
+        return "its data type is not little-endian"
+    if not codecs:  # zarr v2 metadata: not what gradspec writes, left to the other checks
+        return None
+    first = codecs[0]
+    if type(first).__name__ != "BytesCodec":
+        return f"its first codec is {type(first).__name__}, not the bytes codec"
+    endian = getattr(first, "endian", None)
+    if endian is not None and getattr(endian, "value", endian) != "little":
+        return f"its bytes codec is {getattr(endian, 'value', endian)}-endian"
+    other = [type(c).__name__ for c in codecs[1:] if type(c).__name__ not in _WRITTEN_CODECS]
+    return f"it declares codecs gradspec does not write ({', '.join(other)})" if other else None

@@ -94,7 +94,7 @@ GRADIENT_LIES = {
     # each example's pre-clip norm, clip factor and norms per parameter (issue 22)
     "clip-factor-claims-float32": (lambda g: _edit(g / "meta" / "clip_factor" / "zarr.json",
                                                    lambda d: d.update(data_type="float32")),
-                                   "meta/clip_factor is stored as float32, not float64"),
+                                   "meta/clip_factor' is not as written: its data type is float32, not float64"),
     "param-norms-claims-another-column-count": (lambda g: _edit(g / "param_norms" / "zarr.json",
                                                                 lambda d: d.update(shape=[d["shape"][0], 7])),
                                                 "param_norms has shape"),
