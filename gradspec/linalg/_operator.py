@@ -215,10 +215,17 @@ class GradientOperator(OperatorBase):
             nbytes += self._nbytes(block)
             for j in range(0, block.shape[1], self.panel_cols):
                 raw = to_device(block[:, j : j + self.panel_cols], self.device)
-                panel = self._compute_panel(raw)
                 if self.center:
-                    panel = panel - panel.mean(dim=0, keepdim=True)
-                    raw = None
+                    # centred in float64 and rounded once: in the compute dtype the column means'
+                    # rounding (u·|mean|) swamped rows that vary little about a large mean, and the
+                    # checks measured that rounded matrix (found by review: max residual 1e-6
+                    # reported, 8.6e-4 true, with a mean row norm of 30 and sigma_1 of 1e-3)
+                    wide = raw.to(torch.float64, copy=True)  # never the source's own memory
+                    wide -= wide.mean(dim=0, keepdim=True)
+                    panel = wide if self.dtype == torch.float64 else self._compute_panel(wide)
+                    raw = wide  # the centred H itself, for the checks that widen the panel
+                else:
+                    panel = self._compute_panel(raw)
                 if norms is not None:
                     norms += torch.linalg.vector_norm(panel, dim=1).double() ** 2
                 for c in consumers:

@@ -315,7 +315,10 @@ class _Project:
             sym_update(self.vtv, vpt, self.k_edges)
             # H·V_s and Hᵀ·U in float64 (the widened panel and V_s are exact): float32 products
             # would err by as much as the residuals they measure.
-            p64, v64 = self.wide("p", p), self.wide("v", vs)
+            # raw in float64 (a centred panel, or a float64 H taken in float32 products) is the
+            # matrix itself; the compute panel is its rounding
+            p64 = raw if raw is not None and raw.dtype == torch.float64 else self.wide("p", p)
+            v64 = self.wide("v", vs)
             self.hv.addmm_(p64, v64)
             e = torch.addmm(v64 * self.sigma, p64.T, self.u64, beta=-1.0)  # Pᵀ·U − V_s·Σ
             self.rt2 += (e * e).sum(dim=0)
