@@ -165,7 +165,7 @@ class NoisyAdaGrad(OptimHooks):
         # shuffled fixed-size batches: one example can take another's place in a batch, which
         # moves the preconditioner's statistic by z_x - z_y: twice Delta_t, as for the gradient
         from gradspec._enums import Sampling, parse_choice
-        from gradspec.privacy._compose import SHUFFLED_SENSITIVITY
+        from gradspec.privacy import SHUFFLED_SENSITIVITY
 
         shuffled = parse_choice(Sampling, ctx.config.sampling, "sampling") == Sampling.SHUFFLE
         self._sensitivity = SHUFFLED_SENSITIVITY if shuffled else 1.0

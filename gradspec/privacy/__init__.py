@@ -18,7 +18,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     # accounting
     "gradspec.privacy._accountant": ("PrivacyAccountant",),
     "gradspec.privacy._calibrate": ("calibrate_noise_multiplier", "compute_epsilon"),
-    "gradspec.privacy._compose": ("RDP_ORDERS",),
+    "gradspec.privacy._compose": ("RDP_ORDERS", "SHUFFLED_SENSITIVITY"),
     "gradspec.privacy._epochs": (
         "accountant_rate", "accounted_sample_rate", "batches_per_epoch", "epochs_for_steps", "rate_text",
         "steps_for_epochs", "steps_per_epoch",
