@@ -76,15 +76,14 @@ def _source(c: RunContents) -> list[Finding]:
     src = s.get("source") or {}
     out = []
     same_path = src.get("abspath") == resolved_path(g["path"])
-    digest = src.get("config_digest")
-    same_run = digest is not None and digest == config_digest(g.get("config") or {})
-    if same_path and digest is not None and not same_run:
-        # the store at the spectrum's path was rewritten since (collect --overwrite keeps the
-        # folder's spectrum.zarr and decay/): what the page shows of them is another run's
-        # (found by review: seed 1's page showed seed 0's sigma and G_k with no warning)
-        out.append(Finding(ERROR, f"the spectrum (and any decay of it) is of an earlier run: {Path(g['path']).name} "
-                                  "was rewritten since `gradspec pca` (its config differs); their numbers below are not "
-                                  "this run's", "gradspec pca (then gradspec decay) again"))
+    same_run = src.get("config_digest") is not None and src["config_digest"] == config_digest(g.get("config") or {})
+    if s.get("rewritten"):
+        # the store at the spectrum's path no longer holds its rows (collect --overwrite keeps
+        # the folder's spectrum.zarr and decay/): what the page shows of them is another run's
+        # (found by review: seed 1's page showed seed 0's sigma and G_k with no warning); the
+        # rows' own digest decides, as for decay, so a resumed or extended run is not flagged
+        out.append(Finding(ERROR, f"the spectrum (and any decay of it) is of an earlier run: {s['rewritten']}; "
+                                  "its numbers below are not this run's", "gradspec pca (then gradspec decay) again"))
     elif not (same_path or same_run):
         out.append(Finding(WARNING, f"the spectrum was computed from {src.get('path')!r}, not from this "
                                     f"folder's {Path(g['path']).name} (another run, or one rewritten since pca)"))

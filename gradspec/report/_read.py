@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gradspec.plot import RunMetrics, read_metrics
-from gradspec.spectrum import read_report, sigma_analysis
+from gradspec.spectrum import read_report, sigma_analysis, store_relation
 from gradspec.store import GradientStore, SpectrumStore, StoreDamagedError, open_store
 
 logger = logging.getLogger(__name__)
@@ -174,7 +174,8 @@ def _pca_k(contents: RunContents) -> int:
     return int(min(n for n in limits if isinstance(n, int) and n > 0))
 
 
-def _spectrum_stage(run_dir: Path, specs: list[SpectrumStore], contents: RunContents) -> SpectrumStore | None:
+def _spectrum_stage(run_dir: Path, specs: list[SpectrumStore], contents: RunContents,
+                    store: GradientStore | None = None) -> SpectrumStore | None:
     source = contents.stages["collect"].path or str(run_dir / "gradients.zarr")
     pca_cmd = f"gradspec pca {_q(source)} --k {_pca_k(contents)} --out {_q(run_dir / 'spectrum.zarr')}"
     if not specs:
@@ -205,6 +206,11 @@ def _spectrum_stage(run_dir: Path, specs: list[SpectrumStore], contents: RunCont
             return None
         r, p = summary["shape"]
         stage = Stage("pca", COMPLETE, spec.path, f"{name}: top {spec.k} of H ({r:,} x {p:,}), {spec.method}")
+        if store is not None:  # the folder's store still holds the spectrum's rows? (as decay asks)
+            try:
+                store_relation(spec, store)
+            except (ValueError, StoreDamagedError) as exc:
+                summary["rewritten"] = _first_line(exc)
     elif spec.status == "running" and not summary.get("writer"):
         done = summary.get("iterations_done")
         stage = Stage("pca", RUNNING, spec.path, f"{name} is being written"
@@ -314,6 +320,11 @@ def _task_flags(contents: RunContents) -> str | None:
     params = run.get("params")
     for pattern in [params] if isinstance(params, str) else (params or []):
         out += f" --params {_q(pattern)}"
+    # the data (and a random head) the spectrum's run drew: its task seed, else its seed (found by
+    # review: a run collected with --seed 3 got a sweep on seed 0's data, exit 0)
+    task_seed = run.get("task_seed") if run.get("task_seed") is not None else run.get("seed")
+    if isinstance(task_seed, int) and not isinstance(task_seed, bool):
+        out += f" --task-seed {task_seed}"
     return out
 
 
@@ -409,7 +420,7 @@ def read_run(run_dir: str | Path) -> RunContents:
     contents = RunContents(run_dir)
     grads, specs = _stores(run_dir, contents)
     _collect_stage(run_dir, grads, contents)
-    spec = _spectrum_stage(run_dir, specs, contents)
+    spec = _spectrum_stage(run_dir, specs, contents, grads[0] if grads else None)
     _decay_stage(run_dir, spec, contents)
     _retrain_stage(run_dir, contents, specs)
     _metrics(run_dir, contents)

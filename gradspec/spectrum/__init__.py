@@ -24,6 +24,7 @@ from gradspec.spectrum._bounds import (
 )
 from gradspec.spectrum._density import DensitySpace, SpectralDensity, spectral_density
 from gradspec.spectrum._driver import decay_analysis, parse_row_range, read_report, sigma_analysis
+from gradspec.spectrum._inputs import store_relation
 from gradspec.spectrum._fit import (
     CIMethod,
     PowerLawFit,
@@ -123,5 +124,6 @@ __all__ = [
     "parse_rank_range",
     "parse_bandwidth",
     "read_report",
+    "store_relation",
     "sigma_analysis",
 ]

@@ -139,12 +139,19 @@ def rows_digest(store: Any, idx: np.ndarray) -> str:
     return h.hexdigest()
 
 
+#: Items a run's config gains as it goes (a recorder's next step, what a stopped run spent):
+#: not what the run is, so left out of its digest, like ``final_*``.
+_PROGRESS_KEYS = frozenset({"next_step", "epsilon_note"})
+
+
 def config_digest(config: dict[str, Any]) -> str | None:
-    """SHA-256 of a gradient store's run config without the ``final_*`` items added at the end.
+    """SHA-256 of a gradient store's run config without the ``final_*`` items added at the end
+    (nor ``spent_*`` and the other progress items, ``_PROGRESS_KEYS``).
 
     None for an empty config (stores written through the library without one).
     """
-    stable = {k: v for k, v in (config or {}).items() if not str(k).startswith("final_")}
+    stable = {k: v for k, v in (config or {}).items()
+              if not str(k).startswith(("final_", "spent_")) and k not in _PROGRESS_KEYS}
     if not stable:
         return None
     return hashlib.sha256(json.dumps(_jsonable(stable), sort_keys=True).encode()).hexdigest()

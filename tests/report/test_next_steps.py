@@ -48,3 +48,16 @@ def test_a_short_per_step_run_gets_commands_that_run(tmp_path, sketch):
 def test_a_per_example_sketched_run_is_offered_no_retraining_in_sketch_space(sketched_run):
     contents = read_run(sketched_run)
     assert contents.stages["pca"].state == "complete" and contents.stages["retrain"].next_step is None
+
+
+def test_the_suggested_sweep_trains_on_the_runs_own_data(tmp_path):
+    """A run collected with --seed 3 drew the task's data with seed 3; the suggested sweep must
+    too (found by review: it drew seed 0's data, and the subspace arm learned nothing, exit 0)."""
+    run = tmp_path / "run"
+    ok("collect", "--out", run, "--steps", 6, "--seed", 3, *TRAIN)
+    _run(read_run(run).stages["pca"].next_step, "--no-progress")
+    step = read_run(run).stages["retrain"].next_step
+    assert " --task-seed 3" in step, step
+    ok("collect", "--out", tmp_path / "t", "--steps", 6, "--seed", 3, "--task-seed", 5, *TRAIN)
+    _run(read_run(tmp_path / "t").stages["pca"].next_step, "--no-progress")
+    assert " --task-seed 5" in read_run(tmp_path / "t").stages["retrain"].next_step
