@@ -44,7 +44,11 @@ class ReportView:
         G_fits: dict[str, PowerLawFit],
         explained: dict[str, ExplainedVariance],
         by_step: dict[str, StepError],
+        sources: Mapping[str, Any] | None = None,
     ) -> None:
+        #: where the analysis' inputs came from (the spectrum's row kind: overlays warn on unlike
+        #: kinds; found by review: views carried none, so `gradspec plot A B` never warned)
+        self.sources = dict(sources or {})
         self.sigma = sigma
         self.fit_singular = fit_singular
         self.fit_eigen = fit_eigen
@@ -67,6 +71,7 @@ class ReportView:
             G_fits={n: r.decay.fit for n, r in a.rows.items() if r.decay},
             explained={n: r.explained for n, r in a.rows.items()},
             by_step={n: r.by_step for n, r in a.rows.items() if r.by_step is not None},
+            sources=a.sources,
         )
 
     @classmethod
@@ -107,6 +112,7 @@ class ReportView:
                 for n, r in rows.items()
                 if r.get("reconstruction_error_by_step")
             },
+            sources=d.get("sources"),
         )
 
 

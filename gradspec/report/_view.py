@@ -174,8 +174,7 @@ def _spectrum(c: RunContents) -> dict[str, Any] | None:
             _row("method", str(s.get("method")), str(params.get("reason", ""))),
             _row("k", num("spectrum.k", s.get("k"), ",d"),
                  f"asked for {s['k_requested']}" if s.get("k_requested") not in (None, s.get("k")) else ""),
-            _row("H", f"{r:,} × {p:,}", f"rows {(src.get('rows_resolved') or {}).get('start', 0)}:"
-                 f"{(src.get('rows_resolved') or {}).get('stop', r)} of {src.get('path')}; parameters "
+            _row("H", f"{r:,} × {p:,}", f"rows {_rows_text(src.get('rows_resolved'), r)} of {src.get('path')}; parameters "
                  f"{', '.join(src['params']) if src.get('params') else 'all'}; centred: {bool(src.get('center'))}"),
             _row("precision", str(params.get("precision", "—")), f"V stored as {params.get('v_dtype', '—')}"),
         ],
@@ -202,6 +201,34 @@ def _spectrum(c: RunContents) -> dict[str, Any] | None:
     return out
 
 
+def _rows_text(d: dict[str, Any] | None, r: int) -> str:
+    """The spectrum's rows as pca's --rows writes them (``0:60:2``; found by review: the step was
+    dropped, so 30 strided rows read "rows 0:59")."""
+    d = d or {}
+    if "start" in d:
+        return f"{d['start']}:{d['stop']}" + (f":{d['step']}" if d.get("step", 1) != 1 else "")
+    if "n_indices" in d:
+        return f"{d['n_indices']} rows in {d.get('first')}..{d.get('last')}"
+    return f"0:{r}"
+
+
+def _sketch_confidence(sk: dict[str, Any]) -> dict[str, Any]:
+    """The level of the sketch's intervals as its statement makes it: per σ for the block
+    bootstrap and the jackknife (an empirical multiplier, or Student's t), jointly over the k
+    intervals only for the Bonferroni bound of the oldest statement (found by review: the page
+    called the bootstrap's per-σ 95% a joint confidence with a Bonferroni z)."""
+    z = sk.get("z", float("nan"))
+    method = sk.get("method")
+    if method == "block-bootstrap":
+        return _row("confidence per σ", num("sketch.confidence", sk.get("confidence"), ".3g"),
+                    f"a calibrated estimate: ± {z:.3g} bootstrap s.d. (docs/sketch_calibration.md); not joint over the k")
+    if method == "jackknife":
+        return _row("confidence per σ", num("sketch.confidence", sk.get("confidence"), ".3g"),
+                    f"jackknife, t = {z:.3g}; not joint over the k")
+    return _row("joint confidence", num("sketch.confidence", sk.get("confidence"), ".3g"),
+                f"Bonferroni z = {z:.3g} over the k intervals")
+
+
 def _sketch(sk: dict[str, Any] | None) -> dict[str, Any] | None:
     if not sk:
         return None
@@ -209,8 +236,7 @@ def _sketch(sk: dict[str, Any] | None) -> dict[str, Any] | None:
         "rows": [
             _row("sketch", f"{sk.get('kind')}", f"M = {sk.get('M'):,} columns ({sk.get('exact_columns', 0):,} exact) "
                  f"of p = {sk.get('p'):,}, J = {sk.get('J')} blocks, seed {sk.get('seed')}"),
-            _row("joint confidence", num("sketch.confidence", sk.get("confidence"), ".3g"),
-                 f"Bonferroni z = {sk.get('z', float('nan')):.3g} over the k intervals"),
+            _sketch_confidence(sk),
             _row("median relative half-width", num("sketch.median_relative_half_width",
                                                    sk.get("median_relative_half_width"), ".3g")),
         ],

@@ -24,7 +24,6 @@ from gradspec.spectrum._bounds import (
 )
 from gradspec.spectrum._density import DensitySpace, SpectralDensity, spectral_density
 from gradspec.spectrum._driver import decay_analysis, parse_row_range, read_report, sigma_analysis
-from gradspec.spectrum._inputs import store_relation
 from gradspec.spectrum._fit import (
     CIMethod,
     PowerLawFit,
@@ -33,6 +32,7 @@ from gradspec.spectrum._fit import (
     fit_power_law,
     fit_spectrum,
 )
+from gradspec.spectrum._inputs import store_relation
 from gradspec.spectrum._lipschitz import (
     LipschitzDecay,
     RestrictedLipschitz,
