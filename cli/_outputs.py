@@ -92,9 +92,19 @@ def _refuse_inside_a_store(out: Path) -> None:
             )
 
 
-def record_outputs(out: Path, names: Iterable[str]) -> None:
-    """Record the files ``names`` (just written into ``out``) as gradspec's, with their digests."""
+def record_outputs(out: Path, names: Iterable[str], *, replaces: Iterable[str] = ()) -> None:
+    """Record the files ``names`` (just written into ``out``) as gradspec's, with their digests.
+
+    ``replaces``: every name this command writes in some run; those an earlier run wrote (the
+    record says so, bytes unchanged) that this one did not are removed, so a narrower rerun
+    (`decay --spectrum-only`) leaves no figure of the analysis before it (found by review).
+    """
+    names = list(names)
     record = _record(out)
+    for name in set(replaces) - set(names):
+        path = out / name
+        if name in record and path.is_file() and not path.is_symlink() and record[name] == _digest(path):
+            path.unlink()
     for name in names:
         if (out / name).is_file():
             record[name] = _digest(out / name)

@@ -112,10 +112,17 @@ def decay_command(
 
         figs = report_figures(analysis, out, formats=formats)
         written += [f"{name}.{f}" for name in figs for f in formats]
-    record_outputs(out, written)
+    record_outputs(out, written, replaces=_every_format(REPORT_FIGURES))
     for key, line in report["summary"].items():
         typer.echo(f"{key}: {line}")
+    for line in report.get("notes") or []:  # what-if settings, rows left out, ... (found by review:
+        typer.echo(f"note: {line}")  # they reached report.json and the page, never the console)
     typer.echo(f"wrote {out / 'report.json'}")
+
+
+def _every_format(stems) -> list[str]:
+    """Every file name of these figures in any format a run may have written."""
+    return [f"{name}.{f}" for name in stems for f in ("png", "pdf", "svg")]
 
 
 def _load_view(path: Path):
@@ -164,6 +171,6 @@ def plot_command(
     else:
         figs = overlay_figures(views, out, formats=formats)
         figs = {f"overlay_{k}": v for k, v in figs.items()}
-    record_outputs(out, [f"{name}.{f}" for name in figs for f in formats])
+    record_outputs(out, [f"{name}.{f}" for name in figs for f in formats], replaces=_every_format(stems))
     for name in figs:
         typer.echo(str(out / f"{name}.{formats[0]}"))

@@ -170,8 +170,21 @@ def _pca_k(contents: RunContents) -> int:
     (pca refuses a k above min(r, p))."""
     g = contents.gradients or {}
     shape = g.get("shape") or [None, None]
-    limits = [100, shape[1]] + ([shape[0]] if g.get("status") == "complete" else [])
+    limits = [100, shape[1]] + ([shape[0]] if g.get("status") == "complete" else [_planned_rows(contents)])
     return int(min(n for n in limits if isinstance(n, int) and n > 0))
+
+
+def _planned_rows(contents: RunContents) -> int | None:
+    """The rows an unfinished per-step run will hold when it finishes (its steps, every
+    ``--every``-th stored), else None (per-example rows: their number is not known ahead).
+    Found by review: an unfinished 80-step run was offered `pca --k 100`, refused then and after."""
+    cfg = contents.config or {}
+    run = cfg.get("collect") or {}
+    steps = cfg.get("steps") if cfg.get("steps") is not None else run.get("steps")
+    if run.get("mode") not in (None, "batch") or not isinstance(steps, int):
+        return None
+    every = run.get("every") if isinstance(run.get("every"), int) and run.get("every") > 0 else 1
+    return -(-steps // every)
 
 
 def _spectrum_stage(run_dir: Path, specs: list[SpectrumStore], contents: RunContents,

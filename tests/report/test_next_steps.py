@@ -61,3 +61,12 @@ def test_the_suggested_sweep_trains_on_the_runs_own_data(tmp_path):
     ok("collect", "--out", tmp_path / "t", "--steps", 6, "--seed", 3, "--task-seed", 5, *TRAIN)
     _run(read_run(tmp_path / "t").stages["pca"].next_step, "--no-progress")
     assert " --task-seed 5" in read_run(tmp_path / "t").stages["retrain"].next_step
+
+
+def test_an_unfinished_run_is_offered_a_k_its_finished_store_can_give(tmp_path):
+    """An unfinished 30-step run (10 rows so far): --k 30, not 100 (found by review: --k 100 was
+    refused then and after the run finished)."""
+    run = tmp_path / "run"
+    task = [a if a != "d=40" else "d=300" for a in TRAIN]
+    ok("collect", "--out", run, "--steps", 30, "--stop-after", 10, "--noise-multiplier", 1.0, "--eval-every", 0, *task)
+    assert " --k 30 " in read_run(run).stages["pca"].next_step

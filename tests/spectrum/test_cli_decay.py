@@ -233,3 +233,31 @@ def test_decay_shows_its_passes_over_the_rows_on_stderr_unless_no_progress(store
     assert "G_k: rows onto V" not in res.stdout
     res = CliRunner().invoke(_app(), [*args, "--out", str(tmp_path / "b"), "--no-progress"])
     assert res.exit_code == 0 and "G_k: rows onto V" not in res.output, res.output
+
+
+def test_a_narrower_rerun_leaves_no_figure_of_the_analysis_before(stores, tmp_path):
+    """decay --spectrum-only into a folder of a full analysis removed none of its G_k figures
+    (found by review: lipschitz, step_error and explained_variance stayed, still recorded); a
+    file the user put there is kept."""
+    out = tmp_path / "decay"
+    runner = CliRunner()
+    res = runner.invoke(_app(), ["decay", str(stores["spec"]), "--out", str(out), "--format", "png"])
+    assert res.exit_code == 0, res.output
+    assert (out / "lipschitz.png").is_file()
+    (out / "notes.png").write_bytes(b"mine")
+    res = runner.invoke(_app(), ["decay", str(stores["spec"]), "--out", str(out), "--format", "png", "--spectrum-only"])
+    assert res.exit_code == 0, res.output
+    assert not (out / "lipschitz.png").exists() and (out / "spectrum.png").is_file()
+    assert (out / "notes.png").read_bytes() == b"mine"
+    assert "lipschitz.png" not in json.loads((out / ".gradspec-written.json").read_text())["files"]
+
+
+def test_the_console_shows_the_reports_notes(stores, tmp_path):
+    out, spec = tmp_path / "d", tmp_path / "centred.zarr"
+    linalg.pca(source=str(stores["grads"]), k=10, rows=slice(0, 40), center=True, out=str(spec))
+    res = CliRunner().invoke(_app(), ["decay", str(spec), "--out", str(out), "--no-plots"])
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["notes"], report["notes"]
+    for line in report["notes"]:
+        assert f"note: {line}" in res.output
