@@ -113,15 +113,21 @@ def _trained(c: RunContents) -> list[dict[str, Any]]:
     return rows
 
 
+def _own_retrain(c: RunContents) -> Any:
+    """The retraining run whose folder this is, or None (a collect run's folder)."""
+    own = [r for r in c.retrain if Path(r.out) == c.run_dir]
+    return own[0] if own else None
+
+
 def _epsilon(c: RunContents) -> tuple[float | None, str]:
     """The ε the run spent, and where it comes from: the finished run's, or the last one its
     log recorded while it runs."""
     cfg = c.config or {}
     if cfg.get("final_epsilon") is not None:
         return cfg["final_epsilon"], ""
-    own = [r for r in c.retrain if Path(r.out) == c.run_dir]  # a retraining run's folder
-    if own:
-        return own[0].epsilon, "the retraining run's (retrain.json)"
+    own = _own_retrain(c)
+    if own is not None:
+        return own.epsilon, "the retraining run's (retrain.json)"
     try:
         last = c.metrics.last("epsilon") if c.metrics is not None else None
     except ValueError:  # a damaged record: reported with the figure that cannot be drawn
@@ -139,6 +145,11 @@ def _privacy(c: RunContents) -> list[dict[str, Any]]:
     col = cfg.get("collect") or {}
     target = col.get("target_epsilon")
     eps, eps_note = _epsilon(c)
+    own = _own_retrain(c) if not c.gradients else None
+    if own is not None:  # a retraining run's folder: its own record (found by review: δ and the
+        # noise multiplier read "—", with notes of a collect run)
+        cfg = {**cfg, "delta": own.delta, "noise_multiplier": own.noise_multiplier, "steps": own.steps}
+        col = {**col, "delta": own.delta, "accounting": own.accounting or col.get("accounting")}
     # the rate the accountant counted: 1 / (n // B) for shuffled batches, where the recorded q is B / n
     q = accounted_sample_rate(cfg)
     q = cfg.get("sample_rate") if q is None else q
@@ -364,7 +375,8 @@ def _glance(c: RunContents, decay: dict[str, Any] | None) -> list[dict[str, Any]
     cards = []
     eps, eps_note = _epsilon(c)
     if eps is not None:
-        cards.append({"label": "privacy spent" + (" so far" if eps_note else ""),
+        running = bool(eps_note) and _own_retrain(c) is None  # a finished retraining run has spent it all
+        cards.append({"label": "privacy spent" + (" so far" if running else ""),
                       "value": num("glance.epsilon", eps, ".3f"),
                       "unit": "ε =", "note": ", ".join(
                           f"{name} {value:{spec}}" for name, value, spec in (

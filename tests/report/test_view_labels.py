@@ -21,3 +21,23 @@ def test_the_sketch_confidence_says_per_sigma_or_joint_as_its_statement_does():
     assert jack["label"] == "confidence per σ"
     old = _sketch_confidence({"confidence": 0.95, "z": 3.1})  # issue 22's perturbation statement
     assert old["label"] == "joint confidence" and "Bonferroni" in old["note"]
+
+
+def test_a_retraining_runs_folder_shows_its_own_privacy(tmp_path):
+    """A `gradspec retrain --out` folder: δ and the noise multiplier from its retrain.json, and a
+    finished run's ε is not 'spent so far' (found by review: both read "—", with notes of a
+    collect run, and the card said "so far")."""
+    import json
+
+    from gradspec.report._read import read_run
+    from gradspec.report._view import _glance, _privacy
+
+    from .conftest import TRAIN, ok
+
+    out = tmp_path / "rt"
+    ok("retrain", "-a", "dp-sgd", "--steps", 4, "--epsilon", 2, "--out", out, *TRAIN)
+    rec = json.loads((out / "retrain.json").read_text())
+    c = read_run(out)
+    rows = {r["label"]: r["value"] for r in _privacy(c)}
+    assert rows["δ"].value == rec["delta"] and rows["noise multiplier"].value == rec["noise_multiplier"]
+    assert _glance(c, None)[0]["label"] == "privacy spent"
