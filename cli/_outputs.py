@@ -35,8 +35,10 @@ def _digest(path: Path) -> str:
 
 def _record(out: Path) -> dict[str, str]:
     """name -> sha256 of the files gradspec wrote in ``out`` (empty if none, or unreadable)."""
-    try:
-        data = json.loads((out / RECORD_NAME).read_text())
+    from gradspec._files import read_regular
+
+    try:  # a regular file only: a FIFO here hung plot and report (found by review)
+        data = json.loads(read_regular(out / RECORD_NAME, max_bytes=16 << 20).decode())
     except (OSError, ValueError):
         return {}
     files = data.get("files") if isinstance(data, dict) and data.get("format") == _FORMAT else None

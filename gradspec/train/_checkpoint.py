@@ -268,8 +268,12 @@ def _json_kind(value: Any) -> str:
 
 def _parse_run_config(path: Path) -> TrainConfig:
     """``path`` (a config.json) as a TrainConfig, every field of the JSON type its annotation says."""
-    try:
-        data = json.loads(path.read_text())
+    from gradspec._files import NotRegularFile, read_regular
+
+    try:  # a regular file only: a FIFO here hung collect (found by review)
+        data = json.loads(read_regular(path, max_bytes=16 << 20).decode())
+    except NotRegularFile as exc:
+        raise ValueError(f"it is {exc}") from None
     except RecursionError:
         raise ValueError("it nests too deeply to be a run config") from None
     except (ValueError, OSError) as exc:
@@ -294,7 +298,7 @@ def read_run_config(out: str | os.PathLike) -> TrainConfig:
             link out of ``out`` (:func:`check_run_entries`).
     """
     path = Path(out) / CONFIG_NAME
-    if not path.is_file():
+    if not path.is_file() and not path.exists() and not path.is_symlink():
         raise FileNotFoundError(f"no run to resume in {str(out)!r} (no {CONFIG_NAME}); drop --resume")
     check_run_entries(out)
     try:
