@@ -51,21 +51,23 @@ import logging
 import os
 import platform
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from gradspec._files import read_regular
 from gradspec.linalg._gil import choose, idle_rate, settled_share
+from gradspec.linalg._kernel_cache import (
+    CACHE_FILE,
+    cache_dir,
+    read_cache,
+    valid_entry,
+    write_cache,
+)
 from gradspec.linalg._kernels import GRAM_KERNELS, default_kernel, gram_kernel
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "GRADSPEC_CACHE_DIR"
-CACHE_FILE = "gram_kernels.json"
-CACHE_VERSION = 1
 #: Columns of the panel the candidates are timed on: a pass over at most 2,048 rows cuts its
 #: blocks into 8,192-column panels (at 768 and at 4,096 columns the ranking differed).
 MEASURE_COLS = 8192
@@ -86,8 +88,6 @@ MEASURE_BUDGET_S = 2.5
 #: it, each update a fresh one: more than a last-level cache holds, as in a pass).
 PANELS_BYTES = 256 * 2**20
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-#: The largest cache file read (bytes); an entry is about 1 KB.
-MAX_CACHE_BYTES = 1 << 20
 #: A measurement is under load when the load average before it exceeded this fraction of the
 #: usable cores (and it got less than ``CPU_SHARE`` of its threads' CPU); a loaded entry is
 #: measured again when the load average is at most this fraction of the cores.
@@ -99,19 +99,6 @@ CPU_SHARE = 0.8
 CONTRADICTION = 2.0
 
 _memo: dict[tuple[str, str], dict[str, Any]] = {}
-
-
-def cache_dir(override: str | os.PathLike | None = None) -> Path:
-    """Where the kernel choice is cached: ``override``, ``$GRADSPEC_CACHE_DIR``,
-    ``$XDG_CACHE_HOME/gradspec`` or ``~/.cache/gradspec``."""
-    if override is not None:
-        return Path(override)
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "gradspec"
 
 
 def _cpu_model() -> str:
@@ -283,60 +270,6 @@ def measure(
     return rates
 
 
-def _valid_entry(entry: Any) -> bool:
-    if not isinstance(entry, dict):
-        return False
-    choice, rates = entry.get("choice"), entry.get("rates")
-    if not isinstance(choice, dict) or not isinstance(rates, dict):
-        return False
-    for dname in DTYPES:
-        if choice.get(dname) not in GRAM_KERNELS:
-            return False
-        r = rates.get(dname)
-        if not isinstance(r, dict) or not r:
-            return False
-        for name, v in r.items():
-            if name not in GRAM_KERNELS or isinstance(v, bool) or not isinstance(v, (int, float)):
-                return False
-            if not (np.isfinite(v) and v > 0):
-                return False
-    return True
-
-
-def _read_cache(path: Path) -> dict[str, Any] | None:
-    """The cache file's entries, or None (absent; or damaged, not a regular file or over
-    ``MAX_CACHE_BYTES``, with a warning). Opened without blocking, checked on the open file."""
-    try:
-        raw = read_regular(path, max_bytes=MAX_CACHE_BYTES)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        logger.warning("ignoring the Gram-kernel cache %r (%s); measuring again", str(path), exc)
-        return None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
-            raise ValueError(f"not a version-{CACHE_VERSION} kernel cache")
-        entries = data.get("entries")
-        if not isinstance(entries, dict):
-            raise ValueError("no entries")
-        return entries
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
-        logger.warning("ignoring the damaged Gram-kernel cache %r (%s); measuring again", str(path), exc)
-        return None
-
-
-def _write_cache(path: Path, entries: dict[str, Any]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        logger.warning("could not write the Gram-kernel cache %r (%s); the choice holds for this process",
-                       str(path), exc)
-
-
 def entry_key(rows: int | None = None) -> str:
     """The cache entry's key for passes over ``rows`` rows: the machine's key and the panel
     measured (:func:`measure_panel`), as sorted JSON."""
@@ -370,9 +303,9 @@ def machine_kernels(
     memo_key = (str(path), skey)
     if not remeasure and memo_key in _memo:
         return dict(_memo[memo_key])
-    entries = _read_cache(path) or {}
+    entries = read_cache(path) or {}
     entry = None if remeasure else entries.get(skey)
-    if entry is not None and not _valid_entry(entry):
+    if entry is not None and not valid_entry(entry):
         logger.warning("ignoring a malformed entry of the Gram-kernel cache %r; measuring again", str(path))
         entry = None
     why = _stale(entry) if entry is not None else None
@@ -393,7 +326,7 @@ def machine_kernels(
         if old is not None and old.get("stale"):
             entry["after_contradiction"] = old["stale"]
         entries[skey] = entry
-        _write_cache(path, entries)
+        write_cache(path, entries)
         source = "measured"
     out = {**entry, "how": _conditions_text(entry.get("conditions")), "key": key, "cache": str(path),
            "source": source}
@@ -443,12 +376,12 @@ def check_gram_pass(kernel: str, *, dtype: torch.dtype, device: torch.device, fl
     logger.warning("a Gram pass ran %s at %.1f GFLOP/s, %.1fx the %.1f GFLOP/s the cached measurement gave it "
                    "(%s); the Gram kernels are measured again on the next large pass",
                    kernel, gflops, gflops / measured, measured, _conditions_text(info.get("conditions")))
-    entries = _read_cache(path) or {}
+    entries = read_cache(path) or {}
     entry = entries.get(skey)
     if isinstance(entry, dict) and entry.get("measured_at") == info.get("measured_at"):
         entry["stale"] = {"dtype": dname, "kernel": kernel, "achieved": round(gflops, 1),
                           "measured": round(measured, 1), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        _write_cache(path, entries)
+        write_cache(path, entries)
     _memo.pop((str(path), skey), None)
     return True
 

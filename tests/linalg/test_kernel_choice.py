@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gradspec.linalg import GRAM_KERNELS, machine_kernels, pca
+from gradspec.linalg import _kernel_cache as kcache
 from gradspec.linalg import _kernel_choice as kc
 
 CPU = torch.device("cpu")
@@ -46,7 +47,7 @@ def test_measured_choice_is_cached_and_read_back(tmp_path, fake_measure):
     assert first["source"] == "measured" and len(fake_measure) == 1
     assert first["choice"] == {"float32": "scipy-syrk", "float64": "numpy-syrk"}
     data = json.loads((tmp_path / kc.CACHE_FILE).read_text())
-    assert data["version"] == kc.CACHE_VERSION
+    assert data["version"] == kcache.CACHE_VERSION
     (entry,) = data["entries"].values()
     assert entry["choice"] == first["choice"] and entry["rates"] == RATES
     # keyed by the machine and the panel measured
@@ -71,7 +72,7 @@ QUIET = {"load_1m": 0.1, "cores": 2, "torch_threads": 2, "cpu_s": 3.0, "wall_s":
 
 
 def _valid_file(path) -> dict:
-    return {"version": kc.CACHE_VERSION, "entries": {kc.entry_key(): {
+    return {"version": kcache.CACHE_VERSION, "entries": {kc.entry_key(): {
         "choice": {"float32": "torch-gemm", "float64": "torch-gemm"}, "rates": json.loads(json.dumps(RATES)),
         "panel": [8, 8], "measured_at": "then", "conditions": QUIET}}}
 
@@ -91,6 +92,10 @@ DAMAGE = {
     "bool-rate": lambda d: (_entry(d)["rates"]["float32"].update({"torch-gemm": True}), d)[1],
     "no-rates": lambda d: (_entry(d).pop("rates"), d)[1],
     "entry-a-string": lambda d: {**d, "entries": dict.fromkeys(d["entries"], "fast")},
+    # found by review: each stopped pca with a KeyError or TypeError instead of a new measurement
+    "choice-without-a-rate": lambda d: (_entry(d)["rates"]["float32"].pop(_entry(d)["choice"]["float32"]), d)[1],
+    "no-panel": lambda d: (_entry(d).pop("panel"), d)[1],
+    "panel-a-number": lambda d: (_entry(d).update(panel=8192), d)[1],
 }
 
 
