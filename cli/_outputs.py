@@ -35,10 +35,11 @@ def _digest(path: Path) -> str:
 
 def _record(out: Path) -> dict[str, str]:
     """name -> sha256 of the files gradspec wrote in ``out`` (empty if none, or unreadable)."""
-    from gradspec._files import read_regular
-
-    try:  # a regular file only: a FIFO here hung plot and report (found by review)
-        data = json.loads(read_regular(out / RECORD_NAME, max_bytes=16 << 20).decode())
+    path = out / RECORD_NAME
+    if not path.is_file():  # a regular file only: a FIFO here hung plot and report (found by review)
+        return {}
+    try:
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     files = data.get("files") if isinstance(data, dict) and data.get("format") == _FORMAT else None

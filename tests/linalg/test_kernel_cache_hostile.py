@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gradspec.linalg import GradientOperator, machine_kernels
+from gradspec.linalg import _kernel_cache as kcache
 from gradspec.linalg import _kernel_choice as kc
 
 CPU = torch.device("cpu")
@@ -92,7 +93,7 @@ def _cache_file(path, conditions=QUIET, **extra) -> None:
     if conditions is not None:
         entry["conditions"] = conditions
     key = kc.entry_key()
-    path.write_text(json.dumps({"version": kc.CACHE_VERSION, "entries": {key: entry}}))
+    path.write_text(json.dumps({"version": kcache.CACHE_VERSION, "entries": {key: entry}}))
 
 
 # ---------------------------------------------------------------------------- hostile files
@@ -114,7 +115,7 @@ def test_a_cache_that_is_not_a_small_regular_file_is_ignored_and_replaced(tmp_pa
     finally:
         tracemalloc.stop()
     assert info["source"] == "measured" and len(machine.calls) == 1
-    assert peak < kc.MAX_CACHE_BYTES  # never read whole (was: 8 MiB read, then refused)
+    assert peak < kcache.MAX_CACHE_BYTES  # never read whole (was: 8 MiB read, then refused)
     warning, *rest = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert "\n" not in warning and "measuring again" in warning
     assert len(rest) == (kind == "directory")  # a directory cannot be replaced: "could not write"
