@@ -131,6 +131,22 @@ def unlink_planted(tmp: Path) -> None:
         tmp.unlink()
 
 
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` through a temporary file of this process's own, created
+    exclusively (``O_EXCL | O_NOFOLLOW``: nothing planted there is written through, and two
+    processes writing the same file never share one)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.partial")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` through a temporary file (never a torn file)."""
     tmp = path.with_name(path.name + ".partial")

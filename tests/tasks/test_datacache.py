@@ -91,3 +91,15 @@ def test_every_real_dataset_pins_a_distinct_file_and_hash():
     assert [d.name for d in datas] == list(REAL_TEXT)
     assert len({d.file for d in datas}) == len({d.sha256 for d in datas}) == len(datas)
     assert all("==" in d.requirement and len(d.sha256) == 64 for d in datas)
+
+
+def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
+    """extract() writes through a temporary file of its own (found by review: a link planted at
+    FILE.partial was written through, and the cached file became that link)."""
+    victim = tmp_path / "victim"
+    victim.write_text("mine")
+    (tmp_path / "x.txt.partial").symlink_to(victim)
+    (tmp_path / "dist.whl").write_bytes(b"dist")
+    data = dataclasses.replace(_data("x"), sha256=hashlib.sha256(b"dist").hexdigest())
+    out = _datacache.extract(data, tmp_path / "dist.whl", tmp_path)
+    assert victim.read_text() == "mine" and not out.is_symlink() and out.read_bytes() == b"data"
