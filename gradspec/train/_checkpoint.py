@@ -176,6 +176,12 @@ def load_checkpoint(path: str | os.PathLike, required: tuple[str, ...] = ()) -> 
                              "upgrade gradspec to resume it")
         raise ValueError(f"{str(path)!r} is not a gradspec checkpoint (format {CHECKPOINT_FORMAT}); "
                          "start the run anew with --overwrite")
+    if fmt == _UNVERIFIED_FORMAT and "digest" in state:
+        # format 2 never carried a digest: one here is a format-3 checkpoint whose format was
+        # changed, which would switch its check off (found by review: two flipped bits resumed
+        # from a damaged weight)
+        raise ValueError(f"{str(path)!r} is damaged: it says format {fmt} but carries a digest (format "
+                         f"{CHECKPOINT_FORMAT}); start the run anew with --overwrite")
     if fmt == _UNVERIFIED_FORMAT:
         logger.warning("%s is a checkpoint of format %d, written before checkpoints carried a digest: its "
                        "values cannot be verified (a damaged file would be resumed from)", path, fmt)

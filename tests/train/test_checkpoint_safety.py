@@ -178,6 +178,16 @@ def test_a_format_2_checkpoint_without_a_digest_still_resumes_with_a_warning(run
     assert res.exit_code == 0, res.output
 
 
+def test_a_format_3_checkpoint_relabelled_format_2_is_damage(run):
+    """The format changed to 2 would switch the digest check off; a digest there says it was 3
+    (found by review: with a weight flipped too, the resume trained from the damaged weight)."""
+    path = run / CHECKPOINT_NAME
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, "format": 2}, path)
+    with pytest.raises(ValueError, match="says format 2 but carries a digest"):
+        load_checkpoint(path, required=REQUIRED)
+
+
 def test_the_digest_sees_every_value_and_its_kind():
     base = {"a": torch.arange(4, dtype=torch.float32), "b": [1, 2.0, "x", None, True], "c": {1: (torch.ones(0),)}}
     same = {"a": torch.arange(4, dtype=torch.float32), "b": [1, 2.0, "x", None, True], "c": {1: (torch.ones(0),)}}
