@@ -6,7 +6,6 @@ Heavy imports (numpy, zarr, matplotlib) happen inside the commands so that
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -80,7 +79,7 @@ def decay_command(
     ),
 ) -> None:
     """Fit the spectrum's decay, measure G_k, evaluate the bounds; write report.json (+ figures)."""
-    from gradspec.spectrum import decay_analysis, decay_config
+    from gradspec.spectrum import decay_analysis, decay_config, write_report
 
     formats = _formats(fmt)  # before the analysis: a bad --format must not leave a report behind
     config = decay_config(
@@ -103,9 +102,7 @@ def decay_command(
     )
     out.mkdir(parents=True, exist_ok=True)
     report = analysis.to_dict()
-    (out / "report.json").write_text(
-        json.dumps(report, indent=1, ensure_ascii=False, allow_nan=False)
-    )
+    write_report(report, out / "report.json")
     written = ["report.json"]
     if plots:
         from gradspec.plot import report_figures

@@ -23,7 +23,13 @@ from gradspec.spectrum._bounds import (
     subspace_term,
 )
 from gradspec.spectrum._density import DensitySpace, SpectralDensity, spectral_density
-from gradspec.spectrum._driver import decay_analysis, parse_row_range, read_report, sigma_analysis
+from gradspec.spectrum._driver import (
+    decay_analysis,
+    parse_row_range,
+    read_report,
+    sigma_analysis,
+    write_report,
+)
 from gradspec.spectrum._fit import (
     CIMethod,
     PowerLawFit,
@@ -124,6 +130,7 @@ __all__ = [
     "parse_rank_range",
     "parse_bandwidth",
     "read_report",
+    "write_report",
     "store_relation",
     "sigma_analysis",
 ]

@@ -432,11 +432,13 @@ def read_report(path: str | Path) -> dict[str, Any]:
     """
     import json
 
+    from gradspec._files import json_sha256, read_regular
+
     path = Path(path)
     what = (f"{str(path)!r} is not a report.json of `gradspec decay`; pass one, the directory "
             "`gradspec decay --out` wrote, or a spectrum store")
     try:
-        report = json.loads(path.read_text())
+        report = json.loads(read_regular(path, max_bytes=REPORT_MAX_BYTES).decode())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ValueError(f"{what} (it is not JSON)") from None
     except RecursionError:
@@ -445,7 +447,29 @@ def read_report(path: str | Path) -> dict[str, Any]:
     if fmt != REPORT_FORMAT:
         found = f"format {fmt!r}" if fmt else "no format field"
         raise ValueError(f"{what} ({found}; this gradspec reads {REPORT_FORMAT!r})")
+    digest = report.pop(REPORT_DIGEST, None)  # reports written before 2026-12-04 carry none
+    if digest is not None and digest != json_sha256(report):
+        raise ValueError(f"{str(path)!r} is damaged: its values do not match the digest written with them "
+                         "(a changed byte); run `gradspec decay` again")
     return report
+
+
+#: The key of a report.json's digest: SHA-256 of its other values as canonical JSON (found by
+#: review: one flipped bit read sigma's decay as c = 3.083 for 1.083 on the page, exit 0).
+REPORT_DIGEST = "digest"
+REPORT_MAX_BYTES = 1 << 30
+
+
+def write_report(report: dict[str, Any], path: str | Path) -> None:
+    """Write ``report`` (``DecayAnalysis.to_dict()``) as ``path`` whole or not at all, with the
+    digest :func:`read_report` checks."""
+    import json
+
+    from gradspec._files import json_sha256, write_text_atomic
+
+    saved = json.loads(json.dumps(report, ensure_ascii=False, allow_nan=False))
+    write_text_atomic(Path(path), json.dumps({**saved, REPORT_DIGEST: json_sha256(saved)}, indent=1,
+                                             ensure_ascii=False, allow_nan=False))
 
 
 def _abspath(path: Any) -> str:

@@ -261,3 +261,24 @@ def test_the_console_shows_the_reports_notes(stores, tmp_path):
     assert report["notes"], report["notes"]
     for line in report["notes"]:
         assert f"note: {line}" in res.output
+
+
+def test_a_changed_byte_in_report_json_is_damage(stores, tmp_path):
+    """report.json carries a digest of its values (found by review: one flipped bit read the
+    spectrum's decay as c = 3.083 for 1.083 on the page and in plot, exit 0)."""
+    from gradspec.spectrum import read_report
+
+    out = tmp_path / "d"
+    res = CliRunner().invoke(_app(), ["decay", str(stores["spec"]), "--out", str(out), "--no-plots"])
+    assert res.exit_code == 0, res.output
+    path = out / "report.json"
+    good = read_report(path)
+    assert "digest" not in good
+    text = path.read_text()
+    c = f'"c": {good["spectrum"]["fit_singular"]["c"]!r}'
+    assert c in text
+    path.write_text(text.replace(c, c.replace('"c": ', '"c": 2', 1), 1))
+    with pytest.raises(ValueError, match="is damaged: its values do not match the digest"):
+        read_report(path)
+    res = CliRunner().invoke(_app(), ["plot", str(out), "--out", str(tmp_path / "f")])
+    assert res.exit_code != 0 and "damaged" in res.output
