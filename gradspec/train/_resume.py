@@ -60,6 +60,7 @@ def _restore_run(
     required = ("step", "rows", "model", "optimizer", "metrics_offset", "layout")
     state = load_checkpoint(out / CHECKPOINT_NAME, required=required)
     run_cfg = saved_run_config(out)
+    _same_as_recorded(saved, run_cfg.get("collect"), out, given)
     run_info = _same_run_info(run_cfg.get("run_info"), run_info, out)
     sigma = state.get("noise_multiplier", run_cfg.get("noise_multiplier"))
     torch.manual_seed(config.seed)
@@ -171,6 +172,24 @@ def _prepare_resume(
         f.truncate(int(state["metrics_offset"]))
     logger.info("resuming at step %d of %d", run.step, run.steps)
     return run, store, task
+
+
+def _same_as_recorded(saved: TrainConfig, recorded: Any, out: Path, given: dict[str, Any]) -> None:
+    """config.json must say what the run config its store (digest-protected) or run.json recorded
+    beside it: every resume writes both (found by review: one flipped bit in config.json's steps,
+    20 -> 28, resumed eight steps more, exit 0). Not compared: settings this resume gives (its
+    own choice), the noise multiplier and target (a resume converting a calibrated run writes
+    them one file after the other), and keys the record lacks (an older gradspec)."""
+    if not isinstance(recorded, dict):
+        return
+    mine = saved.to_dict()
+    skip = {*given, "noise_multiplier", "target_epsilon"}
+    differ = [k for k in mine if k in recorded and k not in skip and recorded[k] != mine[k]]
+    if differ:
+        k = differ[0]
+        raise ValueError(f"{str(out / CONFIG_NAME)!r} says {flag(k)} {mine[k]!r:.60}, the run config recorded with "
+                         f"its rows {recorded[k]!r:.60}: it was edited or damaged; restore it, or start the run "
+                         "anew with --overwrite")
 
 
 def _calibration(saved: Any, planned: int, history: list[dict[str, Any]]) -> tuple[float, int] | None:

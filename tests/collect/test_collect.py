@@ -288,6 +288,18 @@ def test_bad_run_settings_are_refused_before_anything_is_written(tmp_path, kw, m
     assert not (tmp_path / "x").exists()
 
 
+def test_a_changed_run_length_in_config_json_is_refused_unless_given(tmp_path):
+    """One flipped bit in config.json's steps resumed a run for longer (found by review: 20 -> 28,
+    eight more steps, exit 0); a --steps the resume gives is the user's choice."""
+    collect(cfg(steps=8), out=tmp_path / "r", task=tiny_task(), stop_after=4)
+    path = tmp_path / "r" / "config.json"
+    path.write_text(path.read_text().replace('"steps": 8', '"steps": 12'))
+    with pytest.raises(ValueError, match=r"says --steps 12, the run config recorded with its rows 8"):
+        collect(out=tmp_path / "r", task=tiny_task(), resume=True)
+    res = collect(cfg(steps=8), out=tmp_path / "r", task=tiny_task(), resume=True)
+    assert res.steps == 8
+
+
 def test_a_damaged_run_is_refused_on_resume(tmp_path):
     import shutil
 
@@ -312,7 +324,8 @@ def test_a_damaged_run_is_refused_on_resume(tmp_path):
     # a config.json edited by hand (the run recorded lr 0.05)
     path = tmp_path / "a" / "config.json"
     path.write_text(path.read_text().replace('"lr": 0.05', '"lr": 0.5'))
-    with pytest.raises(ValueError, match=r"config\.json .* differ \(edited"):
+    with pytest.raises(ValueError, match=r"config\.json' says --lr 0\.5, the run config recorded with its rows 0\.05: "
+                                         "it was edited or damaged"):
         collect(out=tmp_path / "a", task=tiny_task(), resume=True)
 
 
