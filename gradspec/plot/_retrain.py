@@ -31,7 +31,7 @@ def _label(row: dict[str, Any]) -> str:
 
 
 #: What else tells a sweep's configurations apart (beyond algorithm and rank), as shown in a label.
-_VARIANTS = (("options", "{}"), ("lr", "lr={}"), ("noise_multiplier", "σ={:.3g}"))
+_VARIANTS = (("options", "{}"), ("lr", "lr={}"), ("noise_multiplier", "z={:.3g}"))
 
 
 def _labels(rows: Sequence[dict[str, Any]], *, across_noise: bool = True) -> list[str]:

@@ -35,9 +35,9 @@ def test_privacy_levels_are_lines_of_their_own(tmp_path):
             _row(tmp_path, "b0", (0.5, 0.5), noise_multiplier=2.0, epsilon=1.0)]
     fig = plot_retrain_curves(rows)
     lines = {ln.get_label(): ln.get_ydata() for ln in fig.axes[0].get_lines()}
-    assert set(lines) == {"dp-sgd σ=1", "dp-sgd σ=2"}
-    np.testing.assert_allclose(lines["dp-sgd σ=1"], [0.7, 0.8])  # the two seeds averaged
-    np.testing.assert_allclose(lines["dp-sgd σ=2"], [0.5, 0.5])
+    assert set(lines) == {"dp-sgd z=1", "dp-sgd z=2"}
+    np.testing.assert_allclose(lines["dp-sgd z=1"], [0.7, 0.8])  # the two seeds averaged
+    np.testing.assert_allclose(lines["dp-sgd z=2"], [0.5, 0.5])
     fig = plot_metric_vs_epsilon(rows)  # across epsilon: one line, both levels on it
     (line,) = fig.axes[0].get_lines()
     np.testing.assert_allclose(line.get_xdata(), [1.0, 2.0])
