@@ -223,6 +223,12 @@ class _Case:
             raise ValueError(f"the spectrum {sname!r} was computed from {src.get('path')!r} with another run "
                              f"config than {name!r} records (config digest differs): replay the store it was "
                              "computed from, as it was recorded")
+        cols = src.get("col_ranges")
+        if src.get("params") is not None or (cols is not None and [list(c) for c in cols] != [[0, g.p]]):
+            # U, sigma of some of the sketch's columns are not the rows' (found by review: pca --params
+            # sketch.exact, then replay, wrote directions at sin 0.84 from the exact ones, exit 0)
+            raise ValueError(f"the spectrum {sname!r} was computed on some of {name!r}'s columns (--params): "
+                             "replay a spectrum of all its columns")
         if (spec.params or {}).get("center") or src.get("center"):
             raise ValueError(f"the spectrum {sname!r} was computed with --center: replay a spectrum of the "
                              "uncentered rows (the paper's H)")

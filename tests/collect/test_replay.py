@@ -135,6 +135,18 @@ def test_a_spectrum_of_some_rows_replays_those_rows(runs, tmp_path):
     assert res.rows_checked == STEPS and out.shape == (7, 215) and list(out.source_rows) == list(range(2, 9))
 
 
+def test_a_spectrum_of_some_columns_is_refused(runs, tmp_path):
+    """pca --params of a sketched store: U, sigma of some of the sketch's columns are not the rows'
+    (found by review: the replay wrote directions at sin 0.84 from the exact ones, exit 0)."""
+    from gradspec.store import GradientStore
+
+    store = GradientStore.open(runs / "sketch" / "gradients.zarr")
+    first = store.layout.names[0]
+    pca(source=str(store.path), k=2, params=[first], out=tmp_path / "spec", progress=False)
+    with pytest.raises(ValueError, match="computed on some of .* columns"):
+        replay(runs / "sketch" / "gradients.zarr", tmp_path / "spec", out=tmp_path / "v", task=tiny_task())
+
+
 def test_retrain_takes_the_replayed_spectrum_and_refuses_the_sketched_one(runs, tmp_path):
     from gradspec.optim import retrain
 
