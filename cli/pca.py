@@ -160,6 +160,7 @@ def _sketch(rep: dict | None) -> None:
         + ("\n  (intervals nominal 95%, not yet calibrated: they covered 72% of the true top-100 sigma "
            "in docs/sketch_calibration.md, so read them as about one actual error wide)" if uncalibrated else "")
         + (f"\n  ({rep['calibration']})" if rep.get("calibration") and not uncalibrated else "")
+        + "".join(f"\n  caveat: {line}" for line in rep.get("caveats") or [])
     )
 
 

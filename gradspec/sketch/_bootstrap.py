@@ -376,7 +376,22 @@ def state(
         "angles": angles,
         "statement": statement_text(multiplier, angle_multiplier),
         "calibration": CALIBRATION,
+        "caveats": caveats(int(boot["J"]), int(k)),
     }
+
+
+def caveats(J: int, k: int) -> list[str]:
+    """Where the statement leaves what it was calibrated on (J = 8 blocks, k >= 20 sigma pooled);
+    found by review, with seeded cases beside the truth (docs/sketch_calibration.md, "Outside the
+    calibration")."""
+    out = []
+    if J != 8:
+        out.append(f"calibrated at J = 8 blocks; with J = {J} the top sigma's intervals covered less than 95% "
+                   "(J = 2: 74-94% of the top 5 in measured cases): read them as optimistic")
+    if k < 4:
+        out.append(f"k = {k}: the spread is pooled over too few neighbouring sigma (sigma_1 was covered 85-90% "
+                   "with --k 1); pca --k 20 pools as calibrated")
+    return out
 
 
 def block_error(

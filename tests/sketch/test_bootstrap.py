@@ -169,3 +169,18 @@ def test_version_4_angle_bounds_are_a_calibrated_95_percent_statement(boots):
     assert n == 72 and hold >= 0.93 * n and informative >= 0.9 * small, (n, hold, small, informative)
     n, hold, _, _ = count(1.0)
     assert hold < 0.75 * n, hold
+
+
+def test_a_statement_outside_its_calibration_says_so():
+    """J = 8 blocks and k >= 4 sigma pooled are what the multipliers were fitted on; outside it
+    (found by review: J = 2 covered 74-94% of the top 5, k = 1 covered sigma_1 85-90%) the
+    statement carries a caveat, which `gradspec pca` prints."""
+    from gradspec.sketch._bootstrap import caveats
+
+    grams, exact, _, _ = _case(0, 2048)
+    inside = state(block_bootstrap(grams, exact, k=K, angle_ks=(1,)))
+    assert inside["caveats"] == []
+    assert any("J = 8" in c for c in caveats(2, K)) and any("k = 1" in c for c in caveats(8, 1))
+    merged = [grams[0] + grams[1] + grams[2] + grams[3], grams[4] + grams[5] + grams[6] + grams[7]]
+    two = state(block_bootstrap(merged, exact, k=2, angle_ks=(1,)))
+    assert len(two["caveats"]) == 2
