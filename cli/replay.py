@@ -24,8 +24,11 @@ def replay_command(
     """Replay the seeded run of a sketched store; write its top-k directions in parameter space.
 
     Every replayed step's row is sketched with the store's plan and compared with the stored
-    row: a run that does not replay bit for bit (changed code, data, settings, or
-    non-deterministic kernels) is refused, naming the step, and nothing is written.
+    row: a row that differs by more than the tolerance (1e-5 of the row's largest entry by
+    default; changed code, data or settings and non-deterministic kernels usually differ by
+    more, but a change below it passes) is refused, naming the step, and nothing is written.
+    How many rows replayed bit for bit is printed: fewer than all means the run was not
+    reproduced exactly.
     """
     from gradspec import replay
     from gradspec.linalg import parse_memory
