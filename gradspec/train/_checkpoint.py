@@ -26,7 +26,7 @@ import torch
 
 from gradspec._files import read_regular, unlink_planted
 from gradspec.train._checkpoint_schema import check_state, unsafe_value
-from gradspec.train._config import TrainConfig, resume_conflicts
+from gradspec.train._config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -475,13 +475,6 @@ def open_resumable(out: Path, state: dict[str, Any], saved: TrainConfig, layout:
     if None not in ids and ids[0] != ids[1]:
         raise ValueError(f"the checkpoint in {str(out)!r} comes from another run than its store (or run.json); "
                          "the directory is damaged — start the run anew with --overwrite")
-    stored = run_config.get("collect")
-    # (sigma and the target may differ for a moment: a resume converts a calibrated run to a fixed sigma)
-    if isinstance(stored, dict) and resume_conflicts(saved, {
-        k: v for k, v in stored.items() if k in saved.to_dict() and k not in ("noise_multiplier", "target_epsilon")
-    }):
-        raise ValueError(f"the settings the run recorded and its {CONFIG_NAME} in {str(out)!r} differ (edited, "
-                         "or files of two runs) — start the run anew with --overwrite")
     metrics = out / METRICS_NAME
     if not metrics.is_file() or metrics.stat().st_size < int(state["metrics_offset"]):
         raise ValueError(f"{str(metrics)!r} is missing or shorter than the checkpoint expects; the run is "

@@ -25,6 +25,7 @@ from gradspec.train._checkpoint import (
     saved_run_config,
 )
 from gradspec.train._config import (
+    RESUMABLE,
     TrainConfig,
     bind_task,
     flag,
@@ -177,13 +178,15 @@ def _prepare_resume(
 def _same_as_recorded(saved: TrainConfig, recorded: Any, out: Path, given: dict[str, Any]) -> None:
     """config.json must say what the run config its store (digest-protected) or run.json recorded
     beside it: every resume writes both (found by review: one flipped bit in config.json's steps,
-    20 -> 28, resumed eight steps more, exit 0). Not compared: settings this resume gives (its
-    own choice), the noise multiplier and target (a resume converting a calibrated run writes
-    them one file after the other), and keys the record lacks (an older gradspec)."""
+    20 -> 28, resumed eight steps more, exit 0). Not compared: settings this resume may change
+    and gives (its own choice), the noise multiplier and target (a resume converting a
+    calibrated run writes them one file after the other), and keys the record lacks (an older
+    gradspec). The one check of config.json against the record (it was also made, for the
+    settings a resume may not change, in ``open_resumable``)."""
     if not isinstance(recorded, dict):
         return
     mine = saved.to_dict()
-    skip = {*given, "noise_multiplier", "target_epsilon"}
+    skip = {*(k for k in given if k in RESUMABLE), "noise_multiplier", "target_epsilon"}
     differ = [k for k in mine if k in recorded and k not in skip and recorded[k] != mine[k]]
     if differ:
         k = differ[0]
@@ -192,7 +195,7 @@ def _same_as_recorded(saved: TrainConfig, recorded: Any, out: Path, given: dict[
                          "anew with --overwrite")
 
 
-def _calibration(saved: Any, planned: int, history: list[dict[str, Any]]) -> tuple[float, int] | None:
+def _calibration(saved: TrainConfig, planned: int, history: list[dict[str, Any]]) -> tuple[float, int] | None:
     """(target epsilon, steps) the run's noise multiplier was calibrated for, or None (a run
     started with a fixed noise multiplier): from the saved config while it still has its
     target, else from the last resume entry that recorded it."""

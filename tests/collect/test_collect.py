@@ -298,6 +298,12 @@ def test_a_changed_run_length_in_config_json_is_refused_unless_given(tmp_path):
         collect(out=tmp_path / "r", task=tiny_task(), resume=True)
     res = collect(cfg(steps=8), out=tmp_path / "r", task=tiny_task(), resume=True)
     assert res.steps == 8
+    # a setting a resume may not change, edited and given alike, still differs from the record
+    collect(cfg(steps=8), out=tmp_path / "e", task=tiny_task(), stop_after=4)
+    path = tmp_path / "e" / "config.json"
+    path.write_text(path.read_text().replace('"lr": 0.05', '"lr": 0.5'))
+    with pytest.raises(ValueError, match=r"says --lr 0\.5, the run config recorded with its rows 0\.05"):
+        collect(cfg(steps=8, lr=0.5), out=tmp_path / "e", task=tiny_task(), resume=True)
 
 
 def test_a_damaged_run_is_refused_on_resume(tmp_path):
