@@ -136,21 +136,25 @@ def restricted_lipschitz(
     """
     if proj.n_rows == 0:
         raise ValueError("no gradient rows to estimate G_k from")
-    norms = proj.residual_norms()
-    qs = {_qkey(q): np.quantile(norms, q, axis=0) for q in quantiles}
-    every = None
     all_norms = proj.residual_norms_all()
-    if all_norms is not None:
-        every = {"max": all_norms.max(axis=0), **{_qkey(q): np.quantile(all_norms, q, axis=0) for q in quantiles}}
+    norms = proj.residual_norms() if all_norms is None else all_norms  # the grid's columns are among them
+    stats = {"max": norms.max(axis=0), **{_qkey(q): np.quantile(norms, q, axis=0) for q in quantiles}}
+    every = None if all_norms is None else stats
+    grid = stats if all_norms is None else {k: v[proj.ks] for k, v in stats.items()}
     return RestrictedLipschitz(
         ks=proj.ks.copy(),
-        max=norms.max(axis=0),
-        quantiles=qs,
+        max=grid["max"],
+        quantiles={k: v for k, v in grid.items() if k != "max"},
         n_rows=proj.n_rows,
         source=dict(source or {}),
         unresolved=proj.unresolved().sum(axis=0).astype(np.int64),
         every=every,
     )
+
+
+#: Ĝ_k below this fraction of Ĝ_0 is rounding (the in-sample zero at the rank of H): left out of
+#: fits and envelopes.
+REL_FLOOR = 1e-6
 
 
 def envelope_exponent(
@@ -243,7 +247,7 @@ def lipschitz_decay(
     k_range: tuple[int, int] | None = None,
     ci: str = "analytic",
     level: float = 0.95,
-    rel_floor: float = 1e-6,
+    rel_floor: float = REL_FLOOR,
 ) -> LipschitzDecay:
     """Fit Ĝ_k ≈ a·k^(−c) and test the hypothesis of Theorem 3.3, eq. (2): c > 1/2.
 

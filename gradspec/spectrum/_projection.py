@@ -79,9 +79,13 @@ class RowProjections:
 
     def unresolved(self) -> np.ndarray:
         """Residuals at or below their row's rounding level, shape (n, m) (bool)."""
+        return self._unresolved_in(self.residual_sq)
+
+    def _unresolved_in(self, residual_sq: np.ndarray) -> np.ndarray:
+        """Entries of ``residual_sq`` (rows × ranks) at or below their row's rounding level."""
         if self.resolution_sq is None:
-            return np.zeros(self.residual_sq.shape, dtype=bool)
-        return self.residual_sq <= np.asarray(self.resolution_sq, dtype=np.float64).reshape(-1, 1)
+            return np.zeros(residual_sq.shape, dtype=bool)
+        return residual_sq <= np.asarray(self.resolution_sq, dtype=np.float64).reshape(-1, 1)
 
     def residual_norms(self) -> np.ndarray:
         """``‖(I − P_k) g_i‖``, shape (n, m); 0 where :meth:`unresolved` (rounding noise)."""
@@ -92,10 +96,7 @@ class RowProjections:
         if self.residual_sq_all is None:
             return None
         res = self.residual_sq_all
-        if self.resolution_sq is not None:
-            level = np.asarray(self.resolution_sq, dtype=np.float64).reshape(-1, 1)
-            return np.where(res <= level, 0.0, np.sqrt(res))
-        return np.sqrt(res)
+        return np.where(self._unresolved_in(res), 0.0, np.sqrt(res))
 
     def relative_residuals(self) -> np.ndarray:
         """``‖(I − P_k) g_i‖ / ‖g_i‖`` (0 for zero rows), shape (n, m)."""

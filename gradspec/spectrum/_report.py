@@ -21,6 +21,7 @@ from gradspec.spectrum._bounds import BoundReport, TailRule, restricted_lipschit
 from gradspec.spectrum._density import SpectralDensity, spectral_density
 from gradspec.spectrum._fit import PowerLawFit, fit_spectrum
 from gradspec.spectrum._lipschitz import (
+    REL_FLOOR,
     LipschitzDecay,
     RestrictedLipschitz,
     envelope_exponent,
@@ -251,7 +252,7 @@ def _analyze_rows(
         g0, why = _bound_lipschitz(G, source)
         # eq. (2)'s rate at the largest c with G_k ≤ G_0·k^(−c) at every rank measured
         ks_all, g_all = G.statistic_every("max")
-        c_rate = envelope_exponent(ks_all, g_all, g0, floor=1e-6 * G.G0)
+        c_rate = envelope_exponent(ks_all, g_all, g0, floor=REL_FLOOR * G.G0)
         for population in (False, True):
             tag = "population" if population else "empirical"
             ra.bounds[tag] = restricted_lipschitz_bound(
